@@ -1,0 +1,145 @@
+"""`memgnn profile`: one record per (model, sizes, training config) from sim, cpu or cuda.
+
+`profile()` validates the config, runs the backend and returns a `ProfileRecord`;
+`profile_many()` runs a batch and keeps going past a config that fails (its record carries
+the error and the config), so one bad model never loses the rest of a batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dataset.allocator import AllocatorConfig
+from dataset.devices import DeviceProfile, get_profile
+from dataset.record import ProfileRecord
+from predictor.spec import ModelBundle, TrainSpec
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("sim", "cpu", "cuda")
+
+
+@dataclass(kw_only=True, slots=True)
+class ProfileConfig:
+    backend: str = "sim"
+    device: str | None = None  # default: h100-80gb for sim, cpu for cpu, the GPU for cuda
+    scenario: str = "balanced"  # data-dependent sizes for sim: min | balanced | worst
+    allocator: AllocatorConfig | None = None
+    warmup_steps: int = 1  # cuda: steps run before the measured ones
+    snapshot_path: str | None = None  # cuda: write a memory snapshot (pickle) here
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; expected one of {BACKENDS}")
+        if self.warmup_steps < 0:
+            raise ValueError("warmup_steps must be >= 0")
+        if self.backend == "cpu" and self.device not in (None, "cpu"):
+            raise ValueError("the cpu backend measures the CPU: use --device cpu")
+
+    def device_profile(self) -> DeviceProfile:
+        default = {"sim": "h100-80gb", "cpu": "cpu", "cuda": None}[self.backend]
+        name = self.device or default
+        if name is None:
+            from dataset.cuda_backend import detect_profile
+
+            return detect_profile()
+        return get_profile(name)
+
+
+def profile(
+    bundle: ModelBundle, train: TrainSpec, sizes: dict[str, int], config: ProfileConfig
+) -> ProfileRecord:
+    """Measure or simulate one config; ValueError for a config that cannot run."""
+    sizes = bundle.sizes(sizes)
+    device = config.device_profile()
+    device.check_precision(train.precision)
+    t0 = time.perf_counter()
+    result = _run_backend(bundle, train, sizes, config, device)
+    graph = result.pop("graph", None)
+    return ProfileRecord(
+        backend=config.backend,
+        device=device.name,
+        device_name=result.pop("device_name", None),
+        torch_version=torch.__version__,
+        model=bundle.name,
+        family=bundle.family,
+        hparams=bundle.hparams,
+        sizes=sizes,
+        train=train.to_dict(),
+        graph_id=graph.graph_id if graph is not None and config.backend == "sim" else None,
+        seconds=round(time.perf_counter() - t0, 3),
+        **result,
+    )
+
+
+def _run_backend(bundle, train, sizes, config: ProfileConfig, device) -> dict[str, Any]:
+    if config.backend == "cpu":
+        from dataset.cpu_backend import profile_cpu
+
+        return profile_cpu(bundle, train, sizes)
+    if config.backend == "cuda":
+        from dataset.cuda_backend import profile_cuda
+
+        return profile_cuda(
+            bundle,
+            train,
+            sizes,
+            device,
+            warmup_steps=config.warmup_steps,
+            snapshot_path=config.snapshot_path,
+        )
+    from dataset.sim import simulate
+    from predictor.capture import CaptureConfig, capture
+
+    target = "cuda" if device.is_gpu else "cpu"
+    cap = CaptureConfig(symbolic=False, sizes=sizes, target=target, scenario=config.scenario)
+    graph = capture(bundle, train, cap)
+    sim = simulate(graph, sizes, device, scenario=config.scenario, allocator=config.allocator)
+    return {
+        "peak_allocated_bytes": sim.peak_allocated_bytes,
+        "peak_reserved_bytes": sim.peak_reserved_bytes,
+        "device_total_bytes": sim.device_total_bytes,
+        "breakdown": sim.breakdown,
+        "stats": sim.stats | {"nodes": sum(p.num_nodes for p in graph.paths)},
+        "graph": graph,
+    }
+
+
+def failed_record(
+    bundle_name: str,
+    family: str,
+    sizes: dict[str, int],
+    train: dict[str, Any],
+    config: ProfileConfig,
+    error: BaseException,
+) -> ProfileRecord:
+    return ProfileRecord(
+        backend=config.backend,
+        device=config.device or "",
+        torch_version=torch.__version__,
+        model=bundle_name,
+        family=family,
+        sizes=sizes,
+        train=train,
+        error=f"{type(error).__name__}: {error}",
+    )
+
+
+def profile_many(
+    jobs: Iterable[tuple[ModelBundle, TrainSpec, dict[str, int]]], config: ProfileConfig
+) -> Iterator[ProfileRecord]:
+    """Profile each job; a job that raises yields a record with its error and config."""
+    for bundle, train, sizes in jobs:
+        try:
+            yield profile(bundle, train, sizes, config)
+        except Exception as exc:  # a model failing mid-step must not stop the batch
+            log.warning("profile of %s %s failed: %s", bundle.name, sizes, exc)
+            log.debug("%s", traceback.format_exc())
+            yield failed_record(bundle.name, bundle.family, sizes, train.to_dict(), config, exc)

@@ -1,0 +1,156 @@
+"""The `memgnn` command line: argument parsing and error reporting.
+
+Each sub-command's work lives in `memgnn.commands`; this module only turns arguments into
+specs. User errors (ValueError) exit with status 2 and one line naming what was wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from predictor.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, STEP_KINDS
+
+log = logging.getLogger("memgnn")
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    return key.strip(), value.strip()
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--model", required=True, help="zoo name, hf:PATH/config.json or py:mod:fn")
+    g.add_argument("--model-arg", action="append", type=_key_value, default=[], metavar="K=V")
+    g.add_argument("--task", default=None, help="for hf: specs (causal-lm, seq-cls, ...)")
+
+
+def add_size_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sizes")
+    g.add_argument("--batch", type=int, default=None, help="batch size (symbol B)")
+    g.add_argument("--seq", type=int, default=None, help="sequence length (symbol S)")
+    g.add_argument("--image", type=int, default=None, help="image size (model hparam)")
+    g.add_argument("--dim", action="append", type=_key_value, default=[], metavar="SYM=N")
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training")
+    g.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    g.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto")
+    g.add_argument("--checkpointing", default="none", help="none | full | blocks:N")
+    g.add_argument("--grad-accum", type=int, default=1)
+    g.add_argument("--steps", choices=STEP_KINDS, default="both")
+    g.add_argument(
+        "--zero-grad",
+        choices=("none", "zero"),
+        default="none",
+        help="zero_grad(set_to_none=True) ('none', the default) or keep zeroed grads",
+    )
+
+
+def _int_value(key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{key} must be an integer, got {value!r}") from None
+
+
+def parse_sizes(args: argparse.Namespace) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    if args.batch is not None:
+        sizes["B"] = args.batch
+    if args.seq is not None:
+        sizes["S"] = args.seq
+    for key, value in args.dim:
+        sizes[key] = _int_value(f"--dim {key}", value)
+    for key, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"size {key} must be >= 1, got {value}")
+    return sizes
+
+
+def model_args(args: argparse.Namespace) -> dict[str, str]:
+    out = dict(args.model_arg)
+    if getattr(args, "image", None) is not None:
+        if args.image < 1:
+            raise ValueError(f"--image must be >= 1, got {args.image}")
+        out["image"] = str(args.image)
+    return out
+
+
+def train_spec(args: argparse.Namespace) -> Any:
+    from predictor.spec import TrainSpec
+
+    return TrainSpec(
+        precision=args.precision,
+        optimizer=args.optimizer,
+        optimizer_impl=args.optimizer_impl,
+        checkpointing=args.checkpointing,
+        grad_accum=args.grad_accum,
+        steps=args.steps,
+        set_to_none=args.zero_grad == "none",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from memgnn import commands
+
+    parser = argparse.ArgumentParser(prog="memgnn", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("capture", help="capture a training step as a StepGraph file")
+    add_model_args(p), add_size_args(p), add_train_args(p)
+    p.add_argument("--concrete", action="store_true", help="fixed sizes instead of symbols")
+    p.add_argument("--target", choices=("cuda", "cpu"), default="cuda")
+    p.add_argument("-o", "--output", required=True)
+    p.set_defaults(func=commands.capture_cmd)
+
+    p = sub.add_parser("graph-info", help="summarise a StepGraph file")
+    p.add_argument("file")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.graph_info_cmd)
+
+    p = sub.add_parser("profile", help="measure or simulate one training step's peak memory")
+    add_model_args(p), add_size_args(p), add_train_args(p)
+    p.add_argument("--backend", choices=("sim", "cpu", "cuda"), default="sim")
+    p.add_argument("--device", default=None, help="device profile (default: h100-80gb for sim)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.profile_cmd)
+
+    p = sub.add_parser("devices", help="list device profiles")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.devices_cmd)
+
+    p = sub.add_parser("demo", help="the end-to-end demo on an embedded default model")
+    p.add_argument("--out", default=".demo", help="working folder")
+    p.set_defaults(func=commands.demo_cmd)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except ValueError as exc:
+        print(f"memgnn {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("memgnn: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""Human-readable output for the CLI: bytes are ints everywhere else, units only here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def fmt_bytes(n: int | None) -> str:
+    """1536 -> '1.50 KiB'; None -> '-'."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def parse_bytes(text: str) -> int:
+    """'24GiB', '24 GB', '1.5e9', '80%'-free: bytes as int; ValueError names bad input."""
+    units = {
+        "": 1,
+        "b": 1,
+        "kb": 10**3,
+        "mb": 10**6,
+        "gb": 10**9,
+        "tb": 10**12,
+        "kib": 1 << 10,
+        "mib": 1 << 20,
+        "gib": 1 << 30,
+        "tib": 1 << 40,
+    }
+    s = text.strip().lower().replace(" ", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = s[len(num) :]
+    try:
+        value = float(num)
+    except ValueError:
+        raise ValueError(f"cannot read a byte size from {text!r}") from None
+    if unit not in units:
+        raise ValueError(f"unknown byte unit {unit!r} in {text!r}")
+    if value <= 0:
+        raise ValueError(f"byte size must be positive, got {text!r}")
+    return int(value * units[unit])
+
+
+def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = "  ".join(h.ljust(w) for h, w in zip(header, widths))
+    print(line)
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)))

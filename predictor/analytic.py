@@ -1,0 +1,129 @@
+"""The analytic estimate: a liveness sweep over a captured schedule at any sizes, in numpy.
+
+Live bytes after node i's outputs are allocated (and before the storages that die after
+node i are released) = storages alive before the step + all allocations up to i - all
+frees before i. The peak over the schedule is the tensor-level peak of the step: what a
+storage tracker sees on a real CPU run. `round_to=512` applies the CUDA allocator's block
+rounding to each storage (an estimate of allocated bytes without the caching effects that
+`dataset.allocator` simulates).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from predictor.graph import StepGraph
+from predictor.recorder import CATEGORIES, PHASES
+
+STEP_NAMES = ("first", "steady")
+
+
+@dataclass(kw_only=True, slots=True)
+class PathPeak:
+    path: int
+    peak_bytes: int
+    peak_node: int  # -1: the peak is the state before the first node
+    peak_op: str
+    peak_phase: str
+    breakdown: dict[str, int]  # live bytes by category at the peak
+    step_peaks: dict[str, int]  # first / steady
+    phase_peaks: dict[str, int]
+    conditions: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(kw_only=True, slots=True)
+class SweepResult:
+    peak_bytes: int
+    path: int
+    scenario: str
+    sizes: dict[str, int]
+    paths: list[PathPeak]
+    violated_guards: list[str]
+
+    @property
+    def best(self) -> PathPeak:
+        return self.paths[self.path]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def round_bytes(nbytes: np.ndarray, round_to: int) -> np.ndarray:
+    if round_to <= 1:
+        return nbytes
+    return np.where(nbytes > 0, -(-nbytes // round_to) * round_to, 0)
+
+
+def live_curve(graph: StepGraph, path: int, nbytes: np.ndarray) -> tuple[int, np.ndarray]:
+    """(bytes alive before the first node, live bytes at each node) for one path."""
+    p = graph.paths[path]
+    n = p.num_nodes
+    alloc = np.asarray(p.storages["alloc"], dtype=np.int64)
+    free = np.asarray(p.storages["free"], dtype=np.int64)
+    initial = int(nbytes[alloc < 0].sum())
+    adds = np.zeros(n, dtype=np.int64)
+    subs = np.zeros(n, dtype=np.int64)
+    np.add.at(adds, alloc[alloc >= 0], nbytes[alloc >= 0])
+    np.add.at(subs, free[free >= 0], nbytes[free >= 0])
+    freed_before = np.concatenate([[0], np.cumsum(subs)[:-1]]) if n else subs
+    return initial, initial + np.cumsum(adds) - freed_before
+
+
+def _breakdown_at(graph: StepGraph, path: int, nbytes: np.ndarray, node: int) -> dict[str, int]:
+    p = graph.paths[path]
+    alloc = np.asarray(p.storages["alloc"], dtype=np.int64)
+    free = np.asarray(p.storages["free"], dtype=np.int64)
+    cat = np.asarray(p.storages["category"], dtype=np.int64)
+    alive = (alloc <= node) & ((free < 0) | (free >= node))
+    if node < 0:
+        alive = alloc < 0
+    per = np.bincount(cat[alive], weights=nbytes[alive], minlength=len(CATEGORIES))
+    return {c: int(v) for c, v in zip(CATEGORIES, per)}
+
+
+def sweep_path(graph: StepGraph, path: int, resolved: dict[str, int], round_to: int = 1):
+    p = graph.paths[path]
+    nbytes = round_bytes(graph.storage_bytes(path, resolved), round_to)
+    initial, live = live_curve(graph, path, nbytes)
+    if len(live) == 0 or initial >= live.max():
+        peak_node, peak = -1, initial
+    else:
+        peak_node = int(np.argmax(live))
+        peak = int(live[peak_node])
+    steps = np.asarray(p.nodes["step"], dtype=np.int64)
+    phases = np.asarray(p.nodes["phase"], dtype=np.int64)
+    step_peaks = {STEP_NAMES[s]: int(live[steps == s].max()) for s in (0, 1) if np.any(steps == s)}
+    phase_peaks = {
+        PHASES[k]: int(live[phases == k].max()) for k in range(len(PHASES)) if np.any(phases == k)
+    }
+    return PathPeak(
+        path=path,
+        peak_bytes=peak,
+        peak_node=peak_node,
+        peak_op=p.nodes["op"][peak_node] if peak_node >= 0 else "<before step>",
+        peak_phase=PHASES[p.nodes["phase"][peak_node]] if peak_node >= 0 else "setup",
+        breakdown=_breakdown_at(graph, path, nbytes, peak_node),
+        step_peaks=step_peaks,
+        phase_peaks=phase_peaks,
+        conditions=p.conditions,
+    )
+
+
+def sweep(
+    graph: StepGraph, sizes: dict[str, int], *, scenario: str = "worst", round_to: int = 1
+) -> SweepResult:
+    """Peak live bytes of every path at `sizes`; the result's peak is the max over paths."""
+    resolved = graph.resolve_sizes(sizes, scenario)
+    peaks = [sweep_path(graph, k, resolved, round_to) for k in range(len(graph.paths))]
+    best = max(range(len(peaks)), key=lambda k: peaks[k].peak_bytes)
+    return SweepResult(
+        peak_bytes=peaks[best].peak_bytes,
+        path=best,
+        scenario=scenario,
+        sizes=resolved,
+        paths=peaks,
+        violated_guards=graph.violated_guards(resolved),
+    )

@@ -1,0 +1,206 @@
+"""Capture one training step as a `StepGraph` with symbolic sizes.
+
+The step runs eagerly on fake tensors (no memory, no compute) under a shape environment
+in which each named input dim (B, S, ...) is a symbol; every op the step really runs is
+recorded in its real order, with each new storage's byte size as an exact expression in
+those symbols. One capture answers any size: evaluate the expressions. A concrete capture
+(`symbolic=False`) runs the same code at fixed sizes; node for node the two agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from predictor.branches import (
+    BranchState,
+    CaptureError,
+    DataHooks,
+    alternatives,
+    patched_cond,
+)
+from predictor.expr import sympy_to_source
+from predictor.graph import StepGraph
+from predictor.pathgraph import ExprInterner, path_from_recorder
+from predictor.recorder import ModuleTracker, RecorderObserver, StepRecorder, register_state
+from predictor.spec import ModelBundle, TrainSpec
+from predictor.step import TrainingStep, step_plan
+
+log = logging.getLogger(__name__)
+
+_DATA_DEPENDENT_ERRORS: tuple[type[BaseException], ...] = ()
+
+
+def _data_dependent_errors() -> tuple[type[BaseException], ...]:
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    return (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        GuardOnDataDependentSymNode,
+        UnsupportedOperatorException,
+    )
+
+
+@dataclass(kw_only=True, slots=True)
+class CaptureConfig:
+    symbolic: bool = True
+    sizes: dict[str, int] | None = None  # trace sizes; default: the bundle's example dims
+    target: str = "cuda"  # device whose defaults to follow (optimizer impl, autocast)
+    scenario: str = "balanced"  # concrete captures: data-dependent sizes at min|balanced|worst
+    max_paths: int | None = None  # default: the bundle's max_paths
+
+    def __post_init__(self) -> None:
+        if self.target not in ("cpu", "cuda"):
+            raise ValueError(f"target must be cpu or cuda, got {self.target!r}")
+        if self.scenario not in ("min", "balanced", "worst"):
+            raise ValueError(f"scenario must be min, balanced or worst, got {self.scenario!r}")
+        if self.max_paths is not None and self.max_paths < 1:
+            raise ValueError("max_paths must be >= 1")
+
+
+class _Run:
+    """One capture run (one path) inside its own fake mode and shape environment."""
+
+    def __init__(self, bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        self.bundle, self.train, self.cfg, self.sizes = bundle, train, cfg, sizes
+        self.env = ShapeEnv(duck_shape=False) if cfg.symbolic else None
+        self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+
+    def _symbolic_sizes(self) -> tuple[dict[str, Any], dict[Any, str]]:
+        if self.env is None:
+            return dict(self.sizes), {}
+        from torch._dynamo.source import ConstantSource
+        from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+        out, names = {}, {}
+        for name, hint in self.sizes.items():
+            sym = self.env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
+            out[name] = self.env.create_symintnode(sym, hint=hint)
+            names[sym] = name
+        return out, names
+
+    def run(self, prefix: list[bool]) -> tuple[StepRecorder, BranchState, dict[Any, str], Any]:
+        state = BranchState(prefix=prefix)
+        warmup, recorded = step_plan(self.train)
+        with self.mode:
+            step = TrainingStep(
+                self.bundle,
+                self.train,
+                device=torch.device("cpu"),
+                target=self.cfg.target,
+                fake=True,
+            )
+            sizes, names = self._symbolic_sizes()
+            modules = {name or "<root>": m for name, m in step.model.named_modules()}
+            hooks = DataHooks(state, modules, shape_env=self.env, scenario=self.cfg.scenario)
+            with ModuleTracker(step.model) as tracker, patched_cond(state):
+                if warmup:  # run, unrecorded; what it leaves alive is registered below
+                    warm = StepRecorder(hooks=hooks.table(), module_stack=tracker.stack)
+                    with warm:
+                        self._run_steps(step, sizes, warm, state, warmup)
+                    warm.close()
+                rec = StepRecorder(hooks=hooks.table(), module_stack=tracker.stack)
+                register_state(rec, step.state_tensors())
+                with rec:
+                    self._run_steps(step, sizes, rec, state, recorded)
+                rec.exclude(step.host_state())
+                rec.close()
+        names.update({d["symbol"]: n for n, d in state.data.items() if "symbol" in d})
+        return rec, state, names, self.env
+
+    def _run_steps(self, step, sizes, rec: StepRecorder, state: BranchState, steps) -> None:
+        observer = RecorderObserver(rec, on_forward=state.reset_counters)
+        try:
+            step.run(sizes, observer, steps=steps)
+        except CaptureError:
+            raise
+        except _data_dependent_errors() as exc:
+            last = rec.nodes[-1].op if rec.nodes else "<none>"
+            module = rec.module_stack[-1] if rec.module_stack else "<root>"
+            first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc)
+            raise CaptureError(
+                f"cannot capture {self.bundle.name!r}: data-dependent operation in module "
+                f"{module!r} after op {last!r}: {first_line}"
+            ) from exc
+
+
+def capture(
+    bundle: ModelBundle, train: TrainSpec, config: CaptureConfig | None = None
+) -> StepGraph:
+    """Capture every control-flow path of one training step of `bundle` under `train`."""
+    cfg = config or CaptureConfig()
+    sizes = bundle.sizes(cfg.sizes)
+    max_paths = cfg.max_paths or bundle.max_paths
+    t0 = time.perf_counter()
+    todo: list[list[bool]] = [[]]
+    runs = []
+    while todo:
+        prefix = todo.pop()
+        run = _Run(bundle, train, cfg, sizes).run(prefix)
+        runs.append(run)
+        state = run[1]
+        todo.extend(reversed(alternatives(state)))
+        if len(runs) + len(todo) > max_paths:
+            where = state.conditions[-1]["module"] if state.conditions else "<root>"
+            raise CaptureError(
+                f"{bundle.name!r} has more than {max_paths} control-flow paths (branch points "
+                f"in module {where!r} and others); raise max_paths or make the branch static"
+            )
+    graph = _assemble(bundle, train, cfg, sizes, runs)
+    graph.meta.update(
+        capture_seconds=round(time.perf_counter() - t0, 3),
+        torch_version=torch.__version__,
+        target=cfg.target,
+        symbolic=cfg.symbolic,
+        scenario=None if cfg.symbolic else cfg.scenario,
+    )
+    log.info(
+        "captured %s: %d path(s), %d nodes in %.1fs",
+        bundle.name,
+        len(graph.paths),
+        sum(p.num_nodes for p in graph.paths),
+        graph.meta["capture_seconds"],
+    )
+    return graph
+
+
+def _assemble(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes, runs) -> StepGraph:
+    interner = ExprInterner()
+    paths, guards, data_symbols = [], [], {}
+    for rec, state, names, env in runs:
+        conditions = [dict(c) for c in state.conditions]
+        paths.append(path_from_recorder(rec, conditions, interner, names, env))
+        input_names = {k: v for k, v in names.items() if v in sizes}
+        for name, d in state.data.items():
+            if name not in data_symbols:
+                data_symbols[name] = {
+                    key: interner.source(d[key], input_names, env)
+                    for key in ("lo", "balanced", "hi")
+                } | {"op": d["op"], "module": d["module"]}
+        if env is not None:
+            for g in env.guards:
+                src = sympy_to_source(env.replace(g.expr), names)
+                if src not in guards:
+                    guards.append(src)
+    return StepGraph(
+        model={"name": bundle.name, "family": bundle.family, "hparams": bundle.hparams},
+        train=train.to_dict(),
+        symbols=dict(sizes),
+        data_symbols=data_symbols,
+        guards=guards,
+        exprs=interner.sources,
+        paths=paths,
+    )

@@ -1,0 +1,189 @@
+"""Size expressions: exact integer formulas in named symbols (B, S, ...), stored as text.
+
+A captured storage's byte size is a sympy expression over the shape environment's symbols
+(`32*s44*((s63 - 3)//2 + 1)**2`). We store it as Python source over the user's names
+(`32*B*((S - 3)//2 + 1)**2`), check it against a small grammar when loading (no `eval` of
+arbitrary text), and compile a whole table of them into one function that evaluates them
+all at once, for Python ints (exact) or numpy int64 arrays (vectorised over many sizes).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+_ALLOWED_BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Pow)
+_ALLOWED_CALLS = {"max", "min"}
+_ALLOWED_NODES = (
+    ast.Expression,
+    ast.Load,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.USub,
+    ast.UAdd,
+    *_ALLOWED_BINOPS,
+    # guards are boolean formulas over sizes
+    ast.Compare,
+    ast.Lt,
+    ast.LtE,
+    ast.Gt,
+    ast.GtE,
+    ast.Eq,
+    ast.NotEq,
+    ast.BoolOp,
+    ast.And,
+    ast.Or,
+    ast.Not,
+)
+_RELATIONS = {
+    "StrictLessThan": "<",
+    "LessThan": "<=",
+    "StrictGreaterThan": ">",
+    "GreaterThan": ">=",
+    "Equality": "==",
+    "Unequality": "!=",
+}
+
+
+def sympy_to_source(expr: Any, names: Mapping[Any, str]) -> str:
+    """Python source for a sympy integer expression, with symbols renamed by `names`.
+
+    Handles what torch's shape environment produces for sizes: +, *, integer powers,
+    FloorDiv, CeilToInt-free Mod, Max/Min. Anything else raises ValueError naming it.
+    """
+    import sympy
+
+    if isinstance(expr, int):
+        return str(expr)
+    if isinstance(expr, sympy.Integer):
+        return str(int(expr))
+    if expr is sympy.true or expr is sympy.false:
+        return "(1 == 1)" if expr is sympy.true else "(1 == 0)"
+    if isinstance(expr, sympy.Symbol):
+        if expr not in names:
+            raise ValueError(f"size expression uses unknown symbol {expr}")
+        return names[expr]
+    fname = type(expr).__name__
+    args = [sympy_to_source(a, names) for a in expr.args]
+    if isinstance(expr, sympy.Add):
+        return "(" + " + ".join(args) + ")"
+    if isinstance(expr, sympy.Mul):
+        return "*".join(f"({a})" if a.startswith("-") else a for a in args)
+    if isinstance(expr, sympy.Pow):
+        base, exp = expr.args
+        if not (isinstance(exp, sympy.Integer) and int(exp) >= 0):
+            raise ValueError(f"non-integer power in size expression: {expr}")
+        return f"({args[0]})**{int(exp)}"
+    if fname == "FloorDiv":
+        return f"(({args[0]})//({args[1]}))"
+    if fname == "CeilDiv":
+        return f"(-((-({args[0]}))//({args[1]})))"
+    if fname in ("Mod", "PythonMod"):
+        return f"(({args[0]})%({args[1]}))"
+    if fname in _RELATIONS:
+        return f"({args[0]} {_RELATIONS[fname]} {args[1]})"
+    if fname in ("And", "Or"):
+        return "(" + f" {fname.lower()} ".join(args) + ")"
+    if fname == "Not":
+        return f"(not {args[0]})"
+    if fname == "Max":
+        return "max(" + ", ".join(args) + ")"
+    if fname == "Min":
+        return "min(" + ", ".join(args) + ")"
+    raise ValueError(f"unsupported operation {fname} in size expression {expr}")
+
+
+def validate_source(src: str, symbols: Sequence[str]) -> ast.Expression:
+    """Parse `src` and check it uses only integer arithmetic over `symbols`."""
+    try:
+        tree = ast.parse(src, mode="eval")
+    except SyntaxError as exc:
+        raise ValueError(f"malformed size expression {src!r}: {exc.msg}") from None
+    allowed = set(symbols)
+    call_names = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            if node.id in allowed or (node.id in _ALLOWED_CALLS and id(node) in call_names):
+                continue
+            raise ValueError(f"size expression {src!r} uses unknown symbol {node.id!r}")
+        if isinstance(node, ast.Call):
+            ok = isinstance(node.func, ast.Name) and node.func.id in _ALLOWED_CALLS
+            if ok and not node.keywords and node.args:
+                continue
+        elif isinstance(node, ast.Constant):
+            if type(node.value) is int:
+                continue
+        elif isinstance(node, _ALLOWED_NODES):
+            continue
+        raise ValueError(f"size expression {src!r} contains disallowed {type(node).__name__}")
+    return tree
+
+
+def _np_max(*xs: Any) -> Any:
+    out = xs[0]
+    for x in xs[1:]:
+        out = np.maximum(out, x)
+    return out
+
+
+def _np_min(*xs: Any) -> Any:
+    out = xs[0]
+    for x in xs[1:]:
+        out = np.minimum(out, x)
+    return out
+
+
+class ExprTable:
+    """A table of size expressions compiled into one vectorised evaluator.
+
+    `evaluate(sizes)` returns an int64 array (one entry per expression) for int sizes, or a
+    2-D array [n_exprs, n_points] when the sizes are arrays of equal length.
+    `evaluate_exact` returns Python ints (no overflow) for checks and tests.
+    """
+
+    def __init__(self, sources: Sequence[str], symbols: Sequence[str]):
+        self.sources = list(sources)
+        self.symbols = list(symbols)
+        for src in self.sources:
+            validate_source(src, self.symbols)
+        args = ", ".join(self.symbols)
+        body = ", ".join(f"({s})" for s in self.sources)
+        code = f"lambda {args}: ({body}{',' if len(self.sources) == 1 else ''})"
+        self._exact = eval(code, {"__builtins__": {}, "max": max, "min": min})  # validated above
+        self._vector = eval(code, {"__builtins__": {}, "max": _np_max, "min": _np_min})
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def _args(self, sizes: Mapping[str, Any]) -> list[Any]:
+        missing = [s for s in self.symbols if s not in sizes]
+        if missing:
+            raise ValueError(f"sizes missing for symbols {missing}")
+        return [sizes[s] for s in self.symbols]
+
+    def evaluate_exact(self, sizes: Mapping[str, int]) -> list[int]:
+        return [int(v) for v in self._exact(*self._args(sizes))]
+
+    def evaluate(self, sizes: Mapping[str, Any]) -> np.ndarray:
+        args = [np.asarray(a, dtype=np.int64) for a in self._args(sizes)]
+        if not self.sources:
+            return np.zeros((0,), dtype=np.int64)
+        vals = self._vector(*args)
+        shape = np.broadcast(*args).shape if args else ()
+        return np.stack([np.broadcast_to(np.asarray(v, dtype=np.int64), shape) for v in vals])
+
+
+def simplify_sum(sources: Sequence[str], symbols: Sequence[str]) -> str:
+    """The sum of expressions as one expanded polynomial text (for display)."""
+    import sympy
+
+    syms = {s: sympy.Symbol(s, integer=True, positive=True) for s in symbols}
+    local = {**syms, "max": sympy.Max, "min": sympy.Min}
+    total = sympy.Integer(0)
+    for src in sources:
+        validate_source(src, symbols)
+        total += sympy.sympify(src.replace("//", " // "), locals=local)
+    return str(sympy.expand(total))

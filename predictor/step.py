@@ -1,0 +1,228 @@
+"""One training step as real code runs it: the single runner behind capture and profiling.
+
+`TrainingStep` builds the model in the caller's tensor mode (real, fake or meta), applies
+the `TrainSpec` (dtype, non-reentrant activation checkpointing per block, optimizer and its
+implementation, autocast + GradScaler), then runs steps: micro-batches of forward and
+backward, the optimizer update, `zero_grad`. Step 0 is the first step (optimizer state is
+created in it); step 1 is steady state. An observer hears every phase boundary, so the
+recorder, the CPU tracker and the CUDA backend all see the same step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from predictor.spec import ModelBundle, TrainSpec, default_blocks
+
+log = logging.getLogger(__name__)
+
+
+class StepObserver(Protocol):
+    def on_phase(self, phase: str, step: int, micro: int) -> None: ...
+    def on_backward_end(self, model: nn.Module, step: int, micro: int) -> None: ...
+    def on_optimizer_end(self, optimizer: torch.optim.Optimizer, step: int) -> None: ...
+
+
+class NullObserver:
+    def on_phase(self, phase: str, step: int, micro: int) -> None:
+        pass
+
+    def on_backward_end(self, model: nn.Module, step: int, micro: int) -> None:
+        pass
+
+    def on_optimizer_end(self, optimizer: torch.optim.Optimizer, step: int) -> None:
+        pass
+
+
+def resolve_optimizer_impl(train: TrainSpec, target: str) -> str:
+    """What PyTorch picks when the user does not say: foreach on CUDA, for-loop on CPU."""
+    if train.optimizer_impl != "auto":
+        return train.optimizer_impl
+    if train.optimizer == "adafactor":
+        return "foreach" if target == "cuda" else "for-loop"
+    return "foreach" if target == "cuda" else "for-loop"
+
+
+def build_optimizer(params: list[nn.Parameter], train: TrainSpec, target: str):
+    impl = resolve_optimizer_impl(train, target)
+    flags: dict[str, Any] = {"foreach": impl == "foreach"}
+    if train.optimizer in ("adam", "adamw"):
+        flags["fused"] = impl == "fused"
+        if impl == "fused":
+            flags["foreach"] = False
+    cls = {
+        "sgd": functools.partial(torch.optim.SGD, momentum=0.9),
+        "adam": torch.optim.Adam,
+        "adamw": torch.optim.AdamW,
+        "adafactor": torch.optim.Adafactor,
+    }[train.optimizer]
+    if train.optimizer == "sgd" and impl == "fused":
+        flags["fused"], flags["foreach"] = True, False
+    return cls(params, lr=train.lr, **flags)
+
+
+class _FakeSafeGradScaler(torch.amp.GradScaler):
+    """GradScaler whose inf check does not read a tensor value (fake tensors have none).
+
+    Memory is the same as the real scaler's: same scale/found_inf tensors, same unscale
+    and update kernels; only the Python-level `found_inf.item()` skip check is assumed 0.
+    """
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        return optimizer.step(*args, **kwargs)
+
+
+def _apply_checkpointing(model: nn.Module, blocks: list[nn.Module], n: int) -> int:
+    """Wrap the first n blocks' forward (all if n < 0) in non-reentrant checkpointing."""
+    from torch.utils.checkpoint import checkpoint
+
+    chosen = blocks if n < 0 else blocks[:n]
+    for block in chosen:
+        inner = block.forward
+
+        def forward(*args, _inner=inner, **kwargs):
+            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+
+        block.forward = forward
+    return len(chosen)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    """Build parameters directly in the training dtype (pure bf16/fp16), as `.to()` would."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def step_plan(train: TrainSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(unrecorded warm-up steps, measured steps) for the TrainSpec's `steps`."""
+    return {"first": ((), (0,)), "steady": ((0,), (1,)), "both": ((), (0, 1))}[train.steps]
+
+
+class TrainingStep:
+    """A model, optimizer and scaler set up for `train`, ready to run steps.
+
+    Build it inside the tensor mode you want (e.g. under a FakeTensorMode). `target` is the
+    device whose behaviour to reproduce ("cpu" or "cuda"): it picks the optimizer
+    implementation PyTorch would use there and the autocast device type.
+    """
+
+    def __init__(
+        self,
+        bundle: ModelBundle,
+        train: TrainSpec,
+        *,
+        device: torch.device,
+        target: str,
+        fake: bool = False,
+    ):
+        if target not in ("cpu", "cuda"):
+            raise ValueError(f"target must be cpu or cuda, got {target!r}")
+        self.bundle, self.train, self.device, self.target = bundle, train, device, target
+        with torch.device(device), _default_dtype(train.param_dtype):
+            model = bundle.build()
+        model.train()
+        self.model = model
+        self.checkpointed = 0
+        if train.checkpoint_blocks is not None:
+            blocks = (bundle.blocks or default_blocks)(model)
+            if not blocks:
+                raise ValueError(f"model {bundle.name!r} has no repeated blocks to checkpoint")
+            self.checkpointed = _apply_checkpointing(model, blocks, train.checkpoint_blocks)
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.params, train, target)
+        self.scaler = None
+        if train.uses_grad_scaler:
+            scaler_cls = _FakeSafeGradScaler if fake else torch.amp.GradScaler
+            self.scaler = scaler_cls(device=device.type)
+
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """What lives across steps, by category: weights, gradients, optimizer state."""
+        opt_state = [
+            v
+            for s in self.optimizer.state.values()
+            for v in s.values()
+            if isinstance(v, torch.Tensor)
+        ]
+        return {
+            "parameter": [*self.model.parameters(), *self.model.buffers()],
+            "gradient": [p.grad for p in self.params if p.grad is not None],
+            "optimizer_state": opt_state,
+        }
+
+    def host_state(self) -> list[torch.Tensor]:
+        """Optimizer state PyTorch keeps on the host when training on CUDA: the `step`
+        counters of non-fused, non-capturable Adam/AdamW, and Adafactor's."""
+        if self.target != "cuda":
+            return []
+        out = []
+        for group in self.optimizer.param_groups:
+            on_device = group.get("fused") or group.get("capturable")
+            if on_device and self.train.optimizer != "adafactor":
+                continue
+            for p in group["params"]:
+                step = self.optimizer.state.get(p, {}).get("step")
+                if isinstance(step, torch.Tensor):
+                    out.append(step)
+        return out
+
+    def float_dtype(self) -> torch.dtype:
+        return self.train.param_dtype
+
+    def _autocast(self):
+        dtype = self.train.autocast_dtype
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=dtype)
+
+    def run(
+        self,
+        sizes: Mapping[str, Any],
+        observer: StepObserver | None = None,
+        *,
+        steps: tuple[int, ...] = (0, 1),
+        micro_steps: int | None = None,
+    ) -> None:
+        """Run the given steps (0 = first, 1 = steady). Micro-steps default to
+        min(grad_accum, 2): micro-steps 2..G repeat micro-step 2 exactly (same live state)."""
+        obs = observer or NullObserver()
+        g = self.train.grad_accum
+        n_micro = micro_steps if micro_steps is not None else min(g, 2)
+        for step in steps:
+            for micro in range(n_micro):
+                self._micro_step(sizes, obs, step, micro, g)
+            obs.on_phase("optimizer", step, 0)
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            obs.on_optimizer_end(self.optimizer, step)
+            obs.on_phase("zero_grad", step, 0)
+            self.optimizer.zero_grad(set_to_none=self.train.set_to_none)
+
+    def _micro_step(self, sizes, obs: StepObserver, step: int, micro: int, g: int) -> None:
+        obs.on_phase("input", step, micro)
+        inputs = self.bundle.make_inputs(sizes, self.device, self.float_dtype())
+        obs.on_phase("forward", step, micro)
+        with self._autocast():
+            loss = self.bundle.loss(self.model, inputs)
+            if g > 1:
+                loss = loss / g
+        obs.on_phase("backward", step, micro)
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()
+        del loss, inputs
+        obs.on_backward_end(self.model, step, micro)

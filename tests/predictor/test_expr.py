@@ -1,0 +1,55 @@
+import numpy as np
+import pytest
+import sympy
+
+from predictor.expr import ExprTable, simplify_sum, sympy_to_source, validate_source
+
+
+def test_sympy_to_source_renames_and_keeps_floor_division():
+    s, b = sympy.symbols("s3 s7", integer=True, positive=True)
+    from torch.utils._sympy.functions import FloorDiv
+
+    expr = 32 * b * (FloorDiv(s - 3, 2) + 1) ** 2
+    src = sympy_to_source(expr, {s: "S", b: "B"})
+    table = ExprTable([src], ["B", "S"])
+    for bv, sv in [(1, 3), (4, 17), (64, 1024)]:
+        assert table.evaluate_exact({"B": bv, "S": sv}) == [32 * bv * ((sv - 3) // 2 + 1) ** 2]
+
+
+def test_unknown_symbol_in_sympy_expression_is_named():
+    x = sympy.Symbol("u0", integer=True)
+    with pytest.raises(ValueError, match="u0"):
+        sympy_to_source(x + 1, {})
+
+
+@pytest.mark.parametrize(
+    "bad, what",
+    [
+        ('__import__("os")', "Call"),
+        ("B.real", "Attribute"),
+        ("B + 1.5", "Constant"),
+        ("Q * 2", "'Q'"),
+        ("B +", "malformed"),
+        ("[B]", "List"),
+    ],
+)
+def test_validate_rejects_anything_but_integer_arithmetic(bad, what):
+    with pytest.raises(ValueError, match=what):
+        validate_source(bad, ["B", "S"])
+
+
+def test_table_vectorised_matches_exact():
+    table = ExprTable(["8*B*S + 4", "max(B, 4)*S", "7"], ["B", "S"])
+    bs, ss = np.array([1, 3, 64]), np.array([5, 17, 2048])
+    vec = table.evaluate({"B": bs, "S": ss})
+    for k in range(3):
+        assert list(vec[:, k]) == table.evaluate_exact({"B": int(bs[k]), "S": int(ss[k])})
+
+
+def test_missing_size_is_named():
+    with pytest.raises(ValueError, match="S"):
+        ExprTable(["B*S"], ["B", "S"]).evaluate_exact({"B": 2})
+
+
+def test_simplify_sum_expands():
+    assert simplify_sum(["B*S", "3*B*S + 4"], ["B", "S"]) == "4*B*S + 4"

@@ -1,0 +1,86 @@
+import gzip
+import json
+
+import pytest
+
+from predictor.capture import capture
+from predictor.graph import StepGraph
+from predictor.spec import TrainSpec
+
+
+@pytest.fixture
+def graph(tiny_mlp):
+    return capture(tiny_mlp, TrainSpec())
+
+
+def test_roundtrip_keeps_content_and_id(graph, tmp_path):
+    path = tmp_path / "g.json.gz"
+    gid = graph.save(path)
+    loaded = StepGraph.load(path)
+    assert loaded.graph_id == gid == graph.graph_id
+    assert loaded.content() == graph.content()
+
+
+def test_graph_id_changes_with_content(tiny_mlp, graph):
+    other = capture(tiny_mlp, TrainSpec(optimizer="sgd"))
+    assert other.graph_id != graph.graph_id
+
+
+def _write(path, data):
+    with gzip.open(path, "wb") as f:
+        f.write(json.dumps(data).encode())
+
+
+def test_unknown_version_is_refused(graph, tmp_path):
+    data = graph.content() | {"version": 99}
+    _write(tmp_path / "g.json.gz", data)
+    with pytest.raises(ValueError, match="version 99 is not supported"):
+        StepGraph.load(tmp_path / "g.json.gz")
+
+
+def test_corrupt_and_missing_files_are_named(graph, tmp_path):
+    path = tmp_path / "g.json.gz"
+    graph.save(path)
+    blob = path.read_bytes()
+    path.write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(ValueError, match="corrupt step graph"):
+        StepGraph.load(path)
+    (tmp_path / "plain.json.gz").write_text("not gzip")
+    with pytest.raises(ValueError, match="corrupt"):
+        StepGraph.load(tmp_path / "plain.json.gz")
+    with pytest.raises(ValueError, match="not found"):
+        StepGraph.load(tmp_path / "missing.json.gz")
+
+
+def test_edited_content_fails_hash_check(graph, tmp_path):
+    data = graph.content() | {"meta": {}, "graph_id": graph.graph_id}
+    data["exprs"][0] = "123456"
+    _write(tmp_path / "g.json.gz", data)
+    with pytest.raises(ValueError, match="content hash mismatch"):
+        StepGraph.load(tmp_path / "g.json.gz")
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: d["paths"][0]["storages"]["nbytes"].__setitem__(0, 10_000), "missing expr"),
+        (lambda d: d["paths"][0]["nodes"]["inputs"].__setitem__(0, [99_999]), "missing storage"),
+        (lambda d: d["paths"][0]["nodes"].pop("op"), "lack field 'op'"),
+        (lambda d: d["exprs"].__setitem__(0, "__import__('os')"), "disallowed"),
+        (lambda d: d.pop("paths"), "missing field"),
+    ],
+)
+def test_malformed_graphs_are_named(graph, mutate, message):
+    data = json.loads(json.dumps(graph.content()))
+    mutate(data)
+    with pytest.raises(ValueError, match=message):
+        StepGraph.from_dict(data)
+
+
+def test_resolve_sizes_validates(graph):
+    with pytest.raises(ValueError, match="missing"):
+        graph.resolve_sizes({})
+    with pytest.raises(ValueError, match="positive"):
+        graph.resolve_sizes({"B": 0})
+    with pytest.raises(ValueError, match="unknown size symbols"):
+        graph.resolve_sizes({"B": 2, "Q": 3})
