@@ -99,7 +99,13 @@ def _run_backend(bundle, train, sizes, config: ProfileConfig, device) -> dict[st
     from predictor.capture import CaptureConfig, capture
 
     target = "cuda" if device.is_gpu else "cpu"
-    cap = CaptureConfig(symbolic=False, sizes=sizes, target=target, scenario=config.scenario)
+    cap = CaptureConfig(
+        symbolic=False,
+        sizes=sizes,
+        target=target,
+        scenario=config.scenario,
+        sm=device.sm or 80,
+    )
     graph = capture(bundle, train, cap)
     sim = simulate(graph, sizes, device, scenario=config.scenario, allocator=config.allocator)
     return {

@@ -4,9 +4,9 @@ The trace is the eager step's real order of storage allocations and frees (fake 
 the CPU, so sizes are exact), adjusted for what CUDA does differently:
 - cuBLAS workspaces: one per (handle, stream), allocated at the first matmul of the main
   thread (forward) and of the autograd thread (backward), kept for the run;
-- SDPA on CUDA runs FlashAttention / memory-efficient kernels; their backward allocates
-  scratch inside the kernel (a fp32 dq accumulator the size of q, and a softmax-delta
-  buffer the size of the logsumexp), which the CPU flash kernel does not show.
+- attention runs CUDA's kernels (FlashAttention-2 / memory-efficient, chosen at capture
+  by `predictor.kernels` for the device's compute capability), and the scratch their
+  backward allocates inside the op is allocated and freed around that node.
 Then `dataset.allocator` gives peak allocated / reserved, fragmentation and OOM, per step
 and phase. Where the device is the CPU, the tensor-level peak of the sweep is the answer.
 """
@@ -28,8 +28,6 @@ from predictor.recorder import PHASES
 log = logging.getLogger(__name__)
 
 MATMUL_OPS = ("mm.", "addmm.", "bmm.", "baddbmm.", "addbmm.", "_scaled_mm.", "addmv.", "mv.")
-SDPA_BACKWARD = "_scaled_dot_product_flash_attention_for_cpu_backward"
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -47,6 +45,7 @@ def build_trace(
     """Ordered events: ("alloc", key, nbytes) / ("free", key, 0) / ("mark", phase, step)."""
     p = graph.paths[path]
     nbytes = graph.storage_bytes(path, resolved)
+    scratch_at = graph.scratch_bytes(path, resolved)
     alloc = np.asarray(p.storages["alloc"])
     events: list[tuple] = [("alloc", int(u), int(nbytes[u])) for u in np.flatnonzero(alloc < 0)]
     allocs_at: dict[int, list[int]] = {}
@@ -69,7 +68,7 @@ def build_trace(
             if handle not in workspace_for:
                 workspace_for.add(handle)
                 events.append(("alloc", f"cublas-{handle}", device.cublas_workspace_bytes))
-        scratch = _kernel_scratch(graph, p, i, nbytes) if device.is_gpu else 0
+        scratch = int(scratch_at[i]) if device.is_gpu else 0
         if scratch:
             events.append(("alloc", f"scratch-{i}", scratch))
         for u in allocs_at.get(i, ()):
@@ -79,18 +78,6 @@ def build_trace(
         for u in frees_at.get(i, ()):
             events.append(("free", u, 0))
     return events
-
-
-def _kernel_scratch(graph: StepGraph, p, i: int, nbytes: np.ndarray) -> int:
-    """Bytes a CUDA kernel allocates internally for node i (freed when it returns)."""
-    if not p.nodes["op"][i].startswith(SDPA_BACKWARD):
-        return 0
-    ins = p.nodes["inputs"][i]
-    if len(ins) < 6:
-        return 0
-    q, lse = ins[1], ins[5]
-    q_fp32 = int(nbytes[q]) * 4 // _ITEMSIZE.get(p.storages["dtype"][q], 4)
-    return q_fp32 + int(nbytes[lse])
 
 
 def replay_trace(events: list[tuple], config: AllocatorConfig) -> dict[str, Any]:

@@ -57,8 +57,11 @@ def round_bytes(nbytes: np.ndarray, round_to: int) -> np.ndarray:
     return np.where(nbytes > 0, -(-nbytes // round_to) * round_to, 0)
 
 
-def live_curve(graph: StepGraph, path: int, nbytes: np.ndarray) -> tuple[int, np.ndarray]:
-    """(bytes alive before the first node, live bytes at each node) for one path."""
+def live_curve(
+    graph: StepGraph, path: int, nbytes: np.ndarray, scratch: np.ndarray | None = None
+) -> tuple[int, np.ndarray]:
+    """(bytes alive before the first node, live bytes at each node) for one path; a node's
+    kernel scratch counts at that node only."""
     p = graph.paths[path]
     n = p.num_nodes
     alloc = np.asarray(p.storages["alloc"], dtype=np.int64)
@@ -69,7 +72,8 @@ def live_curve(graph: StepGraph, path: int, nbytes: np.ndarray) -> tuple[int, np
     np.add.at(adds, alloc[alloc >= 0], nbytes[alloc >= 0])
     np.add.at(subs, free[free >= 0], nbytes[free >= 0])
     freed_before = np.concatenate([[0], np.cumsum(subs)[:-1]]) if n else subs
-    return initial, initial + np.cumsum(adds) - freed_before
+    live = initial + np.cumsum(adds) - freed_before
+    return initial, live if scratch is None else live + scratch
 
 
 def _breakdown_at(graph: StepGraph, path: int, nbytes: np.ndarray, node: int) -> dict[str, int]:
@@ -87,7 +91,8 @@ def _breakdown_at(graph: StepGraph, path: int, nbytes: np.ndarray, node: int) ->
 def sweep_path(graph: StepGraph, path: int, resolved: dict[str, int], round_to: int = 1):
     p = graph.paths[path]
     nbytes = round_bytes(graph.storage_bytes(path, resolved), round_to)
-    initial, live = live_curve(graph, path, nbytes)
+    scratch = round_bytes(graph.scratch_bytes(path, resolved), round_to)
+    initial, live = live_curve(graph, path, nbytes, scratch)
     if len(live) == 0 or initial >= live.max():
         peak_node, peak = -1, initial
     else:

@@ -9,6 +9,7 @@ those symbols. One capture answers any size: evaluate the expressions. A concret
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from predictor.branches import (
 )
 from predictor.expr import sympy_to_source
 from predictor.graph import StepGraph
+from predictor.kernels import cuda_scratch, cuda_sdpa
 from predictor.pathgraph import ExprInterner, path_from_recorder
 from predictor.recorder import ModuleTracker, RecorderObserver, StepRecorder, register_state
 from predictor.spec import ModelBundle, TrainSpec
@@ -58,6 +60,7 @@ class CaptureConfig:
     target: str = "cuda"  # device whose defaults to follow (optimizer impl, autocast)
     scenario: str = "balanced"  # concrete captures: data-dependent sizes at min|balanced|worst
     max_paths: int | None = None  # default: the bundle's max_paths
+    sm: int = 80  # CUDA target: compute capability x10, picks attention kernels
 
     def __post_init__(self) -> None:
         if self.target not in ("cpu", "cuda"):
@@ -106,13 +109,15 @@ class _Run:
             sizes, names = self._symbolic_sizes()
             modules = {name or "<root>": m for name, m in step.model.named_modules()}
             hooks = DataHooks(state, modules, shape_env=self.env, scenario=self.cfg.scenario)
-            with ModuleTracker(step.model) as tracker, patched_cond(state):
+            with ModuleTracker(step.model) as tracker, patched_cond(state), self._kernels():
                 if warmup:  # run, unrecorded; what it leaves alive is registered below
                     warm = StepRecorder(hooks=hooks.table(), module_stack=tracker.stack)
                     with warm:
                         self._run_steps(step, sizes, warm, state, warmup)
                     warm.close()
-                rec = StepRecorder(hooks=hooks.table(), module_stack=tracker.stack)
+                rec = StepRecorder(
+                    hooks=hooks.table(), module_stack=tracker.stack, scratch=self._scratch()
+                )
                 register_state(rec, step.state_tensors())
                 with rec:
                     self._run_steps(step, sizes, rec, state, recorded)
@@ -120,6 +125,14 @@ class _Run:
                 rec.close()
         names.update({d["symbol"]: n for n, d in state.data.items() if "symbol" in d})
         return rec, state, names, self.env
+
+    def _kernels(self):
+        if self.cfg.target != "cuda":
+            return contextlib.nullcontext()
+        return cuda_sdpa(self.cfg.sm)
+
+    def _scratch(self):
+        return cuda_scratch if self.cfg.target == "cuda" else None
 
     def _run_steps(self, step, sizes, rec: StepRecorder, state: BranchState, steps) -> None:
         observer = RecorderObserver(rec, on_forward=state.reset_counters)

@@ -67,6 +67,14 @@ def sympy_to_source(expr: Any, names: Mapping[Any, str]) -> str:
             raise ValueError(f"size expression uses unknown symbol {expr}")
         return names[expr]
     fname = type(expr).__name__
+    if fname in ("CeilToInt", "FloorToInt") and type(expr.args[0]).__name__ in (
+        "IntTrueDiv",
+        "TrueDiv",
+    ):
+        num, den = (sympy_to_source(a, names) for a in expr.args[0].args)
+        if fname == "FloorToInt":
+            return f"(({num})//({den}))"
+        return f"(-((-({num}))//({den})))"
     args = [sympy_to_source(a, names) for a in expr.args]
     if isinstance(expr, sympy.Add):
         return "(" + " + ".join(args) + ")"

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 FORMAT = "memgnn.stepgraph"
 VERSION = 1
-NODE_FIELDS = ("op", "phase", "step", "micro", "module", "inputs", "outputs")
+NODE_FIELDS = ("op", "phase", "step", "micro", "module", "inputs", "outputs", "scratch")
 STORAGE_FIELDS = ("nbytes", "dtype", "category", "alloc", "free")
 SCENARIOS = ("min", "balanced", "worst")
 
@@ -160,9 +160,17 @@ class StepGraph:
 
     def storage_bytes(self, path: int, resolved: dict[str, int]) -> np.ndarray:
         """Bytes of every storage of a path at resolved sizes (int64)."""
+        return self._lookup(self.paths[path].storages["nbytes"], resolved)
+
+    def scratch_bytes(self, path: int, resolved: dict[str, int]) -> np.ndarray:
+        """Kernel scratch bytes of every node of a path at resolved sizes (int64)."""
+        return self._lookup(self.paths[path].nodes["scratch"], resolved)
+
+    def _lookup(self, expr_idx: list[int], resolved: dict[str, int]) -> np.ndarray:
+        if not expr_idx:
+            return np.zeros(0, dtype=np.int64)
         per_expr = self.table().evaluate(resolved)
-        idx = np.asarray(self.paths[path].storages["nbytes"], dtype=np.int64)
-        return per_expr[idx] if len(idx) else np.zeros(0, dtype=np.int64)
+        return per_expr[np.asarray(expr_idx, dtype=np.int64)]
 
     # ---- files --------------------------------------------------------------------------
     def save(self, path: str | Path) -> str:
@@ -237,6 +245,8 @@ def _validate_path(p: PathGraph, k: int, n_exprs: int) -> None:
             raise ValueError(f"path {k}: bad {col} code")
     if any(not isinstance(e, int) or not 0 <= e < n_exprs for e in p.storages["nbytes"]):
         raise ValueError(f"path {k}: storage size refers to a missing expression")
+    if any(not isinstance(e, int) or not 0 <= e < n_exprs for e in p.nodes["scratch"]):
+        raise ValueError(f"path {k}: node scratch refers to a missing expression")
     for col in ("alloc", "free"):
         if any(not isinstance(v, int) or not -1 <= v < n for v in p.storages[col]):
             raise ValueError(f"path {k}: storage {col} refers to a missing node")

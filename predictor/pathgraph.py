@@ -53,6 +53,7 @@ def path_from_recorder(
     phase_code = {p: i for i, p in enumerate(PHASES)}
     cat_code = {c: i for i, c in enumerate(CATEGORIES)}
     nodes: dict[str, list] = {k: [] for k in ("op", "phase", "step", "micro", "module")}
+    nodes["scratch"] = []
     nodes["inputs"], nodes["outputs"] = [], []
     for n in rec.nodes:
         nodes["op"].append(n.op)
@@ -62,6 +63,7 @@ def path_from_recorder(
         nodes["module"].append(n.module)
         nodes["inputs"].append(list(n.inputs))
         nodes["outputs"].append(list(n.outputs))
+        nodes["scratch"].append(interner.add(n.scratch, names, env))
     storages: dict[str, list] = {k: [] for k in ("nbytes", "dtype", "category", "alloc", "free")}
     for s in rec.storages:
         try:

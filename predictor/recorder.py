@@ -57,6 +57,7 @@ class NodeRec:
     outputs: list[int] = field(default_factory=list)
     new: list[int] = field(default_factory=list)
     frees: list[int] = field(default_factory=list)
+    scratch: Any = 0  # bytes the kernel allocates and frees inside the op
 
 
 DispatchHook = Callable[["StepRecorder", Any, tuple, dict], Any]
@@ -73,11 +74,13 @@ class StepRecorder(TorchDispatchMode):
         self,
         hooks: dict[Any, DispatchHook] | None = None,
         module_stack: list[str] | None = None,
+        scratch: Callable[[Any, tuple], Any] | None = None,
     ):
         super().__init__()
         self.nodes: list[NodeRec] = []
         self.storages: list[StorageRec] = []
         self.hooks = hooks or {}
+        self.scratch = scratch
         self._live: dict[int, int] = {}  # id(storage object) -> uid
         self._early_frees: list[int] = []
         self.phase, self.step, self.micro = "setup", 0, 0
@@ -207,7 +210,11 @@ class StepRecorder(TorchDispatchMode):
         if hook is not None:
             return hook(self, func, args, kwargs)
         out = func(*args, **kwargs)
-        self.record_op(_op_name(func), (args, kwargs), out)
+        if func.namespace == "prim":  # metadata queries (prim.device): no data moves
+            return out
+        node = self.record_op(_op_name(func), (args, kwargs), out)
+        if self.scratch is not None:
+            node.scratch = self.scratch(func, args)
         return out
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ def _graph():
             "module": ["", "", ""],
             "inputs": [[0], [1], [2]],
             "outputs": [[1], [2], [3]],
+            "scratch": [4, 4, 4],
         },
         storages={
             "nbytes": [0, 1, 2, 3],
@@ -29,7 +30,7 @@ def _graph():
     )
     return StepGraph(
         model={"name": "hand"}, train={}, symbols={"B": 1, "S": 1}, data_symbols={},
-        guards=[], exprs=["100", "8*B", "4*S", "2"], paths=[path],
+        guards=[], exprs=["100", "8*B", "4*S", "2", "0"], paths=[path],
     )
 
 
@@ -50,3 +51,12 @@ def test_sweep_on_hand_built_schedule():
 
 def test_round_bytes_to_blocks():
     assert list(round_bytes(np.array([0, 1, 512, 513]), 512)) == [0, 512, 512, 1024]
+
+
+def test_kernel_scratch_counts_at_its_node_only():
+    g = _graph()
+    g.exprs.append("1000")
+    g.paths[0].nodes["scratch"][2] = 5
+    g._table = None
+    r = sweep(g, {"B": 1, "S": 10})
+    assert r.peak_bytes == 142 + 1000 and r.best.peak_node == 2

@@ -53,3 +53,14 @@ def test_missing_size_is_named():
 
 def test_simplify_sum_expands():
     assert simplify_sum(["B*S", "3*B*S + 4"], ["B", "S"]) == "4*B*S + 4"
+
+
+def test_ceil_of_true_division_becomes_integer_arithmetic():
+    from torch.utils._sympy.functions import CeilToInt, FloorToInt, IntTrueDiv
+
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    up = sympy_to_source(32 * CeilToInt(IntTrueDiv(s, 32)), {s: "S"})
+    down = sympy_to_source(FloorToInt(IntTrueDiv(s, 32)), {s: "S"})
+    table = ExprTable([up, down], ["S"])
+    assert table.evaluate_exact({"S": 33}) == [64, 1]
+    assert table.evaluate_exact({"S": 64}) == [64, 2]

@@ -1,0 +1,112 @@
+"""CUDA kernel choices that change memory, applied while capturing on fake CPU tensors.
+
+Capture runs on the CPU device, whose kernels differ from CUDA's where memory differs most:
+scaled dot-product attention. On CUDA, `F.scaled_dot_product_attention` picks
+FlashAttention-2 (sm80+, fp16/bf16, no explicit mask), else the memory-efficient kernel
+(masks and fp32 too), else the math path that materialises the S x S attention matrix;
+the CPU picks differently (e.g. math whenever dropout is on). For a CUDA target we route
+the call to the CUDA op itself (`aten._scaled_dot_product_flash_attention` /
+`_efficient_attention`), whose fake-tensor rules give CUDA's output sizes, and record the
+scratch their backward kernels allocate inside the op (invisible to a dispatch mode):
+FlashAttention-2's fp32 dq accumulator and softmax-delta buffer (sequence rounded to 128,
+head dim to 8), the memory-efficient kernel's fp32 delta.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def choose_sdpa(q, k, v, attn_mask, sm: int) -> str:
+    """'flash', 'efficient' or 'math': the CUDA backend PyTorch's dispatcher would pick."""
+    same_heads = q.dim() == 4 and k.shape[-3] == q.shape[-3] and v.shape[-3] == q.shape[-3]
+    d = q.shape[-1]
+    if not (same_heads and q.dtype == k.dtype == v.dtype):
+        return "math"
+    if sm >= 80 and q.dtype in _LOW and attn_mask is None and d <= 256 and d % 8 == 0:
+        return "flash"
+    if (q.dtype == torch.float32 and d % 4 == 0) or (q.dtype in _LOW and d % 8 == 0):
+        if q.dtype == torch.bfloat16 and sm < 80:
+            return "math"
+        return "efficient"
+    return "math"
+
+
+@contextlib.contextmanager
+def cuda_sdpa(sm: int):
+    """Route `F.scaled_dot_product_attention` to the CUDA kernel PyTorch would choose."""
+    original = F.scaled_dot_product_attention
+
+    def sdpa(
+        query,
+        key,
+        value,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=False,
+        scale=None,
+        enable_gqa=False,
+    ):
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        if dtype is not None:  # CUDA autocast runs attention in the low-precision dtype
+            query, key, value = (t.to(dtype) for t in (query, key, value))
+        choice = choose_sdpa(query, key, value, attn_mask, sm)
+        if choice == "flash":
+            return aten._scaled_dot_product_flash_attention(
+                query, key, value, dropout_p, is_causal, False, scale=scale
+            )[0]
+        if choice == "efficient":
+            if attn_mask is not None and attn_mask.dtype == torch.bool:
+                attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
+                    attn_mask.logical_not(), float("-inf")
+                )
+            need_lse = query.requires_grad or key.requires_grad or value.requires_grad
+            return aten._scaled_dot_product_efficient_attention(
+                query, key, value, attn_mask, need_lse, dropout_p, is_causal, scale=scale
+            )[0]
+        return original(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            dropout_p=dropout_p,
+            is_causal=is_causal,
+            scale=scale,
+            enable_gqa=enable_gqa,
+        )
+
+    F.scaled_dot_product_attention = sdpa
+    torch.nn.functional.scaled_dot_product_attention = sdpa
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
+
+
+def _round_up(x: Any, m: int) -> Any:
+    return (x + m - 1) // m * m
+
+
+def cuda_scratch(func: Any, args: tuple) -> Any:
+    """Bytes a CUDA kernel allocates and frees inside the op (0 when none is known)."""
+    if func is aten._scaled_dot_product_flash_attention_backward.default:
+        q = args[1]
+        b, h, s, d = q.shape
+        softmax_d = b * h * _round_up(s, 128) * 4
+        dq_accum = b * _round_up(s, 128) * h * _round_up(d, 8) * 4
+        return softmax_d + dq_accum
+    if func is aten._scaled_dot_product_efficient_attention_backward.default:
+        q = args[1]
+        b, h, s, _ = q.shape
+        return b * h * s * 4  # delta = rowsum(dO * O), fp32
+    return 0
