@@ -53,7 +53,7 @@ class DeviceProfile:
         return asdict(self)
 
 
-def _gpu(name: str, mib: int, sm: int) -> DeviceProfile:
+def gpu_profile(name: str, mib: int, sm: int) -> DeviceProfile:
     return DeviceProfile(
         name=name,
         kind="cuda",
@@ -70,16 +70,16 @@ PROFILES: dict[str, DeviceProfile] = {
     p.name: p
     for p in (
         DeviceProfile(name="cpu", kind="cpu", total_bytes=None),
-        _gpu("v100-16gb", 16160, 70),
-        _gpu("v100-32gb", 32510, 70),
-        _gpu("t4-16gb", 15360, 75),
-        _gpu("a10g-24gb", 23028, 86),
-        _gpu("l4-24gb", 23034, 89),
-        _gpu("rtx4090-24gb", 24564, 89),
-        _gpu("a100-40gb", 40960, 80),
-        _gpu("a100-80gb", 81920, 80),
-        _gpu("h100-80gb", 81559, 90),
-        _gpu("h200-141gb", 143771, 90),
+        gpu_profile("v100-16gb", 16160, 70),
+        gpu_profile("v100-32gb", 32510, 70),
+        gpu_profile("t4-16gb", 15360, 75),
+        gpu_profile("a10g-24gb", 23028, 86),
+        gpu_profile("l4-24gb", 23034, 89),
+        gpu_profile("rtx4090-24gb", 24564, 89),
+        gpu_profile("a100-40gb", 40960, 80),
+        gpu_profile("a100-80gb", 81920, 80),
+        gpu_profile("h100-80gb", 81559, 90),
+        gpu_profile("h200-141gb", 143771, 90),
     )
 }
 

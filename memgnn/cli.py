@@ -125,6 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.profile_cmd)
 
+    p = sub.add_parser("validate-gpu", help="real GPU vs sim on a fixed config matrix")
+    from dataset.validate_gpu import add_arguments, validate_gpu_cmd
+
+    add_arguments(p)
+    p.set_defaults(func=validate_gpu_cmd)
+
     p = sub.add_parser("devices", help="list device profiles")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.devices_cmd)

@@ -90,6 +90,9 @@ class _Run:
 
         out, names = {}, {}
         for name, hint in self.sizes.items():
+            if name in self.bundle.static_dims:
+                out[name] = hint
+                continue
             sym = self.env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
             out[name] = self.env.create_symintnode(sym, hint=hint)
             names[sym] = name
@@ -203,6 +206,11 @@ def _assemble(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes, 
                     key: interner.source(d[key], input_names, env)
                     for key in ("lo", "balanced", "hi")
                 } | {"op": d["op"], "module": d["module"]}
+        if cfg.symbolic:
+            for name in bundle.static_dims:  # fixed at capture: valid at this size only
+                src = f"({name} == {sizes[name]})"
+                if src not in guards:
+                    guards.append(src)
         if env is not None:
             for g in env.guards:
                 src = sympy_to_source(env.replace(g.expr), names)

@@ -109,10 +109,16 @@ class ModelBundle:
     blocks: Callable[[nn.Module], list[nn.Module]] | None = None
     # Data-dependent branches: at most this many paths are enumerated.
     max_paths: int = 16
+    # Dims the model's code cannot keep symbolic (e.g. nn.LSTM under fake tensors): a
+    # capture fixes them to their trace values and records a guard for each.
+    static_dims: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.dims:
             raise ValueError(f"model {self.name!r} declares no input dims")
+        unknown = set(self.static_dims) - set(self.dims)
+        if unknown:
+            raise ValueError(f"model {self.name!r}: static dims {sorted(unknown)} are not dims")
         for sym, value in self.dims.items():
             if not _SYMBOL_RE.match(sym):
                 raise ValueError(f"model {self.name!r}: bad dim name {sym!r}")
