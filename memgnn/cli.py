@@ -125,6 +125,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.profile_cmd)
 
+    p = sub.add_parser("predict", help="predict a training step's peak memory")
+    add_model_args(p), add_size_args(p), add_train_args(p)
+    p.add_argument("--device", default="h100-80gb", help="device profile")
+    p.add_argument("--metric", choices=("allocated", "reserved", "device_total"), default=None)
+    p.add_argument("--scenario", choices=("min", "balanced", "worst"), default="worst")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.predict_cmd)
+
+    p = sub.add_parser("plan", help="the best config that fits a memory budget")
+    add_model_args(p), add_size_args(p), add_train_args(p)
+    p.add_argument("--budget", required=True, help="bytes (24GiB, 8e9) or a fraction of the device")
+    p.add_argument("--device", default="h100-80gb", help="device profile")
+    p.add_argument("--metric", choices=("allocated", "reserved", "device_total"), default=None)
+    p.add_argument("--threshold", type=float, default=1.0, help="fraction of the budget to use")
+    p.add_argument("--max-batch", type=int, default=4096)
+    p.add_argument("--accum-choices", default="1", help="comma list of G")
+    p.add_argument("--checkpointing-choices", default="none,full")
+    p.add_argument("--precision-choices", default=None, help="default: --precision")
+    p.add_argument("--effective-batch", type=int, default=None)
+    p.add_argument("--mode", choices=("power", "binsearch"), default="binsearch")
+    p.add_argument("--any-batch", action="store_true", help="not only powers of two")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.plan_cmd)
+
     p = sub.add_parser("validate-gpu", help="real GPU vs sim on a fixed config matrix")
     from dataset.validate_gpu import add_arguments, validate_gpu_cmd
 

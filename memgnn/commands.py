@@ -153,3 +153,130 @@ def demo_cmd(args: argparse.Namespace) -> int:
     from memgnn.demo import run_demo
 
     return run_demo(Path(args.out))
+
+
+def _graph_for(bundle, device, sizes):
+    from predictor.predict import capture_cached
+
+    target = "cuda" if device.is_gpu else "cpu"
+    return lambda train: capture_cached(
+        bundle, train, target=target, sm=device.sm or 80, sizes=sizes
+    )
+
+
+def predict_cmd(args: argparse.Namespace) -> int:
+    from dataset.devices import get_profile
+    from predictor.predict import Query, default_model
+
+    bundle = resolve_bundle(args)
+    device = get_profile(args.device)
+    train = train_spec(args)
+    device.check_precision(train.precision)
+    sizes = bundle.sizes(parse_sizes(args))
+    query = Query(sizes=sizes, device=device.name, metric=args.metric, scenario=args.scenario)
+    query.resolved_metric(device.is_gpu)
+    graph = _graph_for(bundle, device, sizes)(train)
+    model = default_model()
+    t0 = time.perf_counter()
+    pred = model.predict(graph, [query])[0]
+    out = pred.to_dict() | {
+        "sizes": sizes,
+        "device": device.name,
+        "graph_id": graph.graph_id,
+        "predict_seconds": round(time.perf_counter() - t0, 6),
+    }
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    print(
+        f"{bundle.name} {sizes} on {device.name}: {pred.metric} peak "
+        f"{fmt_bytes(pred.predicted_peak_bytes)} (bound {fmt_bytes(pred.upper_bound_bytes)}),"
+        f" model {pred.model_version}"
+    )
+    return 0
+
+
+def _budget(text: str, device) -> int:
+    from memgnn.display import parse_bytes
+
+    try:
+        frac = float(text)
+    except ValueError:
+        return parse_bytes(text)
+    if 0 < frac <= 1:
+        if device.total_bytes is None:
+            raise ValueError("a fractional budget needs a device profile with a total")
+        return int(device.total_bytes * frac)
+    return parse_bytes(text)
+
+
+def _csv(text: str, cast=str) -> list:
+    try:
+        return [cast(x.strip()) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"bad list {text!r}") from None
+
+
+def plan_cmd(args: argparse.Namespace) -> int:
+    from dataset.devices import get_profile
+    from predictor.plan import PlanConfig, SearchSpace, plan
+    from predictor.predict import default_model
+    from predictor.spec import default_blocks
+
+    bundle = resolve_bundle(args)
+    device = get_profile(args.device)
+    base = train_spec(args)
+    sizes = bundle.sizes(parse_sizes(args))
+    precisions = _csv(args.precision_choices) if args.precision_choices else [base.precision]
+    for p in precisions:
+        device.check_precision(p)
+    space = SearchSpace(
+        sizes={k: v for k, v in sizes.items() if k != "B"},
+        max_batch=args.max_batch,
+        grad_accum=_csv(args.accum_choices, int),
+        checkpointing=_csv(args.checkpointing_choices),
+        precision=precisions,
+        effective_batch=args.effective_batch,
+        mode=args.mode,
+        power_of_two=not args.any_batch,
+    )
+    cfg = PlanConfig(
+        budget_bytes=_budget(args.budget, device),
+        device=device.name,
+        metric=args.metric,
+        threshold=args.threshold,
+    )
+    if "B" not in bundle.dims:
+        raise ValueError(f"model {bundle.name!r} has no batch dim B to plan")
+    n_blocks = len((bundle.blocks or default_blocks)(bundle.build()))
+    res = plan(
+        default_model(), _graph_for(bundle, device, sizes), base, space, cfg, n_blocks=n_blocks
+    )
+    if res.best is None:
+        raise ValueError(res.reason)
+    best = res.best
+    out = {
+        "batch_size": best.batch_size,
+        "grad_accum": best.grad_accum,
+        "checkpointing": best.checkpointing,
+        "precision": best.precision,
+        "prediction": best.prediction,
+        "budget_bytes": cfg.budget_bytes,
+        "limit_bytes": cfg.limit,
+        "runners_up": [c.to_dict() for c in res.runners_up],
+        "queries": res.queries,
+    }
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    print(
+        f"best: B={best.batch_size} G={best.grad_accum} checkpointing={best.checkpointing} "
+        f"precision={best.precision}: bound {fmt_bytes(best.bound_bytes)} of "
+        f"{fmt_bytes(cfg.limit)}"
+    )
+    for c in res.runners_up:
+        print(
+            f"  then B={c.batch_size} G={c.grad_accum} {c.checkpointing} {c.precision}: "
+            f"{fmt_bytes(c.bound_bytes)}"
+        )
+    return 0

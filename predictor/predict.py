@@ -164,3 +164,13 @@ def capture_cached(
     folder.mkdir(parents=True, exist_ok=True)
     graph.save(path)
     return graph
+
+
+def default_model() -> MemoryModel:
+    """The shipped learned model (onnxruntime); the analytic baseline if none ships."""
+    try:
+        from predictor.onnx_model import load_default_model
+    except ImportError:
+        log.warning("no learned model in this install: using the analytic baseline")
+        return AnalyticModel()
+    return load_default_model()
