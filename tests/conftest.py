@@ -53,8 +53,12 @@ def _lm_loss(model, inputs):
 
 def tiny_gpt_bundle(layers: int = 2) -> ModelBundle:
     return ModelBundle(
-        name="tiny-gpt", family="gpt", build=lambda: TinyGPT(layers=layers),
-        make_inputs=_lm_inputs, loss=_lm_loss, dims={"B": 3, "S": 17},
+        name="tiny-gpt",
+        family="gpt",
+        build=lambda: TinyGPT(layers=layers),
+        make_inputs=_lm_inputs,
+        loss=_lm_loss,
+        dims={"B": 3, "S": 17},
         hparams={"layers": layers},
     )
 
@@ -70,8 +74,12 @@ def tiny_mlp_bundle() -> ModelBundle:
         return nn.Sequential(nn.Linear(24, 64), nn.ReLU(), nn.Linear(64, 5))
 
     return ModelBundle(
-        name="tiny-mlp", family="mlp", build=build, make_inputs=make,
-        loss=lambda m, i: F.cross_entropy(m(i["x"]), i["y"]), dims={"B": 4},
+        name="tiny-mlp",
+        family="mlp",
+        build=build,
+        make_inputs=make,
+        loss=lambda m, i: F.cross_entropy(m(i["x"]), i["y"]),
+        dims={"B": 4},
     )
 
 
@@ -138,7 +146,11 @@ def _seq_bundle(name: str, build) -> ModelBundle:
         return F.cross_entropy(m(i["x"]).flatten(0, 1), i["y"].flatten())
 
     return ModelBundle(
-        name=name, family=name, build=build, make_inputs=make, loss=loss,
+        name=name,
+        family=name,
+        build=build,
+        make_inputs=make,
+        loss=loss,
         dims={"B": 3, "S": 5},
     )
 

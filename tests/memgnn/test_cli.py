@@ -27,14 +27,18 @@ def test_capture_and_graph_info_roundtrip(tmp_path, capsys):
     "argv, message",
     [
         (["capture", "--model", "nosuchmodel", "-o", "x"], "nosuchmodel"),
-        (["capture", "--model", "hf:/nonexistent/config.json", "--task", "causal-lm", "-o", "x"],
-         "/nonexistent/config.json"),
+        (
+            ["capture", "--model", "hf:/nonexistent/config.json", "--task", "causal-lm", "-o", "x"],
+            "/nonexistent/config.json",
+        ),
         (["capture", "--model", "mlp", "--batch", "-3", "-o", "x"], "size B must be >= 1"),
         (["capture", "--model", "mlp", "--seq", "128", "-o", "x"], "'S' is not an input dim"),
         (["capture", "--model", "mlp", "--dim", "Q=3", "-o", "x"], "'Q' is not an input dim"),
         (["profile", "--model", "mlp", "--batch", "0"], "size B must be >= 1"),
-        (["profile", "--model", "mlp", "--device", "v100-16gb", "--precision", "amp-bf16"],
-         "no bfloat16"),
+        (
+            ["profile", "--model", "mlp", "--device", "v100-16gb", "--precision", "amp-bf16"],
+            "no bfloat16",
+        ),
         (["profile", "--model", "mlp", "--device", "tpu-v9"], "unknown device profile"),
         (["graph-info", "/nonexistent.json.gz"], "not found"),
     ],
@@ -59,8 +63,14 @@ def test_profile_json_has_contract_fields(capsys):
     )
     rec = json.loads(text)
     assert code == 0
-    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes",
-                "breakdown", "backend", "device"):
+    for key in (
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "device_total_bytes",
+        "breakdown",
+        "backend",
+        "device",
+    ):
         assert key in rec
     assert rec["peak_reserved_bytes"] >= rec["peak_allocated_bytes"] > 0
     assert rec["device_total_bytes"] > rec["peak_reserved_bytes"]

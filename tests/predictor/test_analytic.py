@@ -29,8 +29,13 @@ def _graph():
         },
     )
     return StepGraph(
-        model={"name": "hand"}, train={}, symbols={"B": 1, "S": 1}, data_symbols={},
-        guards=[], exprs=["100", "8*B", "4*S", "2", "0"], paths=[path],
+        model={"name": "hand"},
+        train={},
+        symbols={"B": 1, "S": 1},
+        data_symbols={},
+        guards=[],
+        exprs=["100", "8*B", "4*S", "2", "0"],
+        paths=[path],
     )
 
 

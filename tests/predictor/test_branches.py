@@ -49,7 +49,8 @@ def test_moe_symbolic_matches_concrete_per_scenario(tiny_moe, scenario):
     sym = capture(tiny_moe, TrainSpec(steps="first"))
     sizes = {"B": 5, "S": 7}
     conc = capture(
-        tiny_moe, TrainSpec(steps="first"),
+        tiny_moe,
+        TrainSpec(steps="first"),
         CaptureConfig(symbolic=False, sizes=sizes, scenario=scenario),
     )
     a = sym.storage_bytes(0, sym.resolve_sizes(sizes, scenario))

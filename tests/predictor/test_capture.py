@@ -44,7 +44,8 @@ def _state_bytes(g, category):
     nbytes = g.storage_bytes(0, sizes)
     code = CATEGORIES.index(category)
     return sum(
-        int(nbytes[u]) for u in range(p.num_storages)
+        int(nbytes[u])
+        for u in range(p.num_storages)
         if p.storages["category"][u] == code and p.storages["free"][u] == -1
     )
 
@@ -108,9 +109,7 @@ def test_steady_only_registers_optimizer_state_before_the_step(tiny_mlp):
     g = capture(tiny_mlp, TrainSpec(steps="steady"))
     p = g.paths[0]
     assert set(p.nodes["step"]) == {1}
-    pre = [
-        CATEGORIES[c] for c, a in zip(p.storages["category"], p.storages["alloc"]) if a < 0
-    ]
+    pre = [CATEGORIES[c] for c, a in zip(p.storages["category"], p.storages["alloc"]) if a < 0]
     assert "optimizer_state" in pre and "parameter" in pre
 
 
@@ -127,9 +126,12 @@ def test_data_dependent_scalar_fails_naming_module():
             return self.lin(x)[:, : n + 1].sum()
 
     bundle = ModelBundle(
-        name="bad", family="bad", build=Bad,
+        name="bad",
+        family="bad",
+        build=Bad,
         make_inputs=lambda s, d, t: {"x": torch.randn(s["B"], 4, device=d)},
-        loss=lambda m, i: m(i["x"]), dims={"B": 2},
+        loss=lambda m, i: m(i["x"]),
+        dims={"B": 2},
     )
     with pytest.raises(CaptureError, match=r"_local_scalar_dense|module"):
         capture(bundle, TrainSpec())

@@ -32,14 +32,19 @@ def test_cuda_target_uses_cuda_attention_kernels_and_records_scratch(tiny_gpt):
     assert "_scaled_dot_product_flash_attention_backward.default" in _ops(bf16)
     p = bf16.paths[0]
     scratch = bf16.scratch_bytes(0, bf16.resolve_sizes({"B": 2, "S": 100}))
-    bwd = [i for i, op in enumerate(p.nodes["op"]) if op.startswith("_scaled_dot_product_flash")
-           and "backward" in op]
+    bwd = [
+        i
+        for i, op in enumerate(p.nodes["op"])
+        if op.startswith("_scaled_dot_product_flash") and "backward" in op
+    ]
     # 2 heads, S rounded to 128, head dim 16: softmax_d + dq_accum, fp32
     assert all(int(scratch[i]) == 2 * 2 * 128 * 4 + 2 * 128 * 2 * 16 * 4 for i in bwd)
     assert int(scratch.sum()) == len(bwd) * (2 * 2 * 128 * 4 + 2 * 128 * 2 * 16 * 4)
     fp32 = capture(tiny_gpt, TrainSpec(), CaptureConfig(target="cuda"))
     assert "_scaled_dot_product_efficient_attention.default" in _ops(fp32)
     cpu = capture(tiny_gpt, TrainSpec(), CaptureConfig(target="cpu"))
-    assert not any("efficient" in op or op.startswith("_scaled_dot_product_flash_attention.")
-                   for op in _ops(cpu))
+    assert not any(
+        "efficient" in op or op.startswith("_scaled_dot_product_flash_attention.")
+        for op in _ops(cpu)
+    )
     assert int(cpu.scratch_bytes(0, cpu.resolve_sizes({"B": 2, "S": 9})).sum()) == 0

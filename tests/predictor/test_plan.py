@@ -16,8 +16,15 @@ class LinearModel:
         for q in queries:
             per = 100 if graph == "ckpt" else 200
             v = 1000 + per * q.sizes["B"]
-            out.append(Prediction(predicted_peak_bytes=v, upper_bound_bytes=v + 50,
-                                  metric="reserved", breakdown={}, model_version="linear"))
+            out.append(
+                Prediction(
+                    predicted_peak_bytes=v,
+                    upper_bound_bytes=v + 50,
+                    metric="reserved",
+                    breakdown={},
+                    model_version="linear",
+                )
+            )
         return out
 
 
