@@ -23,7 +23,7 @@ from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
 from dataset.devices import DeviceProfile
 from predictor.analytic import STEP_NAMES, sweep
 from predictor.graph import StepGraph
-from predictor.recorder import PHASES
+from predictor.vocab import PHASES
 
 log = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ def capture_cmd(args: argparse.Namespace) -> int:
 def graph_info(graph) -> dict[str, Any]:
     """Counts, categories and per-category byte formulas of a StepGraph."""
     from predictor.expr import simplify_sum
-    from predictor.recorder import CATEGORIES
+    from predictor.vocab import CATEGORIES
 
     info: dict[str, Any] = {
         "graph_id": graph.graph_id,

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from predictor.graph import StepGraph
-from predictor.recorder import CATEGORIES, PHASES
+from predictor.vocab import CATEGORIES, PHASES
 
 STEP_NAMES = ("first", "steady")
 

@@ -10,6 +10,8 @@ all at once, for Python ints (exact) or numpy int64 arrays (vectorised over many
 from __future__ import annotations
 
 import ast
+import keyword
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -104,8 +106,25 @@ def sympy_to_source(expr: Any, names: Mapping[Any, str]) -> str:
     raise ValueError(f"unsupported operation {fname} in size expression {expr}")
 
 
+MAX_EXPONENT = 16
+_SYMBOL = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+def check_symbols(symbols: Sequence[str]) -> None:
+    """Symbol names become parameters of compiled code: identifiers only."""
+    for s in symbols:
+        if not isinstance(s, str) or not _SYMBOL.match(s) or keyword.iskeyword(s):
+            raise ValueError(f"bad size symbol name {s!r}: expected an identifier")
+        if s in _ALLOWED_CALLS:
+            raise ValueError(f"size symbol name {s!r} is reserved")
+
+
 def validate_source(src: str, symbols: Sequence[str]) -> ast.Expression:
-    """Parse `src` and check it uses only integer arithmetic over `symbols`."""
+    """Parse `src` and check it uses only integer arithmetic over `symbols`; powers need a
+    constant exponent of at most MAX_EXPONENT (no `B**B**B` that never finishes)."""
+    check_symbols(symbols)
+    if not isinstance(src, str):
+        raise ValueError(f"size expression must be text, got {type(src).__name__}")
     try:
         tree = ast.parse(src, mode="eval")
     except SyntaxError as exc:
@@ -124,10 +143,21 @@ def validate_source(src: str, symbols: Sequence[str]) -> ast.Expression:
         elif isinstance(node, ast.Constant):
             if type(node.value) is int:
                 continue
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            exp = node.right
+            if isinstance(exp, ast.Constant) and type(exp.value) is int:
+                if 0 <= exp.value <= MAX_EXPONENT:
+                    continue
+            raise ValueError(
+                f"size expression {src!r}: powers need a constant exponent in 0..{MAX_EXPONENT}"
+            )
         elif isinstance(node, _ALLOWED_NODES):
             continue
         raise ValueError(f"size expression {src!r} contains disallowed {type(node).__name__}")
     return tree
+
+
+_INT64_MAX = np.iinfo(np.int64).max
 
 
 def _np_max(*xs: Any) -> Any:
@@ -166,6 +196,18 @@ class ExprTable:
     def __len__(self) -> int:
         return len(self.sources)
 
+    def _check_range(self, args: list[np.ndarray]) -> None:
+        """Exact evaluation at the largest sizes must fit in int64 (numpy would wrap)."""
+        if not args:
+            return
+        top = {s: int(np.max(a)) for s, a in zip(self.symbols, args)}
+        if any(v < 0 for v in top.values()):
+            raise ValueError(f"sizes must be non-negative, got {top}")
+        if max(top.values(), default=0) < 2**16:
+            return  # polynomials of degree <= 3 with sane coefficients cannot overflow
+        if max((abs(v) for v in self.evaluate_exact(top)), default=0) > _INT64_MAX:
+            raise ValueError(f"sizes {top} give byte counts beyond 2**63")
+
     def _args(self, sizes: Mapping[str, Any]) -> list[Any]:
         missing = [s for s in self.symbols if s not in sizes]
         if missing:
@@ -173,13 +215,22 @@ class ExprTable:
         return [sizes[s] for s in self.symbols]
 
     def evaluate_exact(self, sizes: Mapping[str, int]) -> list[int]:
-        return [int(v) for v in self._exact(*self._args(sizes))]
+        try:
+            return [int(v) for v in self._exact(*self._args(sizes))]
+        except ZeroDivisionError:
+            raise ValueError(f"size expression divides by zero at {dict(sizes)}") from None
 
     def evaluate(self, sizes: Mapping[str, Any]) -> np.ndarray:
+        """int64 values; ValueError when a value would not fit in int64 (no silent wrap)."""
         args = [np.asarray(a, dtype=np.int64) for a in self._args(sizes)]
         if not self.sources:
             return np.zeros((0,), dtype=np.int64)
-        vals = self._vector(*args)
+        self._check_range(args)
+        with np.errstate(divide="raise", over="raise"):
+            try:
+                vals = self._vector(*args)
+            except (FloatingPointError, ZeroDivisionError) as exc:
+                raise ValueError(f"size expression cannot be evaluated: {exc}") from None
         shape = np.broadcast(*args).shape if args else ()
         return np.stack([np.broadcast_to(np.asarray(v, dtype=np.int64), shape) for v in vals])
 

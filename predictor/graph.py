@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from predictor.expr import ExprTable, validate_source
-from predictor.recorder import CATEGORIES, PHASES
+from predictor.vocab import CATEGORIES, PHASES
 
 log = logging.getLogger(__name__)
 

@@ -20,17 +20,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-log = logging.getLogger(__name__)
+from predictor.vocab import CATEGORIES, PHASES
 
-CATEGORIES = (
-    "parameter",
-    "gradient",
-    "optimizer_state",
-    "input",
-    "activation",
-    "temporary",
-)
-PHASES = ("setup", "input", "forward", "backward", "optimizer", "zero_grad")
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@ import numpy as np
 
 from predictor.analytic import round_bytes, sweep
 from predictor.graph import PathGraph, StepGraph
-from predictor.recorder import CATEGORIES, PHASES
+from predictor.vocab import CATEGORIES, PHASES
 
 
 def _graph():

@@ -5,8 +5,8 @@ import torch
 
 from predictor.branches import CaptureError
 from predictor.capture import CaptureConfig, capture
-from predictor.recorder import CATEGORIES
 from predictor.spec import TrainSpec
+from predictor.vocab import CATEGORIES
 
 SIZES = [(3, 17), (1, 5), (64, 1024)]
 

@@ -64,3 +64,26 @@ def test_ceil_of_true_division_becomes_integer_arithmetic():
     table = ExprTable([up, down], ["S"])
     assert table.evaluate_exact({"S": 33}) == [64, 1]
     assert table.evaluate_exact({"S": 64}) == [64, 2]
+
+
+@pytest.mark.parametrize("symbol", ["B=().__class__", "max", "1B", "lambda", ""])
+def test_symbol_names_must_be_identifiers(symbol):
+    with pytest.raises(ValueError, match="symbol name"):
+        ExprTable(["1"], [symbol])
+
+
+def test_powers_need_small_constant_exponents():
+    validate_source("S**2", ["S"])
+    for bad in ("B**B", "B**B**B", "B**17", "B**-1"):
+        with pytest.raises(ValueError, match="exponent|disallowed"):
+            validate_source(bad, ["B"])
+
+
+def test_division_by_zero_and_overflow_are_value_errors():
+    table = ExprTable(["B//(S - 3)", "B**3*S**3"], ["B", "S"])
+    with pytest.raises(ValueError, match="divides by zero"):
+        table.evaluate_exact({"B": 1, "S": 3})
+    with pytest.raises(ValueError, match="cannot be evaluated"):
+        table.evaluate({"B": 1, "S": 3})
+    with pytest.raises(ValueError, match="beyond 2\\*\\*63"):
+        table.evaluate({"B": 10**6, "S": 10**6})

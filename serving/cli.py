@@ -1,0 +1,113 @@
+"""`memgnn serve`: argument parsing and the uvicorn launch.
+
+    memgnn serve --host 127.0.0.1 --port 8000 [--model PATH|URI] [--db URL] [--token T]
+                 [--workers K]
+
+One worker runs the app object in-process; several workers import
+`serving.app:app_from_env` (the config travels in environment variables).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from serving.config import TOKEN_ENV_VAR, ServeConfig, default_state_dir
+
+log = logging.getLogger(__name__)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """The `memgnn serve` options."""
+    g = parser.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback)")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    g.add_argument(
+        "--model",
+        default=None,
+        help="model: default | analytic | DIR | models:/NAME@ALIAS (mlflow)",
+    )
+    g.add_argument(
+        "--db", default=None, help="database URL (default: sqlite:///STATE_DIR/samples.db)"
+    )
+    g.add_argument(
+        "--state-dir",
+        default=None,
+        help=f"state folder (default: $MEMGNN_STATE or {default_state_dir()})",
+    )
+    g.add_argument(
+        "--token", default=None, help=f"bearer token for write endpoints (or ${TOKEN_ENV_VAR})"
+    )
+    g.add_argument("--max-request-bytes", type=int, default=None)
+    g.add_argument("--max-nodes", type=int, default=None)
+    g.add_argument("--graph-cache", type=int, default=None, help="graphs kept in memory")
+    g.add_argument(
+        "--allow-local-specs",
+        action="store_true",
+        help="accept hf:PATH and py:module:factory specs (trusted clients only)",
+    )
+    g.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """A validated ServeConfig from parsed `memgnn serve` arguments (ValueError if bad)."""
+    fields: dict = {
+        "model": args.model,
+        "database_url": args.db,
+        "token": args.token or os.environ.get(TOKEN_ENV_VAR) or None,
+        "allow_local_specs": args.allow_local_specs,
+    }
+    if args.state_dir:
+        fields["state_dir"] = args.state_dir
+    for arg, name in (
+        ("max_request_bytes", "max_request_bytes"),
+        ("max_nodes", "max_nodes"),
+        ("graph_cache", "graph_cache_size"),
+    ):
+        value = getattr(args, arg)
+        if value is not None:
+            fields[name] = value
+    return ServeConfig(**fields)
+
+
+def serve_cmd(args: argparse.Namespace) -> int:
+    """Run the server until interrupted; returns the exit status."""
+    import uvicorn
+
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if args.workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {args.workers}")
+    config = config_from_args(args)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and config.token is None:
+        log.warning("serving on %s without a token: write endpoints are open", args.host)
+    common = {"host": args.host, "port": args.port, "log_level": args.log_level}
+    if args.workers == 1:
+        from serving.app import create_app
+
+        uvicorn.run(create_app(config), **common)
+    else:
+        os.environ.update(config.to_env())
+        uvicorn.run("serving.app:app_from_env", factory=True, workers=args.workers, **common)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m serving.cli` runs the server without the memgnn CLI."""
+    parser = argparse.ArgumentParser(prog="memgnn serve", description=__doc__.splitlines()[0])
+    add_serve_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return serve_cmd(args)
+    except ValueError as exc:
+        log.error("memgnn serve: %s", exc)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,295 @@
+"""A small Python client of the memgnn service (httpx), and `remote_predict` for the CLI.
+
+    with MemgnnClient("http://127.0.0.1:8000") as c:
+        gid = c.upload_graph("step.json.gz")
+        c.predict(graph_id=gid, configs=[{"sizes": {"B": 8, "S": 512}}])
+
+Errors: `ServiceError` (a ValueError) with the HTTP status and the server's detail.
+`local_server(config)` runs the service on a free loopback port inside this process
+(uvicorn in a daemon thread) for demos, notebooks and tests; `service_round_trip` starts
+it, asks /predict and /plan about a model, and stops it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from serving.config import ServeConfig
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(ValueError):
+    """The service answered with an error status (or could not be reached: status 0)."""
+
+    def __init__(self, status: int, detail: Any):
+        self.status, self.detail = status, detail
+        super().__init__(f"memgnn service: HTTP {status}: {_describe(detail)}")
+
+
+def _describe(detail: Any) -> str:
+    if isinstance(detail, list):
+        return "; ".join(
+            f"{'.'.join(str(x) for x in d.get('loc', []))}: {d.get('msg')}"
+            if isinstance(d, dict)
+            else str(d)
+            for d in detail
+        )
+    return str(detail)
+
+
+class MemgnnClient:
+    """Thin wrapper over the HTTP API; every method returns the decoded JSON answer."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 300.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"service URL must start with http:// or https://, got {url!r}")
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(
+            base_url=url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        )
+
+    def __enter__(self) -> MemgnnClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            r = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ServiceError(0, f"cannot reach {self._http.base_url}: {exc}") from None
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail", r.text)
+            except (json.JSONDecodeError, AttributeError):
+                detail = r.text
+            raise ServiceError(r.status_code, detail)
+        return r.json() if "json" in r.headers.get("content-type", "") else r.text
+
+    # ---- endpoints ----------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        return self._call("GET", "/healthz")
+
+    def ready(self) -> bool:
+        try:
+            return bool(self._call("GET", "/readyz").get("ready"))
+        except ServiceError:
+            return False
+
+    def metrics(self) -> str:
+        return self._call("GET", "/metrics")
+
+    def upload_graph(self, graph: Any) -> str:
+        """Upload a StepGraph (object, .json.gz / .json path, or dict); returns its id."""
+        if isinstance(graph, (str, Path)):
+            blob = Path(graph).read_bytes()
+            if blob[:2] != b"\x1f\x8b":
+                blob = gzip.compress(blob)
+        else:
+            data = graph if isinstance(graph, dict) else graph.content() | {"meta": graph.meta}
+            blob = gzip.compress(json.dumps(data, separators=(",", ":")).encode())
+        headers = {"content-type": "application/json", "content-encoding": "gzip"}
+        return self._call("POST", "/graphs", content=blob, headers=headers)["graph_id"]
+
+    def predict(
+        self,
+        *,
+        configs: list[dict[str, Any]],
+        graph_id: str | None = None,
+        graph: dict[str, Any] | None = None,
+        model: dict[str, Any] | None = None,
+        apply_correction: bool = True,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"configs": configs, "apply_correction": apply_correction}
+        for key, value in (("graph_id", graph_id), ("graph", graph), ("model", model)):
+            if value is not None:
+                body[key] = value
+        return self._call("POST", "/predict", json=body)
+
+    def plan(self, **body: Any) -> dict[str, Any]:
+        """POST /plan with the fields of `serving.schemas.PlanRequest`."""
+        return self._call("POST", "/plan", json=body)
+
+    def add_sample(
+        self,
+        *,
+        graph_id: str,
+        sizes: dict[str, int],
+        device: str,
+        measured_peak_bytes: int,
+        metric: str | None = None,
+        scenario: str = "worst",
+        key: str | None = None,
+    ) -> dict[str, Any]:
+        body = {
+            "graph_id": graph_id,
+            "sizes": sizes,
+            "device": device,
+            "metric": metric,
+            "scenario": scenario,
+            "measured_peak_bytes": measured_peak_bytes,
+            "key": key,
+        }
+        return self._call("POST", "/samples", json=body)
+
+    def samples(self, graph_id: str, **params: Any) -> dict[str, Any]:
+        return self._call("GET", "/samples", params={"graph_id": graph_id, **params})
+
+    def reload(self, model: str | None = None) -> dict[str, Any]:
+        return self._call("POST", "/admin/reload", json={"model": model})
+
+
+def model_body(
+    model: str, model_args: dict[str, str] | None, task: str | None, train: Any
+) -> dict[str, Any]:
+    """The `model` object of a request from CLI-style arguments (train: TrainSpec or dict)."""
+    train_dict = train.to_dict() if hasattr(train, "to_dict") else dict(train or {})
+    return {"spec": model, "model_args": dict(model_args or {}), "task": task, "train": train_dict}
+
+
+def remote_predict(
+    url: str,
+    *,
+    model: str,
+    model_args: dict[str, str] | None = None,
+    task: str | None = None,
+    train: Any = None,
+    sizes: dict[str, int] | None = None,
+    device: str = "h100-80gb",
+    metric: str | None = None,
+    scenario: str = "worst",
+    token: str | None = None,
+    timeout: float = 300.0,
+) -> dict[str, Any]:
+    """What `memgnn predict --json` prints, answered by the service at `url`:
+    predicted_peak_bytes, upper_bound_bytes, metric, breakdown, model_version, plus
+    sizes (the model's example dims filled in), device, graph_id, correction."""
+    config = {"sizes": dict(sizes or {}), "device": device, "metric": metric, "scenario": scenario}
+    with MemgnnClient(url, token=token, timeout=timeout) as client:
+        answer = client.predict(configs=[config], model=model_body(model, model_args, task, train))
+    p = answer["predictions"][0]
+    return {
+        "predicted_peak_bytes": p["predicted_peak_bytes"],
+        "upper_bound_bytes": p["upper_bound_bytes"],
+        "metric": p["metric"],
+        "breakdown": p["breakdown"],
+        "model_version": p["model_version"],
+        "paths": p["paths"],
+        "sizes": p["config"]["sizes"],
+        "device": p["config"]["device"],
+        "graph_id": p["graph_id"],
+        "correction": p["correction"],
+        "unknown_ops": answer["unknown_ops"],
+    }
+
+
+def remote_plan(
+    url: str,
+    *,
+    model: str,
+    model_args: dict[str, str] | None = None,
+    task: str | None = None,
+    train: Any = None,
+    token: str | None = None,
+    timeout: float = 600.0,
+    **plan_fields: Any,
+) -> dict[str, Any]:
+    """POST /plan for a model SPEC; `plan_fields` are the other `PlanRequest` fields
+    (budget_bytes or budget_fraction, device, metric, threshold, space, objective)."""
+    with MemgnnClient(url, token=token, timeout=timeout) as client:
+        return client.plan(model=model_body(model, model_args, task, train), **plan_fields)
+
+
+# ---- a service inside this process ------------------------------------------------------
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def local_server(
+    config: ServeConfig,
+    *,
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    timeout_s: float = 120.0,
+) -> Iterator[str]:
+    """Start the app on `host` (a free port unless given), yield its URL, stop it."""
+    import uvicorn
+
+    from serving.app import create_app
+
+    port = port or free_port(host)
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(config), host=host, port=port, log_level="warning")
+    )
+    thread = threading.Thread(target=server.run, name="memgnn-serve", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive():
+            raise ValueError(f"the service did not start on {host}:{port} (see the log)")
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            raise ValueError(f"the service did not start on {host}:{port} in {timeout_s} s")
+        time.sleep(0.05)
+    url = f"http://{host}:{port}"
+    log.info("service up at %s", url)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(timeout_s)
+
+
+def service_round_trip(
+    config: ServeConfig,
+    *,
+    model: str = "gpt2",
+    model_args: dict[str, str] | None = None,
+    sizes: dict[str, int] | None = None,
+    device: str = "a100-80gb",
+    budget_fraction: float = 0.5,
+) -> dict:
+    """Start the service on loopback, ask /predict and /plan about `model`, stop it: the
+    answers ({"url", "predict", "plan"}) for a demo to print."""
+    with local_server(config) as url:
+        predicted = remote_predict(
+            url, model=model, model_args=model_args, sizes=sizes, device=device
+        )
+        other = {k: v for k, v in (sizes or {}).items() if k != "B"}
+        planned = remote_plan(
+            url,
+            model=model,
+            model_args=model_args,
+            device=device,
+            budget_fraction=budget_fraction,
+            space={"sizes": other},
+        )
+    return {"url": url, "predict": predicted, "plan": planned}

@@ -1,0 +1,105 @@
+"""Server configuration: one validated dataclass, from arguments or from the environment.
+
+`ServeConfig.to_env()` / `ServeConfig.from_env()` carry the config to uvicorn worker
+processes (several workers import the app by name, so they cannot receive an object).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_VAR = "MEMGNN_SERVE_CONFIG"
+TOKEN_ENV_VAR = "MEMGNN_TOKEN"
+MiB = 1 << 20
+
+
+def default_state_dir() -> Path:
+    """Where the server keeps its database: $MEMGNN_STATE, else ~/.local/state/memgnn."""
+    return Path(os.environ.get("MEMGNN_STATE", Path.home() / ".local" / "state" / "memgnn"))
+
+
+@dataclass(kw_only=True, slots=True)
+class ServeConfig:
+    """What a server process needs. Every limit is checked per request.
+
+    - `model`: None or "default" (the shipped learned model, else the analytic baseline),
+      "analytic", a directory with an exported model, or an mlflow model URI
+      (`models:/NAME@ALIAS`, `models:/NAME/VERSION`, `runs:/ID/PATH`).
+    - `database_url`: any SQLAlchemy URL; default `sqlite:///<state_dir>/samples.db` (WAL,
+      synchronous=FULL). Replicas that share one database share samples and graphs.
+    - `token`: bearer token required on write endpoints (`/samples`, `/admin/reload`).
+    - `allow_local_specs`: accept `hf:PATH` and `py:module:factory` model specs (they read
+      server files and import code: only for trusted clients). Zoo names always work.
+    """
+
+    model: str | None = None
+    state_dir: Path = field(default_factory=default_state_dir)
+    database_url: str | None = None
+    token: str | None = None
+    max_request_bytes: int = 32 * MiB
+    max_decompressed_bytes: int = 256 * MiB
+    max_nodes: int = 200_000
+    max_configs: int = 256
+    graph_cache_size: int = 64
+    correction_window: int = 32
+    correction_ttl_s: float = 1.0
+    allow_local_specs: bool = False
+
+    def __post_init__(self) -> None:
+        self.state_dir = Path(self.state_dir).expanduser()
+        if self.token is not None and not self.token.strip():
+            raise ValueError("token must not be blank (leave it unset for no auth)")
+        for name in ("max_request_bytes", "max_decompressed_bytes", "max_nodes", "max_configs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_decompressed_bytes < self.max_request_bytes:
+            raise ValueError("max_decompressed_bytes must be >= max_request_bytes")
+        if self.graph_cache_size < 1:
+            raise ValueError(f"graph_cache_size must be >= 1, got {self.graph_cache_size}")
+        if not 1 <= self.correction_window <= 10_000:
+            raise ValueError(
+                f"correction_window must be in [1, 10000], got {self.correction_window}"
+            )
+        if self.correction_ttl_s < 0:
+            raise ValueError(f"correction_ttl_s must be >= 0, got {self.correction_ttl_s}")
+        if self.database_url is not None and "://" not in self.database_url:
+            raise ValueError(
+                f"database_url {self.database_url!r} is not a URL "
+                "(e.g. sqlite:///path/samples.db, postgresql://host/db)"
+            )
+
+    @property
+    def db_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        return f"sqlite:///{self.state_dir / 'samples.db'}"
+
+    def to_env(self) -> dict[str, str]:
+        """Environment variables that `from_env` reads back (the token travels separately)."""
+        data: dict[str, Any] = asdict(self)
+        data["state_dir"] = str(self.state_dir)
+        token = data.pop("token")
+        env = {ENV_VAR: json.dumps(data)}
+        if token:
+            env[TOKEN_ENV_VAR] = token
+        return env
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> ServeConfig:
+        env = os.environ if environ is None else environ
+        raw = env.get(ENV_VAR)
+        try:
+            data = json.loads(raw) if raw else {}
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{ENV_VAR} is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{ENV_VAR} must hold a JSON object")
+        data.setdefault("token", env.get(TOKEN_ENV_VAR) or None)
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"{ENV_VAR}: {exc}") from None

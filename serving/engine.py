@@ -1,0 +1,332 @@
+"""The serving core, free of HTTP: graphs by id (LRU of decoded graphs and their encoder
+output, backed by the store), batched predictions through the model, residual
+corrections from live samples, and graphs captured from model specs.
+
+Threads: FastAPI runs handlers in a thread pool; the engine's caches take a lock, the
+model is swapped atomically (`set_model`), captures run one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
+from typing import Any
+
+from predictor.graph import StepGraph
+from predictor.predict import MemoryModel, Prediction, Query
+from predictor.spec import ModelBundle, TrainSpec
+from serving.config import ServeConfig
+from serving.graphs import RequestError, build_graph, decode_body, graph_bytes, unknown_ops
+from serving.metrics import Metrics
+from serving.models import can_encode, op_checker
+from serving.store import Correction, Sample, Store
+
+log = logging.getLogger(__name__)
+
+MAX_BYTES = 1 << 62  # a prediction past this overflowed int64 arithmetic
+
+
+@dataclass(kw_only=True, slots=True)
+class GraphEntry:
+    graph: StepGraph
+    graph_id: str
+    n_nodes: int
+    unknown_ops: list[str]
+    model_version: str
+    encoding: Any = None
+
+
+@dataclass(kw_only=True, slots=True)
+class Served:
+    """One answered query: the corrected prediction, the model's own, the correction."""
+
+    prediction: Prediction
+    raw: Prediction
+    correction: Correction
+
+
+def corrected(pred: Prediction, corr: Correction) -> Prediction:
+    """Scale the peak by the median ratio and the bound by the (>= 1) bound ratio; the
+    bound never drops below the corrected peak."""
+    if corr.samples == 0:
+        return pred
+    peak = round(pred.predicted_peak_bytes * corr.peak_scale)
+    bound = max(round(pred.upper_bound_bytes * corr.bound_scale), peak)
+    paths = [
+        p | {"predicted_peak_bytes": round(p["predicted_peak_bytes"] * corr.peak_scale)}
+        if isinstance(p.get("predicted_peak_bytes"), int)
+        else p
+        for p in pred.paths
+    ]
+    return replace(pred, predicted_peak_bytes=peak, upper_bound_bytes=bound, paths=paths)
+
+
+class Engine:
+    def __init__(
+        self, config: ServeConfig, store: Store, model: MemoryModel, metrics: Metrics | None = None
+    ):
+        self.config, self.store = config, store
+        self.metrics = metrics or Metrics()
+        self._model = model
+        self._lock = threading.Lock()
+        self._capture_lock = threading.Lock()
+        self._model_lock = threading.Lock()
+        self._graphs: OrderedDict[str, GraphEntry] = OrderedDict()
+        self._corrections: dict[tuple[str, str, str, str], tuple[float, Correction]] = {}
+        self._spec_ids: OrderedDict[str, str] = OrderedDict()
+        self._bundles: OrderedDict[str, ModelBundle] = OrderedDict()
+
+    # ---- model --------------------------------------------------------------------------
+    @property
+    def model(self) -> MemoryModel:
+        return self._model
+
+    @property
+    def version(self) -> str:
+        return self._model.version
+
+    def set_model(self, model: MemoryModel) -> None:
+        """Swap the model; cached encodings and corrections belong to the old one."""
+        with self._lock:
+            self._model = model
+            self._graphs.clear()
+            self._corrections.clear()
+        log.info("serving model %s", model.version)
+
+    # ---- graphs -------------------------------------------------------------------------
+    def _guard(self, model: MemoryModel) -> AbstractContextManager:
+        """Calls into a model run one at a time unless it says it is thread-safe (the
+        learned model keeps unlocked caches; handlers run in a thread pool)."""
+        return nullcontext() if getattr(model, "thread_safe", False) else self._model_lock
+
+    def _make_entry(self, graph: StepGraph, graph_id: str | None = None) -> GraphEntry:
+        model = self._model
+        with self._guard(model):
+            encoding = model.encode(graph) if can_encode(model) else None
+        return GraphEntry(
+            graph=graph,
+            graph_id=graph_id or graph.graph_id,
+            n_nodes=sum(p.num_nodes for p in graph.paths),
+            unknown_ops=unknown_ops(graph, op_checker(model)),
+            model_version=model.version,
+            encoding=encoding,
+        )
+
+    def _remember(self, entry: GraphEntry) -> GraphEntry:
+        with self._lock:
+            self._graphs[entry.graph_id] = entry
+            self._graphs.move_to_end(entry.graph_id)
+            while len(self._graphs) > self.config.graph_cache_size:
+                self._graphs.popitem(last=False)
+        return entry
+
+    def register(self, graph: StepGraph, blob: bytes | None = None) -> tuple[GraphEntry, bool]:
+        """Store a graph durably and cache it; (entry, newly stored)."""
+        graph_id = graph.graph_id
+        with self._lock:
+            entry = self._graphs.get(graph_id)
+        if entry is not None and entry.model_version == self._model.version:
+            return self._remember(entry), False  # cached here: stored when it was cached
+        entry = self._make_entry(graph, graph_id)
+        if self.store.has_graph(graph_id):
+            return self._remember(entry), False
+        blob = blob if blob is not None and blob[:2] == b"\x1f\x8b" else graph_bytes(graph)
+        stored = self.store.put_graph(entry.graph_id, blob, entry.n_nodes)
+        self.metrics.inc("graphs_uploaded_total")
+        return self._remember(entry), stored
+
+    def entry(self, graph_id: str) -> GraphEntry:
+        """The cached entry of a graph id, loading it from the store on a miss (404 if none)."""
+        with self._lock:
+            entry = self._graphs.get(graph_id)
+            if entry is not None:
+                self._graphs.move_to_end(graph_id)
+        if entry is not None and entry.model_version == self._model.version:
+            self.metrics.inc("graph_cache_hits_total")
+            return entry
+        self.metrics.inc("graph_cache_misses_total")
+        if entry is not None:  # encoded by a model since replaced
+            return self._remember(self._make_entry(entry.graph, graph_id))
+        blob = self.store.get_graph(graph_id)
+        if blob is None:
+            raise RequestError(
+                f"unknown graph id {graph_id!r}; upload it to /graphs first",
+                status=404,
+                loc=("body", "graph_id"),
+            )
+        raw = decode_body(blob, "gzip", max_bytes=self.config.max_decompressed_bytes)
+        graph = build_graph(json.loads(raw), max_nodes=10**9)
+        return self._remember(self._make_entry(graph, graph_id))
+
+    def is_warm(self, graph_id: str, pairs: Sequence[tuple[str, str]]) -> bool:
+        """Whether predicting (device, metric) pairs on a graph needs no I/O: the entry is
+        cached for the current model and every correction is fresh."""
+        version, now = self._model.version, time.monotonic()
+        with self._lock:
+            entry = self._graphs.get(graph_id)
+            if entry is None or entry.model_version != version:
+                return False
+            for device, metric in pairs:
+                hit = self._corrections.get((graph_id, device, metric, version))
+                if hit is None or hit[0] <= now:
+                    return False
+        return True
+
+    def cached_graphs(self) -> int:
+        with self._lock:
+            return len(self._graphs)
+
+    # ---- predictions ------------------------------------------------------------------------
+    def predict(
+        self, entry: GraphEntry, queries: Sequence[Query], *, correct: bool = True
+    ) -> list[Served]:
+        """All queries of one graph in one batch through the model, then corrections."""
+        model = self._model
+        if entry.model_version != model.version:
+            entry = self.entry(entry.graph_id)
+        try:
+            with self._guard(model):
+                if entry.encoding is not None:
+                    raw = model.predict_encoded(entry.encoding, entry.graph, queries)
+                else:
+                    raw = model.predict(entry.graph, queries)
+        except (ValueError, ArithmeticError) as exc:
+            raise self._locate(entry, queries, exc) from None
+        for i, p in enumerate(raw):
+            if not (
+                0 <= p.predicted_peak_bytes < MAX_BYTES and 0 <= p.upper_bound_bytes < MAX_BYTES
+            ):
+                raise RequestError(
+                    "sizes too large: the prediction overflows 64-bit bytes",
+                    loc=("body", "configs", i, "sizes"),
+                )
+        out = []
+        for q, p in zip(queries, raw):
+            corr = self.correction(entry.graph_id, q.device, p.metric) if correct else Correction()
+            out.append(Served(prediction=corrected(p, corr), raw=p, correction=corr))
+        return out
+
+    def _locate(self, entry: GraphEntry, queries: Sequence[Query], exc: Exception) -> RequestError:
+        """A batch failed: find the first failing query to name it in the error."""
+        for i, q in enumerate(queries):
+            try:
+                entry.graph.resolve_sizes(q.sizes, q.scenario)
+                with self._guard(self._model):
+                    self._model.predict(entry.graph, [q])
+            except (ValueError, ArithmeticError) as one:
+                return RequestError(f"{one}", loc=("body", "configs", i, "sizes"))
+        return RequestError(f"{exc}", loc=("body", "configs"))
+
+    def correction(self, graph_id: str, device: str, metric: str) -> Correction:
+        key = (graph_id, device, metric, self._model.version)
+        now = time.monotonic()
+        with self._lock:
+            hit = self._corrections.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        corr = self.store.correction(*key)
+        with self._lock:
+            if len(self._corrections) > 100_000:
+                self._corrections.clear()
+            self._corrections[key] = (now + self.config.correction_ttl_s, corr)
+        return corr
+
+    def add_sample(
+        self, *, graph_id: str, query: Query, measured_bytes: int, key: str | None = None
+    ) -> tuple[int, bool, Prediction, Correction]:
+        """Store a measurement against the model's own prediction for its config; the
+        updated correction is what later predictions get (this process: at once;
+        other replicas: within `correction_ttl_s`)."""
+        entry = self.entry(graph_id)
+        served = self.predict(entry, [query], correct=False)[0]
+        raw = served.raw
+        sample = Sample(
+            graph_id=graph_id,
+            device=query.device,
+            metric=raw.metric,
+            model_version=self._model.version,
+            scenario=query.scenario,
+            sizes=query.sizes,
+            measured_bytes=measured_bytes,
+            predicted_bytes=raw.predicted_peak_bytes,
+            bound_bytes=raw.upper_bound_bytes,
+            key=key,
+        )
+        row_id, created = self.store.add_sample(sample)
+        self.metrics.inc("samples_received_total")
+        ckey = (graph_id, query.device, raw.metric, self._model.version)
+        with self._lock:
+            self._corrections.pop(ckey, None)
+        return row_id, created, raw, self.correction(graph_id, query.device, raw.metric)
+
+    # ---- graphs from model specs --------------------------------------------------------
+    def bundle(self, spec: str, model_args: dict[str, str], task: str | None) -> ModelBundle:
+        if spec.startswith(("hf:", "py:")) and not self.config.allow_local_specs:
+            raise RequestError(
+                "hf: and py: model specs are disabled on this server "
+                "(allow_local_specs); use a zoo name or upload a graph",
+                status=403,
+                loc=("body", "model", "spec"),
+            )
+        key = json.dumps([spec, sorted(model_args.items()), task])
+        with self._lock:
+            bundle = self._bundles.get(key)
+        if bundle is None:
+            from dataset.zoo import resolve
+
+            try:
+                bundle = resolve(spec, model_args, task)
+            except ValueError as exc:
+                raise RequestError(str(exc), loc=("body", "model")) from None
+            with self._lock:
+                self._bundles[key] = bundle
+                while len(self._bundles) > 64:
+                    self._bundles.popitem(last=False)
+        return bundle
+
+    def spec_entry(
+        self, bundle: ModelBundle, train: TrainSpec, *, target: str, sm: int, sizes: dict[str, int]
+    ) -> GraphEntry:
+        """The captured graph of a model spec (memo, then disk cache, then a capture)."""
+        static = {d: sizes[d] for d in bundle.static_dims if d in sizes}
+        key = json.dumps(
+            [bundle.name, bundle.hparams, train.to_dict(), target, sm, static],
+            sort_keys=True,
+            default=str,
+        )
+        with self._lock:
+            graph_id = self._spec_ids.get(key)
+        if graph_id is not None:
+            try:
+                return self.entry(graph_id)
+            except RequestError:
+                pass
+        from predictor.predict import capture_cached
+
+        with self._capture_lock:
+            t0 = time.perf_counter()
+            try:
+                graph = capture_cached(bundle, train, target=target, sm=sm, sizes=sizes)
+            except ValueError as exc:
+                raise RequestError(
+                    f"cannot capture {bundle.name}: {exc}", loc=("body", "model")
+                ) from None
+            except Exception as exc:  # the model's own code failed on these hparams
+                log.exception("capture of %s failed", bundle.name)
+                raise RequestError(
+                    f"cannot capture {bundle.name}: {type(exc).__name__}: {exc}",
+                    loc=("body", "model"),
+                ) from None
+            log.info("graph of %s ready in %.2fs", bundle.name, time.perf_counter() - t0)
+        entry, _ = self.register(graph)
+        with self._lock:
+            self._spec_ids[key] = entry.graph_id
+            while len(self._spec_ids) > 4096:
+                self._spec_ids.popitem(last=False)
+        return entry

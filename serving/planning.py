@@ -1,0 +1,181 @@
+"""`/plan` on the engine: `predictor.plan.plan` over the served model (cached encodings,
+residual corrections), on graphs captured from a model SPEC or uploaded per variant."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dataset.devices import DeviceProfile, get_profile
+from predictor.graph import StepGraph
+from predictor.plan import Candidate, PlanConfig, SearchSpace, plan
+from predictor.predict import Prediction, Query
+from predictor.spec import ModelBundle, TrainSpec, default_blocks
+from serving.engine import Engine, GraphEntry
+from serving.graphs import RequestError
+
+log = logging.getLogger(__name__)
+
+
+class EngineModel:
+    """A `MemoryModel` over the engine: the graphs it is asked about are entries it knows."""
+
+    def __init__(self, engine: Engine, *, correct: bool):
+        self.engine, self.correct = engine, correct
+        self.version = engine.version
+        self.entries: dict[int, GraphEntry] = {}
+        self.variant_ids: dict[tuple[str, str, bool], str] = {}  # variant -> graph id
+
+    def add(self, entry: GraphEntry, variant: tuple[str, str, bool]) -> StepGraph:
+        self.entries[id(entry.graph)] = entry
+        self.variant_ids.setdefault(variant, entry.graph_id)
+        return entry.graph
+
+    def predict(self, graph: StepGraph, queries: Sequence[Query]) -> list[Prediction]:
+        served = self.engine.predict(self.entries[id(graph)], queries, correct=self.correct)
+        return [s.prediction for s in served]
+
+
+def _variant(train: TrainSpec) -> tuple[str, str, bool]:
+    # G = 1 and G >= 2 are different graphs (accumulation keeps gradients alive)
+    return train.precision, train.checkpointing, train.grad_accum > 1
+
+
+def spec_graphs(
+    engine: Engine,
+    adapter: EngineModel,
+    bundle: ModelBundle,
+    device: DeviceProfile,
+    sizes: dict[str, int],
+) -> Callable[[TrainSpec], StepGraph]:
+    target = "cuda" if device.is_gpu else "cpu"
+
+    def graph_for(train: TrainSpec) -> StepGraph:
+        entry = engine.spec_entry(bundle, train, target=target, sm=device.sm or 80, sizes=sizes)
+        return adapter.add(entry, _variant(train))
+
+    return graph_for
+
+
+def uploaded_graphs(
+    engine: Engine, adapter: EngineModel, graph_ids: list[str]
+) -> tuple[TrainSpec, dict[tuple[str, str, bool], StepGraph]]:
+    """(base TrainSpec, variant -> graph) from uploaded graphs' train records."""
+    variants: dict[tuple[str, str, bool], StepGraph] = {}
+    base: TrainSpec | None = None
+    for i, gid in enumerate(graph_ids):
+        try:
+            entry = engine.entry(gid)
+        except RequestError as exc:
+            raise RequestError(str(exc), status=exc.status, loc=("body", "graph_ids", i)) from None
+        try:
+            train = TrainSpec(**entry.graph.train)
+        except (TypeError, ValueError) as exc:
+            raise RequestError(
+                f"graph {gid} has no usable training spec: {exc}", loc=("body", "graph_ids", i)
+            ) from None
+        base = base or train
+        if _variant(train) not in variants:
+            variants[_variant(train)] = adapter.add(entry, _variant(train))
+    assert base is not None
+    return base, variants
+
+
+def _count_blocks(bundle: ModelBundle) -> int | None:
+    """Checkpointable blocks of the model, built on the meta device (no weights)."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            module = bundle.build()
+        return len((bundle.blocks or default_blocks)(module))
+    except Exception as exc:  # building the module is the model's own code
+        log.warning("cannot count blocks of %s: %s", bundle.name, exc)
+        return None
+
+
+def run_plan(engine: Engine, req: Any) -> dict[str, Any]:
+    """Answer a validated `PlanRequest` (see `serving.schemas`)."""
+    device = get_profile(req.device)
+    adapter = EngineModel(engine, correct=req.apply_correction)
+    space_fields = req.space.model_dump()
+    n_blocks = None
+    if req.model is not None:
+        bundle = engine.bundle(req.model.spec, req.model.args(), req.model.task)
+        if "B" not in bundle.dims:
+            raise RequestError(
+                f"model {bundle.name!r} has no batch dim B to plan", loc=("body", "model", "spec")
+            )
+        base = req.model.train.to_spec()
+        try:
+            sizes = bundle.sizes({k: v for k, v in req.space.sizes.items()})
+        except ValueError as exc:
+            raise RequestError(str(exc), loc=("body", "space", "sizes")) from None
+        space_fields["sizes"] = {k: v for k, v in sizes.items() if k != "B"}
+        graph_for = spec_graphs(engine, adapter, bundle, device, sizes)
+        n_blocks = _count_blocks(bundle)
+    else:
+        base, variants = uploaded_graphs(engine, adapter, req.graph_ids)
+        unset = {"precision", "checkpointing"} - req.space.model_fields_set
+        for name, idx in (("precision", 0), ("checkpointing", 1)):
+            if name in unset:
+                space_fields[name] = sorted({v[idx] for v in variants})
+        if "grad_accum" not in req.space.model_fields_set:
+            space_fields["grad_accum"] = sorted({1 if not v[2] else 2 for v in variants})
+
+        def graph_for(train: TrainSpec) -> StepGraph:
+            graph = variants.get(_variant(train))
+            if graph is None:
+                raise RequestError(
+                    f"no uploaded graph for precision={train.precision}, checkpointing="
+                    f"{train.checkpointing}, grad_accum {'>1' if train.grad_accum > 1 else '1'}",
+                    loc=("body", "graph_ids"),
+                )
+            return graph
+
+    for p in space_fields["precision"]:
+        try:
+            device.check_precision(p)
+        except ValueError as exc:
+            raise RequestError(str(exc), loc=("body", "space", "precision")) from None
+    try:
+        space = SearchSpace(**space_fields)
+        budget = req.budget_bytes or int(device.total_bytes * req.budget_fraction)
+        cfg = PlanConfig(
+            budget_bytes=budget,
+            device=device.name,
+            metric=req.metric,
+            threshold=req.threshold,
+            use_upper_bound=req.use_upper_bound,
+        )
+    except ValueError as exc:
+        raise RequestError(str(exc), loc=("body",)) from None
+    try:
+        result = plan(adapter, graph_for, base, space, cfg, n_blocks=n_blocks, top=1000)
+    except RequestError as exc:
+        if "configs" in exc.loc:  # a probe overflowed: the batch range is too large
+            raise RequestError(str(exc), loc=("body", "space", "max_batch")) from None
+        raise
+    candidates = [c for c in [result.best, *result.runners_up] if c is not None]
+    if req.objective == "effective_batch":
+        candidates.sort(key=lambda c: (-c.batch_size * c.grad_accum, -c.objective, c.bound_bytes))
+
+    def out(c: Candidate) -> dict[str, Any]:
+        variant = (c.precision, c.checkpointing, c.grad_accum > 1)
+        return c.to_dict() | {
+            "limit_bytes": cfg.limit,
+            "under_threshold": c.bound_bytes <= cfg.limit,
+            "graph_id": adapter.variant_ids.get(variant, ""),
+        }
+
+    return {
+        "best": out(candidates[0]) if candidates else None,
+        "runners_up": [out(c) for c in candidates[1 : req.top]],
+        "budget_bytes": cfg.budget_bytes,
+        "limit_bytes": cfg.limit,
+        "objective": req.objective,
+        "queries": result.queries,
+        "reason": result.reason,
+        "model_version": adapter.version,
+    }

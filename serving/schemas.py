@@ -1,0 +1,255 @@
+"""Pydantic models of the HTTP API (requests are strict: unknown fields are errors).
+
+All sizes and memory amounts are in bytes. A config names its device profile (see
+`memgnn devices`); its metric defaults to reserved on a GPU profile, allocated on cpu.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
+
+from dataset.devices import PROFILES
+from dataset.zoo import TASKS
+from predictor.predict import METRICS
+from predictor.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, STEP_KINDS, TrainSpec
+
+MAX_SIZE = (1 << 31) - 1
+SymbolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
+Size = Annotated[StrictInt, Field(ge=1, le=MAX_SIZE)]
+Sizes = Annotated[dict[SymbolName, Size], Field(max_length=32)]
+GraphId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")]
+Device = Literal[tuple(PROFILES)]  # type: ignore[valid-type]
+Metric = Literal[METRICS]  # type: ignore[valid-type]
+Scenario = Literal["min", "balanced", "worst"]
+Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
+Checkpointing = Annotated[str, StringConstraints(pattern=r"^(none|full|blocks:[0-9]{1,6})$")]
+Bytes = Annotated[StrictInt, Field(ge=0, le=1 << 60)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ConfigIn(Strict):
+    """One query: sizes for the graph's symbols (B, S, ...), device profile, metric."""
+
+    sizes: Sizes = Field(default_factory=dict, examples=[{"B": 8, "S": 512}])
+    device: Device = "h100-80gb"
+    metric: Metric | None = None
+    scenario: Scenario = "worst"
+
+    @model_validator(mode="after")
+    def _metric_fits_device(self) -> ConfigIn:
+        if PROFILES[self.device].kind == "cpu" and self.metric not in (None, "allocated"):
+            raise ValueError(f"metric {self.metric!r} needs a GPU device profile, not cpu")
+        return self
+
+
+class TrainIn(Strict):
+    """How the step trains (`predictor.spec.TrainSpec`)."""
+
+    precision: Precision = "fp32"
+    optimizer: Literal[OPTIMIZERS] = "adamw"  # type: ignore[valid-type]
+    optimizer_impl: Literal[OPTIMIZER_IMPLS] = "auto"  # type: ignore[valid-type]
+    lr: float = Field(default=1e-3, gt=0, le=1e6)
+    checkpointing: Checkpointing = "none"
+    grad_accum: int = Field(default=1, ge=1, le=1_000_000)
+    set_to_none: bool = True
+    steps: Literal[STEP_KINDS] = "both"  # type: ignore[valid-type]
+
+    def to_spec(self) -> TrainSpec:
+        return TrainSpec(**self.model_dump())
+
+
+class ModelIn(Strict):
+    """A model SPEC as the CLI takes it: zoo name (or hf:/py: where the server allows)."""
+
+    spec: str = Field(min_length=1, max_length=512, examples=["gpt2"])
+    model_args: dict[Annotated[str, StringConstraints(max_length=64)], str | int | float | bool] = (
+        Field(default_factory=dict, max_length=64)
+    )
+    task: Literal[TASKS] | None = None  # type: ignore[valid-type]
+    train: TrainIn = Field(default_factory=TrainIn)
+
+    def args(self) -> dict[str, str]:
+        return {
+            k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in self.model_args.items()
+        }
+
+
+class PredictRequest(Strict):
+    """Exactly one of `graph_id` (uploaded with POST /graphs), `graph` (inline StepGraph
+    JSON) or `model` (captured on the server, then cached)."""
+
+    graph_id: GraphId | None = None
+    graph: dict[str, Any] | None = None
+    model: ModelIn | None = None
+    configs: list[ConfigIn] = Field(min_length=1, max_length=1024)
+    apply_correction: bool = True
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PredictRequest:
+        given = [n for n in ("graph_id", "graph", "model") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of graph_id, graph, model (got {given or 'none'})")
+        return self
+
+
+class CorrectionOut(BaseModel):
+    peak_scale: float
+    bound_scale: float
+    samples: int
+
+
+class PredictionOut(BaseModel):
+    graph_id: str
+    config: ConfigIn
+    predicted_peak_bytes: int
+    upper_bound_bytes: int
+    metric: str
+    breakdown: dict[str, Any]
+    model_version: str
+    paths: list[dict[str, Any]]
+    correction: CorrectionOut
+    uncorrected_peak_bytes: int
+    uncorrected_upper_bound_bytes: int
+
+
+class PredictResponse(BaseModel):
+    model_version: str
+    predictions: list[PredictionOut]
+    unknown_ops: list[str]
+    has_unknown_ops: bool
+
+
+class GraphOut(BaseModel):
+    graph_id: str
+    stored: bool  # False: the server had it already
+    nodes: int
+    paths: int
+    symbols: dict[str, int]
+    unknown_ops: list[str]
+    has_unknown_ops: bool
+
+
+class SpaceIn(Strict):
+    """The search space (`predictor.plan.SearchSpace`): B is searched up to max_batch."""
+
+    sizes: Sizes = Field(default_factory=dict, examples=[{"S": 1024}])
+    max_batch: int = Field(default=4096, ge=1, le=1 << 20)
+    grad_accum: list[Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=lambda: [1], min_length=1, max_length=16
+    )
+    checkpointing: list[Checkpointing] = Field(
+        default_factory=lambda: ["none", "full"], min_length=1, max_length=8
+    )
+    precision: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1, max_length=5)
+    effective_batch: int | None = Field(default=None, ge=1, le=1 << 24)
+    mode: Literal["power", "binsearch"] = "binsearch"
+    power_of_two: bool = True
+
+
+class PlanRequest(Strict):
+    """Exactly one model source (`model` SPEC, or `graph_ids`: uploaded graphs, one per
+    training variant) and exactly one budget (`budget_bytes`, or `budget_fraction` of
+    the device's memory). Objective `throughput` (default): the largest B*G per unit of
+    recompute/precision cost; `effective_batch`: the largest B*G."""
+
+    model: ModelIn | None = None
+    graph_ids: list[GraphId] | None = Field(default=None, min_length=1, max_length=64)
+    budget_bytes: Bytes | None = Field(default=None, ge=1)
+    budget_fraction: float | None = Field(default=None, gt=0, le=1)
+    device: Device = "h100-80gb"
+    metric: Metric | None = None
+    threshold: float = Field(default=1.0, gt=0, le=1)
+    use_upper_bound: bool = True
+    space: SpaceIn = Field(default_factory=SpaceIn)
+    objective: Literal["throughput", "effective_batch"] = "throughput"
+    top: int = Field(default=5, ge=1, le=50)
+    apply_correction: bool = True
+
+    @model_validator(mode="after")
+    def _one_each(self) -> PlanRequest:
+        if (self.model is None) == (self.graph_ids is None):
+            raise ValueError("give exactly one of model, graph_ids")
+        if (self.budget_bytes is None) == (self.budget_fraction is None):
+            raise ValueError("give exactly one of budget_bytes, budget_fraction")
+        if self.budget_fraction is not None and PROFILES[self.device].total_bytes is None:
+            raise ValueError(
+                f"budget_fraction needs a device with a memory total, not {self.device!r}"
+            )
+        if PROFILES[self.device].kind == "cpu" and self.metric not in (None, "allocated"):
+            raise ValueError(f"metric {self.metric!r} needs a GPU device profile, not cpu")
+        if self.budget_fraction is not None and not math.isfinite(self.budget_fraction):
+            raise ValueError("budget_fraction must be finite")
+        return self
+
+
+class CandidateOut(BaseModel):
+    batch_size: int
+    grad_accum: int
+    checkpointing: str
+    precision: str
+    objective: float
+    bound_bytes: int
+    limit_bytes: int
+    under_threshold: bool
+    graph_id: str
+    prediction: dict[str, Any]
+
+
+class PlanResponse(BaseModel):
+    best: CandidateOut | None
+    runners_up: list[CandidateOut]
+    budget_bytes: int
+    limit_bytes: int
+    objective: str
+    queries: int
+    reason: str
+    model_version: str
+
+
+class SampleIn(Strict):
+    """A live measurement of a config of an uploaded (or spec-captured) graph. `key`, if
+    given, makes retries idempotent: a sample with a key already stored is not added."""
+
+    graph_id: GraphId
+    sizes: Sizes
+    device: Device
+    metric: Metric | None = None
+    scenario: Scenario = "worst"
+    measured_peak_bytes: Bytes
+    key: str | None = Field(default=None, min_length=1, max_length=128)
+
+    @model_validator(mode="after")
+    def _metric_fits_device(self) -> SampleIn:
+        if PROFILES[self.device].kind == "cpu" and self.metric not in (None, "allocated"):
+            raise ValueError(f"metric {self.metric!r} needs a GPU device profile, not cpu")
+        return self
+
+
+class SampleOut(BaseModel):
+    stored: bool  # False: a sample with this key was stored before
+    sample_id: int
+    graph_id: str
+    device: str
+    metric: str
+    model_version: str
+    predicted_peak_bytes: int  # the model's own prediction for this config
+    upper_bound_bytes: int
+    correction: CorrectionOut  # what /predict applies from now on
+
+
+class SamplesOut(BaseModel):
+    graph_id: str
+    device: str | None
+    metric: str | None
+    correction: CorrectionOut | None
+    samples: list[dict[str, Any]]
+
+
+class ReloadIn(Strict):
+    model: str | None = Field(default=None, max_length=1024)

@@ -1,0 +1,297 @@
+"""Durable state of the service through SQLAlchemy 2.x: live samples and uploaded graphs.
+
+SQLite by default (WAL journal, synchronous=FULL: a committed sample survives a kill -9
+and a power cut); any database URL (PostgreSQL) lets several replicas share samples and
+graphs. Every write commits before the call returns.
+
+Residual correction for (graph id, device, metric, model version), over the last
+`window` samples: `peak_scale` = median of measured / predicted peak (robust to outliers;
+may be < 1), `bound_scale` = max(1, max of measured / predicted upper bound) (the bound is
+never lowered and covers every recent measurement). Ratios are clipped to
+[RATIO_MIN, RATIO_MAX] so one absurd sample cannot blow predictions up. Samples of another
+model version do not count: a reloaded model starts uncorrected.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    create_engine,
+    event,
+    func,
+    select,
+    text,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
+
+log = logging.getLogger(__name__)
+
+RATIO_MIN, RATIO_MAX = 1e-3, 1e3
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class SampleRow(Base):
+    __tablename__ = "memgnn_samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key: Mapped[str | None] = mapped_column(String(128), unique=True, nullable=True)
+    graph_id: Mapped[str] = mapped_column(String(64))
+    device: Mapped[str] = mapped_column(String(64))
+    metric: Mapped[str] = mapped_column(String(32))
+    model_version: Mapped[str] = mapped_column(String(128))
+    scenario: Mapped[str] = mapped_column(String(16))
+    sizes: Mapped[str] = mapped_column(Text)  # JSON
+    measured_bytes: Mapped[int] = mapped_column(BigInteger)
+    predicted_bytes: Mapped[int] = mapped_column(BigInteger)
+    bound_bytes: Mapped[int] = mapped_column(BigInteger)
+    peak_ratio: Mapped[float] = mapped_column(Float)
+    bound_ratio: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        Index("ix_memgnn_samples_lookup", "graph_id", "device", "metric", "model_version", "id"),
+    )
+
+
+class GraphRow(Base):
+    __tablename__ = "memgnn_graphs"
+    graph_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    blob: Mapped[bytes] = mapped_column(LargeBinary)  # gzip-compressed StepGraph JSON
+    n_nodes: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+@dataclass(kw_only=True, slots=True)
+class Sample:
+    graph_id: str
+    device: str
+    metric: str
+    model_version: str
+    scenario: str
+    sizes: dict[str, int]
+    measured_bytes: int
+    predicted_bytes: int
+    bound_bytes: int
+    key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.measured_bytes < 0:
+            raise ValueError("measured_bytes must be >= 0")
+
+
+@dataclass(kw_only=True, slots=True)
+class Correction:
+    peak_scale: float = 1.0
+    bound_scale: float = 1.0
+    samples: int = 0  # how many samples the scales come from (<= window)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "peak_scale": self.peak_scale,
+            "bound_scale": self.bound_scale,
+            "samples": self.samples,
+        }
+
+
+def ratio(measured: int, predicted: int) -> float:
+    if predicted <= 0:
+        return 1.0 if measured <= 0 else RATIO_MAX
+    return min(max(measured / predicted, RATIO_MIN), RATIO_MAX)
+
+
+def correction_from(peak_ratios: list[float], bound_ratios: list[float]) -> Correction:
+    if not peak_ratios:
+        return Correction()
+    return Correction(
+        peak_scale=float(statistics.median(peak_ratios)),
+        bound_scale=max(1.0, max(bound_ratios)),
+        samples=len(peak_ratios),
+    )
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=FULL")
+    cur.close()
+
+
+class Store:
+    """Samples and graphs in one database (see the module docstring)."""
+
+    def __init__(self, url: str, *, window: int = 32):
+        if window < 1:
+            raise ValueError("window must be >= 1")
+        self.url, self.window = url, window
+        kwargs: dict[str, Any] = {"pool_pre_ping": True}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
+            _make_parent(url)
+        try:
+            self.engine = create_engine(url, **kwargs)
+        except Exception as exc:  # bad URL, missing driver
+            raise ValueError(f"cannot open database {url!r}: {exc}") from None
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._create_tables()
+
+    def _create_tables(self) -> None:
+        for attempt in range(3):  # replicas starting together race on CREATE TABLE
+            try:
+                Base.metadata.create_all(self.engine)
+                return
+            except OperationalError as exc:
+                if attempt == 2:
+                    raise ValueError(f"cannot create tables in {self.url!r}: {exc}") from None
+                time.sleep(0.2 * (attempt + 1))
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def ping(self) -> bool:
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            return True
+        except Exception as exc:  # any driver error means "not ready"
+            log.warning("database not reachable: %s", exc)
+            return False
+
+    # ---- samples ------------------------------------------------------------------------
+    def add_sample(self, s: Sample) -> tuple[int, bool]:
+        """Store a sample durably; (row id, created). A repeated `key` is not stored twice."""
+        row = SampleRow(
+            key=s.key,
+            graph_id=s.graph_id,
+            device=s.device,
+            metric=s.metric,
+            model_version=s.model_version,
+            scenario=s.scenario,
+            sizes=json.dumps(s.sizes, sort_keys=True),
+            measured_bytes=s.measured_bytes,
+            predicted_bytes=s.predicted_bytes,
+            bound_bytes=s.bound_bytes,
+            peak_ratio=ratio(s.measured_bytes, s.predicted_bytes),
+            bound_ratio=ratio(s.measured_bytes, s.bound_bytes),
+            created_at=time.time(),
+        )
+        with self.sessions() as session:
+            session.add(row)
+            try:
+                session.commit()
+                return row.id, True
+            except IntegrityError:
+                session.rollback()
+                if s.key is None:
+                    raise
+        with self.sessions() as session:
+            found = session.scalar(select(SampleRow.id).where(SampleRow.key == s.key))
+        if found is None:
+            raise ValueError(f"sample key {s.key!r} conflicts but no row holds it")
+        return found, False
+
+    def correction(self, graph_id: str, device: str, metric: str, version: str) -> Correction:
+        stmt = (
+            select(SampleRow.peak_ratio, SampleRow.bound_ratio)
+            .where(
+                SampleRow.graph_id == graph_id,
+                SampleRow.device == device,
+                SampleRow.metric == metric,
+                SampleRow.model_version == version,
+            )
+            .order_by(SampleRow.id.desc())
+            .limit(self.window)
+        )
+        with self.sessions() as session:
+            rows = session.execute(stmt).all()
+        return correction_from([r[0] for r in rows], [r[1] for r in rows])
+
+    def samples(
+        self, graph_id: str, device: str | None = None, metric: str | None = None, limit: int = 100
+    ) -> list[dict[str, Any]]:
+        """The most recent samples of a graph (newest first)."""
+        stmt = select(SampleRow).where(SampleRow.graph_id == graph_id)
+        if device is not None:
+            stmt = stmt.where(SampleRow.device == device)
+        if metric is not None:
+            stmt = stmt.where(SampleRow.metric == metric)
+        with self.sessions() as session:
+            rows = session.scalars(stmt.order_by(SampleRow.id.desc()).limit(limit)).all()
+        return [_sample_dict(r) for r in rows]
+
+    def count_samples(self) -> int:
+        with self.sessions() as session:
+            return int(session.scalar(select(func.count()).select_from(SampleRow)) or 0)
+
+    # ---- graphs -------------------------------------------------------------------------
+    def put_graph(self, graph_id: str, blob: bytes, n_nodes: int) -> bool:
+        """Store a graph's compressed JSON; False if it was already there."""
+        with self.sessions() as session:
+            if session.get(GraphRow, graph_id) is not None:
+                return False
+            session.add(
+                GraphRow(graph_id=graph_id, blob=blob, n_nodes=n_nodes, created_at=time.time())
+            )
+            try:
+                session.commit()
+            except IntegrityError:  # another replica stored it meanwhile
+                session.rollback()
+                return False
+        return True
+
+    def has_graph(self, graph_id: str) -> bool:
+        with self.sessions() as session:
+            found = session.scalar(select(GraphRow.graph_id).where(GraphRow.graph_id == graph_id))
+        return found is not None
+
+    def get_graph(self, graph_id: str) -> bytes | None:
+        with self.sessions() as session:
+            row = session.get(GraphRow, graph_id)
+            return None if row is None else row.blob
+
+
+def _make_parent(url: str) -> None:
+    try:
+        database = make_url(url).database
+    except Exception as exc:  # unparsable URL
+        raise ValueError(f"bad database URL {url!r}: {exc}") from None
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+
+
+def _sample_dict(r: SampleRow) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "key": r.key,
+        "graph_id": r.graph_id,
+        "device": r.device,
+        "metric": r.metric,
+        "model_version": r.model_version,
+        "scenario": r.scenario,
+        "sizes": json.loads(r.sizes),
+        "measured_bytes": r.measured_bytes,
+        "predicted_bytes": r.predicted_bytes,
+        "bound_bytes": r.bound_bytes,
+        "peak_ratio": r.peak_ratio,
+        "created_at": r.created_at,
+    }

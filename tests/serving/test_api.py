@@ -1,0 +1,274 @@
+"""The HTTP API end to end through TestClient: every endpoint, corrections, plans."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+from conftest import tiny_mlp_bundle
+from fastapi.testclient import TestClient
+
+from predictor.capture import capture
+from predictor.predict import AnalyticModel, Query
+from predictor.spec import TrainSpec
+from serving.app import create_app
+from serving.config import ServeConfig
+
+TOKEN = "t0ken"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _capture_cache(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:  # captures from specs go to a temp cache
+        mp.setenv("MEMGNN_CACHE", str(tmp_path_factory.mktemp("cache")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return capture(tiny_mlp_bundle(), TrainSpec())
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    state = tmp_path_factory.mktemp("serve")
+    app = create_app(ServeConfig(model="analytic", state_dir=state, token=TOKEN))
+    with TestClient(app) as c:
+        yield c
+
+
+def gz(graph) -> bytes:
+    return gzip.compress(json.dumps(graph.content()).encode())
+
+
+@pytest.fixture(scope="module")
+def gid(client, graph) -> str:
+    r = client.post("/graphs", content=gz(graph), headers={"content-encoding": "gzip"})
+    assert r.status_code in (200, 201), r.text
+    return r.json()["graph_id"]
+
+
+def test_health_ready_docs(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    r = client.get("/readyz")
+    assert r.status_code == 200 and r.json() == {"ready": True, "model_version": "analytic-1"}
+    assert client.get("/docs").status_code == 200
+    paths = client.get("/openapi.json").json()["paths"]
+    for p in ("/graphs", "/predict", "/plan", "/samples", "/healthz", "/readyz", "/metrics"):
+        assert p in paths
+
+
+def test_not_ready_before_lifespan(tmp_path):
+    app = create_app(ServeConfig(model="analytic", state_dir=tmp_path))
+    c = TestClient(app)  # no context manager: lifespan never ran, no model
+    assert c.get("/readyz").status_code == 503
+    r = c.post("/predict", json={"graph_id": "ab" * 16, "configs": [{"sizes": {"B": 1}}]})
+    assert r.status_code == 503
+
+
+def test_upload_forms_give_one_id(client, graph, tmp_path):
+    path = tmp_path / "g.json.gz"
+    graph.save(path)
+    ids = set()
+    for body, headers in [
+        (path.read_bytes(), {"content-type": "application/gzip"}),  # the file as saved
+        (gz(graph), {"content-encoding": "gzip"}),
+        (json.dumps(graph.content()).encode(), {"content-type": "application/json"}),
+    ]:
+        r = client.post("/graphs", content=body, headers=headers)
+        assert r.status_code in (200, 201), r.text
+        ids.add(r.json()["graph_id"])
+        assert r.json()["nodes"] == sum(p.num_nodes for p in graph.paths)
+        assert r.json()["has_unknown_ops"] is False
+    assert ids == {graph.graph_id}
+    again = client.post("/graphs", content=gz(graph), headers={"content-encoding": "gzip"})
+    assert again.status_code == 200 and again.json()["stored"] is False
+
+
+def test_predict_by_id_matches_the_model(client, graph, gid):
+    configs = [
+        {"sizes": {"B": 8}},
+        {"sizes": {"B": 64}, "device": "a100-80gb", "metric": "device_total"},
+        {"sizes": {"B": 3}, "device": "cpu"},
+    ]
+    r = client.post("/predict", json={"graph_id": gid, "configs": configs})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model_version"] == "analytic-1" and body["has_unknown_ops"] is False
+    queries = [
+        Query(sizes=c["sizes"], device=c.get("device", "h100-80gb"), metric=c.get("metric"))
+        for c in configs
+    ]
+    expected = AnalyticModel().predict(graph, queries)
+    for got, want in zip(body["predictions"], expected):
+        assert got["graph_id"] == gid
+        assert got["predicted_peak_bytes"] == want.predicted_peak_bytes
+        assert got["upper_bound_bytes"] == want.upper_bound_bytes
+        assert got["metric"] == want.metric
+        assert got["breakdown"] == json.loads(json.dumps(want.breakdown))
+        assert got["model_version"] == "analytic-1"
+    assert [p["metric"] for p in body["predictions"]] == ["reserved", "device_total", "allocated"]
+
+
+def test_predict_inline_graph(client, graph):
+    r = client.post("/predict", json={"graph": graph.content(), "configs": [{"sizes": {"B": 2}}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["predictions"][0]["graph_id"] == graph.graph_id
+
+
+def test_predict_model_spec_fills_example_dims(client):
+    body = {
+        "model": {"spec": "mlp", "train": {"optimizer": "sgd"}},
+        "configs": [{"device": "cpu"}, {"sizes": {"B": 16}, "device": "cpu"}],
+    }
+    r = client.post("/predict", json=body)
+    assert r.status_code == 200, r.text
+    preds = r.json()["predictions"]
+    assert preds[0]["config"]["sizes"]["B"] >= 1 and preds[1]["config"]["sizes"] == {"B": 16}
+    assert preds[1]["predicted_peak_bytes"] > preds[0]["predicted_peak_bytes"] or (
+        preds[0]["config"]["sizes"]["B"] >= 16
+    )
+    # the captured graph is now known by id: samples can refer to it
+    gid = preds[0]["graph_id"]
+    again = client.post(
+        "/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 16}, "device": "cpu"}]}
+    )
+    assert (
+        again.json()["predictions"][0]["predicted_peak_bytes"] == preds[1]["predicted_peak_bytes"]
+    )
+
+
+def test_unknown_graph_id_is_404(client):
+    r = client.post("/predict", json={"graph_id": "0" * 32, "configs": [{"sizes": {"B": 1}}]})
+    assert r.status_code == 404
+    assert r.json()["detail"][0]["loc"] == ["body", "graph_id"]
+
+
+def test_residual_correction_changes_later_predictions(client, gid):
+    config = {"sizes": {"B": 32}, "device": "a100-80gb", "metric": "allocated"}
+    first = client.post("/predict", json={"graph_id": gid, "configs": [config]}).json()
+    raw = first["predictions"][0]
+    assert raw["correction"]["samples"] == 0
+    measured = [int(raw["predicted_peak_bytes"] * f) for f in (1.10, 1.20, 1.30)]
+    for k, m in enumerate(measured):
+        r = client.post(
+            "/samples",
+            headers=AUTH,
+            json={"graph_id": gid, "measured_peak_bytes": m, "key": f"s{k}", **config},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["stored"] is True
+        assert r.json()["predicted_peak_bytes"] == raw["predicted_peak_bytes"]  # uncorrected
+    corr = r.json()["correction"]
+    assert corr["samples"] == 3
+    assert corr["peak_scale"] == pytest.approx(1.20, rel=1e-6)  # median
+    assert corr["bound_scale"] == pytest.approx(1.30, rel=1e-6)  # max, >= 1
+    after = client.post("/predict", json={"graph_id": gid, "configs": [config]}).json()
+    p = after["predictions"][0]
+    assert p["predicted_peak_bytes"] == round(raw["predicted_peak_bytes"] * corr["peak_scale"])
+    assert p["upper_bound_bytes"] >= max(measured)
+    assert p["uncorrected_peak_bytes"] == raw["predicted_peak_bytes"]
+    # other devices / metrics are untouched, and the correction can be switched off
+    other = {"sizes": {"B": 32}, "device": "a100-80gb", "metric": "reserved"}
+    o = client.post("/predict", json={"graph_id": gid, "configs": [other]}).json()
+    assert o["predictions"][0]["correction"]["samples"] == 0
+    off = client.post(
+        "/predict", json={"graph_id": gid, "configs": [config], "apply_correction": False}
+    ).json()
+    assert off["predictions"][0]["predicted_peak_bytes"] == raw["predicted_peak_bytes"]
+    # a retried sample (same key) is not counted twice
+    r = client.post(
+        "/samples",
+        headers=AUTH,
+        json={"graph_id": gid, "measured_peak_bytes": 1, "key": "s0", **config},
+    )
+    assert r.json()["stored"] is False and r.json()["correction"]["samples"] == 3
+    listed = client.get(
+        "/samples", params={"graph_id": gid, "device": "a100-80gb", "metric": "allocated"}
+    ).json()
+    assert len(listed["samples"]) == 3 and listed["correction"]["samples"] == 3
+
+
+def test_samples_lower_the_peak_but_never_the_bound(client, gid):
+    config = {"sizes": {"B": 8}, "device": "v100-16gb", "metric": "allocated"}
+    raw = client.post("/predict", json={"graph_id": gid, "configs": [config]}).json()
+    pred = raw["predictions"][0]
+    m = pred["predicted_peak_bytes"] // 2
+    r = client.post(
+        "/samples", headers=AUTH, json={"graph_id": gid, "measured_peak_bytes": m, **config}
+    )
+    assert r.json()["correction"]["peak_scale"] == pytest.approx(0.5, rel=1e-3)
+    assert r.json()["correction"]["bound_scale"] == 1.0
+    p = client.post("/predict", json={"graph_id": gid, "configs": [config]}).json()
+    assert p["predictions"][0]["predicted_peak_bytes"] < pred["predicted_peak_bytes"]
+    assert p["predictions"][0]["upper_bound_bytes"] == pred["upper_bound_bytes"]
+
+
+def test_plan_over_uploaded_graphs(client, graph, gid):
+    budget = 64 << 20
+    body = {
+        "graph_ids": [gid],
+        "budget_bytes": budget,
+        "device": "cpu",
+        "threshold": 0.9,
+        "space": {"max_batch": 1 << 16},
+    }
+    r = client.post("/plan", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    best = out["best"]
+    assert best["checkpointing"] == "none" and best["precision"] == "fp32"
+    assert best["under_threshold"] and best["bound_bytes"] <= out["limit_bytes"]
+    assert out["limit_bytes"] == int(budget * 0.9)
+    # the next power of two would not fit
+    nxt = Query(sizes={"B": best["batch_size"] * 2}, device="cpu")
+    assert AnalyticModel().predict(graph, [nxt])[0].upper_bound_bytes > out["limit_bytes"]
+
+
+def test_plan_from_spec_with_a_device_fraction(client):
+    body = {
+        "model": {"spec": "mlp"},
+        "budget_fraction": 0.01,
+        "device": "a100-80gb",
+        "space": {"checkpointing": ["none", "full"], "max_batch": 1 << 14},
+    }
+    r = client.post("/plan", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["budget_bytes"] == int(81920 * 2**20 * 0.01)
+    cands = [out["best"], *out["runners_up"]]
+    assert {c["checkpointing"] for c in cands} <= {"none", "full"}
+    assert all(c["under_threshold"] for c in cands)
+    objs = [c["objective"] for c in cands]
+    assert objs == sorted(objs, reverse=True)
+
+
+def test_plan_when_nothing_fits(client, gid):
+    r = client.post("/plan", json={"graph_ids": [gid], "budget_bytes": 1024, "device": "cpu"})
+    assert r.status_code == 200
+    assert r.json()["best"] is None and "fits" in r.json()["reason"]
+
+
+def test_metrics_exposition(client, gid):
+    client.post("/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 1}}]})
+    text = client.get("/metrics").text
+    assert 'memgnn_http_requests_total{endpoint="/predict",method="POST",status="200"}' in text
+    assert 'memgnn_http_request_duration_seconds_bucket{endpoint="/predict"' in text
+    assert 'memgnn_model_info{version="analytic-1"} 1' in text
+    assert "memgnn_samples_stored " in text
+    for line in text.splitlines():  # every sample line is NAME{labels} VALUE
+        if line and not line.startswith("#"):
+            float(line.rsplit(" ", 1)[1])
+
+
+def test_admin_reload(client, gid):
+    assert client.post("/admin/reload").status_code == 401
+    r = client.post("/admin/reload", headers=AUTH)
+    assert r.status_code == 200 and r.json()["model_version"] == "analytic-1"
+    bad = client.post("/admin/reload", headers=AUTH, json={"model": "/nonexistent/model"})
+    assert bad.status_code == 422 and "does not exist" in bad.text
+    # still serving, graphs reload from the store
+    ok = client.post("/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 1}}]})
+    assert ok.status_code == 200

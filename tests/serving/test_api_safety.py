@@ -1,0 +1,305 @@
+"""Bad inputs, limits and auth: every rejection is a 4xx naming what is wrong, never a 500."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+
+import pytest
+from conftest import tiny_mlp_bundle
+from fastapi.testclient import TestClient
+
+from predictor.capture import capture
+from predictor.spec import TrainSpec
+from serving.app import create_app
+from serving.config import ServeConfig
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return capture(tiny_mlp_bundle(), TrainSpec())
+
+
+@pytest.fixture(scope="module")
+def data(graph) -> dict:
+    return graph.content()
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, graph):
+    cfg = ServeConfig(
+        model="analytic",
+        state_dir=tmp_path_factory.mktemp("s"),
+        token=TOKEN,
+        max_request_bytes=256 * 1024,
+        max_decompressed_bytes=1 << 20,
+        max_nodes=500,
+        max_configs=16,
+    )
+    with TestClient(create_app(cfg)) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def gid(client, data) -> str:
+    r = client.post("/graphs", json=data)
+    assert r.status_code == 201, r.text
+    return r.json()["graph_id"]
+
+
+def locs(r) -> list[list]:
+    return [d["loc"] for d in r.json()["detail"]]
+
+
+def upload(client, data) -> object:
+    return client.post(
+        "/graphs", content=json.dumps(data).encode(), headers={"content-type": "application/json"}
+    )
+
+
+# ---- malformed graphs -------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "body, headers",
+    [
+        (b"not json at all", {}),
+        (b"\x1f\x8b\x08\x00garbage", {}),  # gzip magic, broken stream
+        (b"[1, 2, 3]", {}),
+        (b'{"format": "something.else"}', {}),
+        (gzip.compress(b"{}"), {"content-encoding": "gzip"}),
+    ],
+)
+def test_malformed_uploads_are_422(client, body, headers):
+    r = client.post("/graphs", content=body, headers=headers)
+    assert r.status_code == 422, r.text
+
+
+@pytest.mark.parametrize(
+    "mutate, where",
+    [
+        (lambda d: d.pop("exprs"), ["body", "exprs"]),
+        (lambda d: d.update(paths="x"), ["body", "paths"]),
+        (lambda d: d["paths"][0].update(nodes={"op": 1}), ["body", "paths", 0, "nodes"]),
+        (lambda d: d["paths"][0]["storages"]["nbytes"].__setitem__(0, 999), ["body"]),
+        (lambda d: d["paths"][0]["nodes"].pop("phase"), ["body"]),
+        (lambda d: d.update(graph_id="0" * 32), ["body"]),  # content hash mismatch
+        (lambda d: d["exprs"].append("B +* 2"), ["body", "exprs", 10]),
+        (lambda d: d["exprs"].append("__import__('os')"), ["body"]),
+        (lambda d: d["exprs"].append("B ** B"), ["body", "exprs", 10]),
+    ],
+)
+def test_bad_graph_fields_are_named(client, data, mutate, where):
+    bad = copy.deepcopy(data)
+    mutate(bad)
+    r = upload(client, bad)
+    assert r.status_code == 422, r.text
+    assert locs(r)[0][: len(where)] == where
+
+
+def test_symbol_names_cannot_inject_code(client, data):
+    # StepGraph compiles its formulas with the symbol names as parameters: a name with a
+    # default value would run code on load. The server rejects it before that happens.
+    bad = copy.deepcopy(data)
+    bad["symbols"] = {"B=().__class__.__mro__[1].__subclasses__()": 4}
+    r = upload(client, bad)
+    assert r.status_code == 422
+    assert locs(r)[0][:2] == ["body", "symbols"]
+
+
+def test_inline_graph_errors_point_into_graph(client, data):
+    bad = copy.deepcopy(data)
+    bad["paths"][0]["nodes"]["op"][0] = 7
+    r = client.post("/predict", json={"graph": bad, "configs": [{"sizes": {"B": 1}}]})
+    assert r.status_code == 422
+    assert locs(r)[0][:2] == ["body", "graph"]
+
+
+def test_division_by_zero_in_a_bound_is_422(client, data):
+    bad = copy.deepcopy(data)
+    bad["data_symbols"] = {"T": {"lo": "0", "balanced": "B // (B - B)", "hi": "B"}}
+    r = upload(client, bad)
+    assert r.status_code == 201, r.text
+    gid = r.json()["graph_id"]
+    body = {"graph_id": gid, "configs": [{"sizes": {"B": 2}, "scenario": "balanced"}]}
+    r = client.post("/predict", json=body)
+    assert r.status_code == 422 and locs(r)[0][:3] == ["body", "configs", 0]
+
+
+# ---- limits -----------------------------------------------------------------------------
+def test_huge_payload_is_413(client):
+    r = client.post("/graphs", content=b"x" * (300 * 1024))
+    assert r.status_code == 413
+    r = client.post(
+        "/predict",
+        content=b"{" + b" " * (300 * 1024) + b"}",
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 413
+
+
+def test_chunked_payload_over_the_limit_is_413(client):
+    def chunks():
+        for _ in range(40):
+            yield b"x" * 8192
+
+    r = client.post("/graphs", content=chunks())  # no Content-Length: counted while read
+    assert r.status_code == 413
+
+
+def test_gzip_bomb_is_413(client):
+    bomb = gzip.compress(b'{"format": "' + b"a" * (4 << 20) + b'"}')
+    assert len(bomb) < 256 * 1024
+    r = client.post("/graphs", content=bomb, headers={"content-encoding": "gzip"})
+    assert r.status_code == 413
+
+
+def test_too_many_nodes_is_413(client, data):
+    big = copy.deepcopy(data)
+    nodes = big["paths"][0]["nodes"]
+    while len(nodes["op"]) <= 500:
+        for col in nodes.values():
+            col.extend(copy.deepcopy(col[: min(len(col), 100)]))
+    r = upload(client, big)
+    assert r.status_code == 413 and "nodes" in r.text
+    r = client.post("/predict", json={"graph": big, "configs": [{"sizes": {"B": 1}}]})
+    assert r.status_code == 413
+
+
+def test_too_many_configs_is_413(client, gid):
+    configs = [{"sizes": {"B": b}} for b in range(1, 20)]
+    r = client.post("/predict", json={"graph_id": gid, "configs": configs})
+    assert r.status_code == 413
+
+
+# ---- schema errors name the field -------------------------------------------------------
+@pytest.mark.parametrize(
+    "config, where",
+    [
+        ({"sizes": {"B": -4}}, ["body", "configs", 0, "sizes", "B"]),
+        ({"sizes": {"B": 0}}, ["body", "configs", 0, "sizes", "B"]),
+        ({"sizes": {"B": "8"}}, ["body", "configs", 0, "sizes", "B"]),
+        ({"sizes": {"B": 1}, "device": "tpu-v9"}, ["body", "configs", 0, "device"]),
+        ({"sizes": {"B": 1}, "metric": "peak"}, ["body", "configs", 0, "metric"]),
+        ({"sizes": {"B": 1}, "scenario": "best"}, ["body", "configs", 0, "scenario"]),
+        ({"sizes": {"B": 1}, "device": "cpu", "metric": "reserved"}, ["body", "configs", 0]),
+        ({"sizes": {"B": 1}, "colour": "red"}, ["body", "configs", 0, "colour"]),
+        ({"sizes": {"S": 4}}, ["body", "configs", 0, "sizes"]),  # B missing, S unknown
+    ],
+)
+def test_bad_configs_are_422_naming_the_field(client, gid, config, where):
+    r = client.post("/predict", json={"graph_id": gid, "configs": [config]})
+    assert r.status_code == 422, r.text
+    assert locs(r)[0][: len(where)] == where, r.text
+
+
+def test_sizes_that_overflow_are_422(client, data):
+    big = copy.deepcopy(data)
+    big["exprs"].append("B**4 * 1024")  # a storage of 1024 * B^4 bytes
+    big["paths"][0]["storages"]["nbytes"][0] = len(big["exprs"]) - 1
+    gid = upload(client, big).json()["graph_id"]
+    ok = client.post("/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 1000}}]})
+    assert ok.status_code == 200
+    r = client.post("/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 2**20}}]})
+    assert r.status_code == 422 and "overflow" in r.text
+    assert locs(r)[0][:3] == ["body", "configs", 0]
+
+
+def test_unknown_device_message_lists_profiles(client, gid):
+    r = client.post("/predict", json={"graph_id": gid, "configs": [{"device": "tpu"}]})
+    assert "h100-80gb" in r.json()["detail"][0]["msg"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"configs": [{"sizes": {"B": 1}}]},  # no source
+        {"graph_id": "ab" * 16, "model": {"spec": "mlp"}, "configs": [{}]},  # two sources
+        {"graph_id": "not-hex!", "configs": [{}]},
+        {"graph_id": "ab" * 16, "configs": []},
+    ],
+)
+def test_bad_request_shapes(client, body):
+    assert client.post("/predict", json=body).status_code == 422
+
+
+def test_spec_errors(client):
+    r = client.post("/predict", json={"model": {"spec": "no-such-model"}, "configs": [{}]})
+    assert r.status_code == 422 and locs(r)[0][:2] == ["body", "model"]
+    r = client.post("/predict", json={"model": {"spec": "py:os:system"}, "configs": [{}]})
+    assert r.status_code == 403  # local specs are off by default
+    r = client.post(
+        "/predict", json={"model": {"spec": "mlp", "train": {"grad_accum": -1}}, "configs": [{}]}
+    )
+    assert locs(r)[0][:4] == ["body", "model", "train", "grad_accum"]
+    r = client.post(
+        "/predict",
+        json={
+            "model": {"spec": "mlp", "train": {"precision": "bf16"}},
+            "configs": [{"device": "v100-16gb"}],
+        },
+    )
+    assert r.status_code == 422 and locs(r)[0][:3] == ["body", "configs", 0]
+
+
+def test_plan_schema_errors(client, gid):
+    base = {"graph_ids": [gid], "device": "cpu"}
+    r = client.post("/plan", json=base)  # no budget
+    assert r.status_code == 422
+    r = client.post("/plan", json=base | {"budget_fraction": 0.5})  # cpu has no total
+    assert r.status_code == 422 and "budget_fraction" in r.text
+    r = client.post("/plan", json=base | {"budget_bytes": 10**9, "space": {"max_batch": 0}})
+    assert locs(r)[0][:3] == ["body", "space", "max_batch"]
+    r = client.post(
+        "/plan", json=base | {"budget_bytes": 10**9, "space": {"checkpointing": ["full"]}}
+    )
+    assert r.status_code == 422 and locs(r)[0][:2] == ["body", "graph_ids"]
+
+
+# ---- unknown ops ------------------------------------------------------------------------
+def test_unknown_ops_are_accepted_and_flagged(client, data):
+    odd = copy.deepcopy(data)
+    odd["paths"][0]["nodes"]["op"][1] = "my_custom_kernel.default"
+    r = upload(client, odd)
+    assert r.status_code == 201
+    assert r.json()["has_unknown_ops"] is True
+    assert r.json()["unknown_ops"] == ["my_custom_kernel.default"]
+    p = client.post(
+        "/predict", json={"graph_id": r.json()["graph_id"], "configs": [{"sizes": {"B": 4}}]}
+    )
+    assert p.status_code == 200
+    assert p.json()["has_unknown_ops"] and p.json()["predictions"][0]["predicted_peak_bytes"] > 0
+
+
+# ---- auth -------------------------------------------------------------------------------
+def test_writes_need_the_token(client, gid):
+    sample = {"graph_id": gid, "sizes": {"B": 2}, "device": "cpu", "measured_peak_bytes": 10**6}
+    r = client.post("/samples", json=sample)
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+    r = client.post("/samples", json=sample, headers={"authorization": "Bearer wrong"})
+    assert r.status_code == 403
+    r = client.post("/samples", json=sample, headers={"authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 200
+    assert client.post("/admin/reload").status_code == 401
+    # reads stay open
+    assert client.post("/predict", json={"graph_id": gid, "configs": [{}]}).status_code in (
+        200,
+        422,
+    )
+    assert client.get("/samples", params={"graph_id": gid}).status_code == 200
+
+
+def test_no_token_configured_means_open_writes_but_fixed_model(tmp_path, data):
+    with TestClient(create_app(ServeConfig(model="analytic", state_dir=tmp_path))) as c:
+        gid = c.post("/graphs", json=data).json()["graph_id"]
+        s = {"graph_id": gid, "sizes": {"B": 2}, "device": "cpu", "measured_peak_bytes": 1000}
+        assert c.post("/samples", json=s).status_code == 200
+        assert c.post("/admin/reload").status_code == 200
+        assert c.post("/admin/reload", json={"model": "analytic"}).status_code == 403
+
+
+def test_samples_for_unknown_graph_is_404(client):
+    s = {"graph_id": "f" * 32, "sizes": {"B": 2}, "device": "cpu", "measured_peak_bytes": 1}
+    r = client.post("/samples", json=s, headers={"authorization": f"Bearer {TOKEN}"})
+    assert r.status_code == 404

@@ -1,0 +1,168 @@
+"""The Python client and the `memgnn serve` glue, against a real uvicorn on loopback."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from conftest import tiny_mlp_bundle
+
+from predictor.capture import capture
+from predictor.spec import TrainSpec
+from serving.cli import add_serve_arguments, config_from_args
+from serving.client import (
+    MemgnnClient,
+    ServiceError,
+    free_port,
+    local_server,
+    remote_plan,
+    remote_predict,
+    service_round_trip,
+)
+from serving.config import ServeConfig
+
+TOKEN = "client-token"
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MEMGNN_CACHE", str(tmp_path_factory.mktemp("cache")))
+        cfg = ServeConfig(model="analytic", state_dir=tmp_path_factory.mktemp("s"), token=TOKEN)
+        with local_server(cfg) as url:
+            yield url
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return capture(tiny_mlp_bundle(), TrainSpec())
+
+
+def test_client_round_trip(url, graph, tmp_path):
+    path = tmp_path / "g.json.gz"
+    graph.save(path)
+    with MemgnnClient(url, token=TOKEN) as c:
+        assert c.health() == {"status": "ok"} and c.ready()
+        gid = c.upload_graph(path)
+        assert gid == graph.graph_id == c.upload_graph(graph) == c.upload_graph(graph.content())
+        out = c.predict(graph_id=gid, configs=[{"sizes": {"B": 4}, "device": "cpu"}])
+        peak = out["predictions"][0]["predicted_peak_bytes"]
+        s = c.add_sample(graph_id=gid, sizes={"B": 4}, device="cpu", measured_peak_bytes=2 * peak)
+        assert s["correction"]["peak_scale"] == pytest.approx(2.0)
+        again = c.predict(graph_id=gid, configs=[{"sizes": {"B": 4}, "device": "cpu"}])
+        assert again["predictions"][0]["predicted_peak_bytes"] == 2 * peak
+        assert c.samples(gid)["samples"][0]["measured_bytes"] == 2 * peak
+        plan = c.plan(graph_ids=[gid], budget_bytes=1 << 30, device="cpu")
+        assert plan["best"]["under_threshold"]
+        assert "memgnn_http_requests_total" in c.metrics()
+        assert c.reload()["model_version"] == "analytic-1"
+
+
+def test_client_errors(url):
+    with MemgnnClient(url) as c:  # no token
+        with pytest.raises(ServiceError) as info:
+            c.add_sample(graph_id="ab" * 16, sizes={"B": 1}, device="cpu", measured_peak_bytes=1)
+        assert info.value.status == 401
+        with pytest.raises(ServiceError) as info:
+            c.predict(graph_id="ab" * 16, configs=[{"sizes": {"B": -1}}])
+        assert info.value.status == 422 and "configs.0.sizes.B" in str(info.value)
+    with MemgnnClient(f"http://127.0.0.1:{free_port()}", timeout=2) as c:
+        assert not c.ready()
+        with pytest.raises(ServiceError) as info:
+            c.health()
+        assert info.value.status == 0
+    with pytest.raises(ValueError):
+        MemgnnClient("127.0.0.1:8000")
+
+
+def test_remote_predict_prints_the_cli_contract(url):
+    out = remote_predict(
+        url,
+        model="mlp",
+        train=TrainSpec(optimizer="sgd"),
+        sizes={"B": 8},
+        device="a100-80gb",
+        metric="allocated",
+    )
+    for key in (
+        "predicted_peak_bytes",
+        "upper_bound_bytes",
+        "metric",
+        "breakdown",
+        "model_version",
+        "sizes",
+        "device",
+        "graph_id",
+    ):
+        assert key in out
+    assert out["metric"] == "allocated" and out["sizes"] == {"B": 8}
+    assert out["model_version"] == "analytic-1"
+    with pytest.raises(ServiceError, match="model"):
+        remote_predict(url, model="no-such-model")
+
+
+def test_remote_plan(url):
+    out = remote_plan(
+        url,
+        model="mlp",
+        budget_fraction=0.05,
+        device="a100-80gb",
+        space={"checkpointing": ["none"]},
+    )
+    assert out["best"]["checkpointing"] == "none" and out["best"]["under_threshold"]
+
+
+def test_serve_arguments(tmp_path, monkeypatch):
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--port",
+            "9001",
+            "--db",
+            "sqlite:///x.db",
+            "--token",
+            "t",
+            "--workers",
+            "2",
+            "--max-nodes",
+            "10",
+        ]
+    )
+    cfg = config_from_args(args)
+    assert (args.host, args.port, args.workers) == ("127.0.0.1", 9001, 2)
+    assert cfg.db_url == "sqlite:///x.db" and cfg.token == "t" and cfg.max_nodes == 10
+    monkeypatch.setenv("MEMGNN_TOKEN", "from-env")
+    cfg = config_from_args(parser.parse_args(["--state-dir", str(tmp_path)]))
+    assert cfg.token == "from-env" and cfg.db_url == f"sqlite:///{tmp_path / 'samples.db'}"
+
+
+def test_config_validation_and_env_round_trip(tmp_path):
+    cfg = ServeConfig(state_dir=tmp_path, token="tok-42", max_nodes=7, model="analytic")
+    env = cfg.to_env()
+    assert "tok-42" not in env["MEMGNN_SERVE_CONFIG"]  # the token travels on its own
+    assert ServeConfig.from_env(env) == cfg
+    for bad in (
+        {"max_nodes": 0},
+        {"token": " "},
+        {"database_url": "samples.db"},
+        {"graph_cache_size": 0},
+        {"max_decompressed_bytes": 1},
+    ):
+        with pytest.raises(ValueError):
+            ServeConfig(state_dir=tmp_path, **bad)
+    with pytest.raises(ValueError):
+        ServeConfig.from_env({"MEMGNN_SERVE_CONFIG": "{not json"})
+
+
+def test_service_round_trip_for_the_demo(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMGNN_CACHE", str(tmp_path / "cache"))
+    out = service_round_trip(
+        ServeConfig(model="analytic", state_dir=tmp_path),
+        model="mlp",
+        device="a100-80gb",
+        budget_fraction=0.05,
+    )
+    assert out["url"].startswith("http://127.0.0.1:")
+    assert out["predict"]["predicted_peak_bytes"] > 0
+    assert out["plan"]["best"]["under_threshold"]

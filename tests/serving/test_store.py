@@ -1,0 +1,147 @@
+"""The residual store: durable samples, correction statistics, graphs, SQLite settings."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+
+from serving.store import RATIO_MAX, Correction, Sample, Store, correction_from, ratio
+
+
+def sample(measured: int, predicted: int = 1000, **kw) -> Sample:
+    fields = dict(
+        graph_id="g1",
+        device="h100-80gb",
+        metric="reserved",
+        model_version="v1",
+        scenario="worst",
+        sizes={"B": 8},
+        measured_bytes=measured,
+        predicted_bytes=predicted,
+        bound_bytes=predicted,
+    )
+    return Sample(**(fields | kw))
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(f"sqlite:///{tmp_path / 'deep' / 'samples.db'}", window=4)
+    yield s
+    s.close()
+
+
+def test_sqlite_runs_in_wal_with_full_sync(store, tmp_path):
+    with store.engine.connect() as conn:
+        raw = conn.connection.dbapi_connection
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert raw.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert (tmp_path / "deep" / "samples.db").is_file()  # parent folders are created
+
+
+def test_empty_correction_is_neutral(store):
+    assert store.correction("g1", "h100-80gb", "reserved", "v1") == Correction()
+
+
+def test_correction_is_median_and_max_over_the_window(store):
+    for m in (5000, 1100, 1200, 1300, 1400):  # the first falls out of a window of 4
+        store.add_sample(sample(m))
+    c = store.correction("g1", "h100-80gb", "reserved", "v1")
+    assert c.samples == 4
+    assert c.peak_scale == pytest.approx(1.25)  # median of 1.1, 1.2, 1.3, 1.4
+    assert c.bound_scale == pytest.approx(1.4)
+
+
+def test_bound_scale_never_below_one(store):
+    for m in (500, 600, 700):
+        store.add_sample(sample(m))
+    c = store.correction("g1", "h100-80gb", "reserved", "v1")
+    assert c.peak_scale == pytest.approx(0.6) and c.bound_scale == 1.0
+
+
+def test_corrections_are_per_graph_device_metric_and_version(store):
+    store.add_sample(sample(2000))
+    for key in [
+        ("g2", "h100-80gb", "reserved", "v1"),
+        ("g1", "a100-80gb", "reserved", "v1"),
+        ("g1", "h100-80gb", "allocated", "v1"),
+        ("g1", "h100-80gb", "reserved", "v2"),
+    ]:
+        assert store.correction(*key).samples == 0
+    assert store.correction("g1", "h100-80gb", "reserved", "v1").peak_scale == 2.0
+
+
+def test_ratios_are_clipped():
+    assert ratio(10**15, 1) == RATIO_MAX
+    assert ratio(0, 0) == 1.0 and ratio(5, 0) == RATIO_MAX
+    assert correction_from([], []) == Correction()
+
+
+def test_keys_make_retries_idempotent(store):
+    first = store.add_sample(sample(1500, key="run-7/step-100"))
+    again = store.add_sample(sample(1500, key="run-7/step-100"))
+    assert first[1] is True and again == (first[0], False)
+    assert store.count_samples() == 1
+    with pytest.raises(ValueError):
+        sample(-1)
+
+
+def test_samples_listing(store):
+    for m in (1100, 1200):
+        store.add_sample(sample(m))
+    store.add_sample(sample(900, device="cpu", metric="allocated"))
+    rows = store.samples("g1")
+    assert [r["measured_bytes"] for r in rows] == [900, 1200, 1100]  # newest first
+    assert rows[0]["sizes"] == {"B": 8}
+    assert len(store.samples("g1", device="h100-80gb", metric="reserved")) == 2
+
+
+def test_graphs_are_content_addressed(store):
+    assert store.put_graph("abc", b"\x1f\x8bdata", 10) is True
+    assert store.put_graph("abc", b"\x1f\x8bother", 10) is False  # first one stays
+    assert store.get_graph("abc") == b"\x1f\x8bdata"
+    assert store.get_graph("missing") is None
+    assert store.has_graph("abc") and not store.has_graph("missing")
+
+
+def test_committed_samples_are_visible_to_another_connection(store, tmp_path):
+    store.add_sample(sample(1234))
+    # no close, no checkpoint: a fresh sqlite3 connection (as after a crash) sees the row
+    conn = sqlite3.connect(tmp_path / "deep" / "samples.db")
+    assert conn.execute("SELECT measured_bytes FROM memgnn_samples").fetchall() == [(1234,)]
+    conn.close()
+
+
+def test_two_stores_share_one_database(tmp_path):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    a, b = Store(url), Store(url)  # two replicas
+    a.add_sample(sample(3000))
+    assert b.correction("g1", "h100-80gb", "reserved", "v1").peak_scale == 3.0
+    a.close(), b.close()
+
+
+def test_concurrent_writers(store):
+    errors = []
+
+    def write(k: int) -> None:
+        try:
+            for i in range(10):
+                store.add_sample(sample(1000 + i, key=f"{k}-{i}"))
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and store.count_samples() == 40
+
+
+def test_bad_urls_are_value_errors(tmp_path):
+    with pytest.raises(ValueError):
+        Store("nosuchdialect://x/y")
+    with pytest.raises(ValueError):
+        Store("sqlite:///x.db", window=0)
+    assert Store(f"sqlite:///{tmp_path / 'p.db'}").ping()
