@@ -130,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="h100-80gb", help="device profile")
     p.add_argument("--metric", choices=("allocated", "reserved", "device_total"), default=None)
     p.add_argument("--scenario", choices=("min", "balanced", "worst"), default="worst")
+    p.add_argument("--url", default=None, help="ask a running `memgnn serve` instead")
+    p.add_argument("--token", default=None, help="bearer token for --url")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.predict_cmd)
 
@@ -148,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--any-batch", action="store_true", help="not only powers of two")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.plan_cmd)
+
+    from serving.cli import add_serve_arguments, serve_cmd
+
+    p = sub.add_parser("serve", help="the HTTP prediction service")
+    add_serve_arguments(p)
+    p.set_defaults(func=serve_cmd)
 
     p = sub.add_parser("validate-gpu", help="real GPU vs sim on a fixed config matrix")
     from dataset.validate_gpu import add_arguments, validate_gpu_cmd

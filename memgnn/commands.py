@@ -168,6 +168,16 @@ def predict_cmd(args: argparse.Namespace) -> int:
     from dataset.devices import get_profile
     from predictor.predict import Query, default_model
 
+    if args.url:
+        from serving.client import remote_predict
+
+        out = remote_predict(
+            args.url, model=args.model, model_args=model_args(args), task=args.task,
+            train=train_spec(args), sizes=parse_sizes(args), device=args.device,
+            metric=args.metric, scenario=args.scenario, token=args.token,
+        )
+        print(json.dumps(out, indent=2, default=str))
+        return 0
     bundle = resolve_bundle(args)
     device = get_profile(args.device)
     train = train_spec(args)

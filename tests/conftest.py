@@ -178,3 +178,11 @@ def cond_model() -> ModelBundle:
 @pytest.fixture
 def tiny_moe() -> ModelBundle:
     return _seq_bundle("moe", TopKMoE)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Captured-graph caches and service state go to a per-session temp folder."""
+    root = tmp_path_factory.getbasetemp()
+    monkeypatch.setenv("MEMGNN_CACHE", str(root / "memgnn-cache"))
+    monkeypatch.setenv("MEMGNN_STATE", str(root / "memgnn-state"))

@@ -77,3 +77,31 @@ def test_profile_json_has_contract_fields(capsys):
     code, text, _ = _run(capsys, "profile", "--model", "mlp", "--backend", "cpu", "--json")
     rec = json.loads(text)
     assert rec["peak_reserved_bytes"] is None and rec["device"] == "cpu"
+
+
+def test_predict_through_a_running_service(tmp_path, capsys):
+    from serving.client import local_server
+    from serving.config import ServeConfig
+
+    cfg = ServeConfig(model="analytic", state_dir=tmp_path)
+    with local_server(cfg) as url:
+        code, text, err = _run(
+            capsys,
+            "predict",
+            "--url",
+            url,
+            "--model",
+            "mlp",
+            "--batch",
+            "8",
+            "--device",
+            "a100-80gb",
+        )
+    assert code == 0, err
+    remote = json.loads(text)
+    code, text, _ = _run(
+        capsys, "predict", "--model", "mlp", "--batch", "8", "--device", "a100-80gb", "--json"
+    )
+    local = json.loads(text)
+    assert remote["metric"] == local["metric"] == "reserved"
+    assert remote["predicted_peak_bytes"] > 0
