@@ -147,7 +147,10 @@ class Corpus:
                 if job not in seen:
                     seen.add(job)
                     keep.append(i)
-            tables.append(t.take(keep) if len(keep) < len(ids) else t)
+            if len(keep) == len(ids):
+                tables.append(t)
+            elif keep:
+                tables.append(t.take(pa.array(keep, type=pa.int64())))
         if not tables:
             return SCHEMA.empty_table()
         return pa.concat_tables(tables)

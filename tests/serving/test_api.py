@@ -6,8 +6,8 @@ import gzip
 import json
 
 import pytest
-from conftest import tiny_mlp_bundle
 from fastapi.testclient import TestClient
+from tiny_models import tiny_mlp_bundle
 
 from predictor.capture import capture
 from predictor.predict import AnalyticModel, Query

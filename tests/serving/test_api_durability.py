@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import tiny_mlp_bundle
+from tiny_models import tiny_mlp_bundle
 
 from predictor.capture import capture
 from predictor.spec import TrainSpec

@@ -37,7 +37,7 @@ def _queries(graph) -> list[Query]:
     params=["tiny_mlp", "tiny_gpt", "tiny_moe", "early_exit", "cond_model"],
 )
 def graph(request):
-    import conftest
+    import tiny_models as conftest
 
     bundles = {
         "tiny_mlp": conftest.tiny_mlp_bundle,

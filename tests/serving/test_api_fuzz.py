@@ -18,8 +18,8 @@ import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
 
-from conftest import tiny_mlp_bundle  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
+from tiny_models import tiny_mlp_bundle  # noqa: E402
 
 from predictor.capture import capture  # noqa: E402
 from predictor.spec import TrainSpec  # noqa: E402

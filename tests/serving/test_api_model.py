@@ -8,8 +8,8 @@ import threading
 from dataclasses import replace
 
 import pytest
-from conftest import tiny_mlp_bundle
 from fastapi.testclient import TestClient
+from tiny_models import tiny_mlp_bundle
 
 from predictor.capture import capture
 from predictor.predict import AnalyticModel

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from conftest import tiny_mlp_bundle
+from tiny_models import tiny_mlp_bundle
 
 from predictor.capture import capture
 from predictor.spec import TrainSpec

@@ -1,0 +1,157 @@
+"""Tiny hand-built models shared by the tests (each a ModelBundle factory).
+
+A plain module (not conftest) so tests can import it: several conftest.py files exist.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from predictor.spec import ModelBundle
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.ln = nn.LayerNorm(d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q, k, v = self.qkv(self.ln(x)).split(d, dim=-1)
+        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, s, d))
+        return x + self.fc2(F.gelu(self.fc1(x)))
+
+
+class TinyGPT(nn.Module):
+    def __init__(self, d: int = 32, vocab: int = 50, layers: int = 2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
+        self.head = nn.Linear(d, vocab)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head(x)
+
+
+def _lm_inputs(sizes, device, dtype):
+    return {"ids": torch.randint(0, 50, (sizes["B"], sizes["S"]), device=device)}
+
+
+def _lm_loss(model, inputs):
+    logits = model(inputs["ids"])
+    return F.cross_entropy(logits.flatten(0, 1), inputs["ids"].flatten())
+
+
+def tiny_gpt_bundle(layers: int = 2) -> ModelBundle:
+    return ModelBundle(
+        name="tiny-gpt",
+        family="gpt",
+        build=lambda: TinyGPT(layers=layers),
+        make_inputs=_lm_inputs,
+        loss=_lm_loss,
+        dims={"B": 3, "S": 17},
+        hparams={"layers": layers},
+    )
+
+
+def tiny_mlp_bundle() -> ModelBundle:
+    def make(sizes, device, dtype):
+        return {
+            "x": torch.randn(sizes["B"], 24, device=device, dtype=dtype),
+            "y": torch.randint(0, 5, (sizes["B"],), device=device),
+        }
+
+    def build():
+        return nn.Sequential(nn.Linear(24, 64), nn.ReLU(), nn.Linear(64, 5))
+
+    return ModelBundle(
+        name="tiny-mlp",
+        family="mlp",
+        build=build,
+        make_inputs=make,
+        loss=lambda m, i: F.cross_entropy(m(i["x"]), i["y"]),
+        dims={"B": 4},
+    )
+
+
+class EarlyExit(nn.Module):
+    """Exits after the first block when a data-dependent confidence is high."""
+
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(d, d) for _ in range(2))
+        self.exit_head = nn.Linear(d, 1)
+        self.out = nn.Linear(d, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.blocks[0](x))
+        if bool(torch.sigmoid(self.exit_head(x)).mean() > 0.5):
+            return self.out(x)
+        x = torch.relu(self.blocks[1](x))
+        return self.out(x)
+
+
+class CondModel(nn.Module):
+    def __init__(self, d: int = 16):
+        super().__init__()
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, 4 * d)
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        def small(x):
+            return self.a(x)
+
+        def big(x):
+            return self.b(x).view(*x.shape[:-1], 4, -1).sum(-2)
+
+        return self.head(torch.cond(x.sum() > 0, big, small, (x,)))
+
+
+class TopKMoE(nn.Module):
+    def __init__(self, d: int = 16, num_experts: int = 4, top_k: int = 2):
+        super().__init__()
+        self.num_experts, self.top_k = num_experts, top_k
+        self.router = nn.Linear(d, num_experts)
+        self.experts = nn.ModuleList(nn.Linear(d, d) for _ in range(num_experts))
+        self.head = nn.Linear(d, 3)
+
+    def forward(self, x):
+        tokens = x.flatten(0, -2)
+        weights, idx = self.router(tokens).softmax(-1).topk(self.top_k, dim=-1)
+        out = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            tok, slot = (idx == e).nonzero(as_tuple=True)
+            y = expert(tokens[tok]) * weights[tok, slot].unsqueeze(-1)
+            out = out.index_add(0, tok, y)
+        return self.head(out.view_as(x))
+
+
+def _seq_bundle(name: str, build) -> ModelBundle:
+    def make(sizes, device, dtype):
+        return {
+            "x": torch.randn(sizes["B"], sizes["S"], 16, device=device, dtype=dtype),
+            "y": torch.randint(0, 3, (sizes["B"], sizes["S"]), device=device),
+        }
+
+    def loss(m, i):
+        return F.cross_entropy(m(i["x"]).flatten(0, 1), i["y"].flatten())
+
+    return ModelBundle(
+        name=name,
+        family=name,
+        build=build,
+        make_inputs=make,
+        loss=loss,
+        dims={"B": 3, "S": 5},
+    )
