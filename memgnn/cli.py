@@ -151,6 +151,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.plan_cmd)
 
+    from dataset.build import add_build_arguments, build_cmd
+    from dataset.stats import add_stats_arguments, stats_cmd
+
+    p = sub.add_parser("dataset", help="build and inspect the profiling corpus")
+    dsub = p.add_subparsers(dest="dataset_command", required=True)
+    q = dsub.add_parser("build", help="profile sampled configs into a corpus (resumable)")
+    add_build_arguments(q)
+    q.set_defaults(func=build_cmd)
+    q = dsub.add_parser("stats", help="summarise a corpus")
+    add_stats_arguments(q)
+    q.set_defaults(func=stats_cmd)
+
+    from training.train import add_train_arguments, train_cmd
+
+    p = sub.add_parser("train", help="train the GNN on a corpus, track in mlflow, export ONNX")
+    add_train_arguments(p)
+    p.set_defaults(func=train_cmd)
+
     from serving.cli import add_serve_arguments, serve_cmd
 
     p = sub.add_parser("serve", help="the HTTP prediction service")

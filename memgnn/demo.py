@@ -5,7 +5,12 @@
 2. evaluate that one capture at several sizes, far from the trace size too (the analytic
    liveness sweep, tensor bytes);
 3. ground truth: simulate the CUDA caching allocator for an H100 at one size, and check the
-   simulator against a real CPU run at a small size.
+   simulator against a real CPU run at a small size;
+4. predict with the shipped model (the analytic baseline where none ships) next to the
+   simulated value;
+5. start the HTTP service on loopback, ask `/predict` and `/plan`, stop it;
+6. a short governed training run on a memory-capped emulated device with variable-length
+   batches: the decisions it made and the OOMs it avoided.
 """
 
 from __future__ import annotations

@@ -1,0 +1,420 @@
+"""The memory governor against a static batch and OOM back-off, on a variable-length workload.
+
+A tiny causal LM (zoo `varlen`, `serving.governor_demo.TINY_VARLEN`) trains on a stream
+of sequences with long-tail lengths (log-normal, median 56, clipped to [8, 512]) on the
+capped emulated device (`serving.governor_device.EmulatedDevice`: the real model runs on the
+CPU, every storage goes through the CUDA caching-allocator simulator, every byte counted
+`SCALE` times, OOMs raised where the device would raise them). The same stream, four ways
+(the governor and the oracle over `--samples` samples, each baseline for `--steps`
+optimizer steps over the same stream's prefix; rates compare, not totals):
+
+- static: Lightning-style power finder (B = 2, 4, 8, ... for 3 trial steps on the first 3
+  batches, keep the last B that did not OOM), then fixed batches of B in stream order,
+  padded to each batch's longest; a batch that OOMs is skipped (its samples are lost).
+- backoff: accelerate-style `find_executable_batch_size` (start at 128, x0.9 on every OOM),
+  generously retrying the failed samples at the smaller size; a sample that OOMs even alone
+  is skipped (accelerate raises "no executable batch size" there) and counted lost.
+- governor: `MemoryGovernor.batches` (token-budget batches per length bucket) + `step`,
+  default configuration, and once with `mode="binsearch", power_of_two=False`.
+- oracle: the same bucketed batches with, per bucket and checkpointing choice, the largest
+  B whose exact peak fits the whole device (the captured step replayed through the
+  allocator simulator, fresh cache), choosing the faster config; not run, only timed.
+
+Throughput = real (unpadded) tokens per second of emulated device time, with
+t(step) = sum over micro-batches of (T_MICRO + T_TOKEN x padded tokens x (1 + recompute))
++ T_OPT, recompute = 1/3 x checkpointed fraction (`predictor.plan.RECOMPUTE_COST`); an
+attempt that OOMs costs a full step. Tokens per step are reported too (no time model).
+
+    .venv/bin/python benchmarks/governor.py      # minutes: benchmarks/results/governor.{json,md}
+    .venv/bin/python benchmarks/governor.py --samples 3000 --no-write   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dataset.allocator import AllocatorConfig  # noqa: E402
+from dataset.devices import get_profile  # noqa: E402
+from dataset.sim import build_trace, replay_trace  # noqa: E402
+from predictor.plan import RECOMPUTE_COST  # noqa: E402
+from predictor.predict import capture_cached  # noqa: E402
+from predictor.spec import TrainSpec  # noqa: E402
+from predictor.step import build_optimizer  # noqa: E402
+from serving.governor import GovernorConfig, MemoryGovernor  # noqa: E402
+from serving.governor_batching import LengthBuckets, TokenBatcher, pad_collate  # noqa: E402
+from serving.governor_demo import long_tail_samples, tiny_varlen_bundle  # noqa: E402
+from serving.governor_device import EmulatedDevice  # noqa: E402
+from serving.governor_runtime import CheckpointToggles  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results"
+CACHE = Path(tempfile.gettempdir()) / "memgnn-governor-bench"
+MiB = 1 << 20
+SCALE = 256
+CAPACITY = 1024 * MiB  # 4 MiB of the tiny model's bytes, x 256
+MAX_LEN = 512
+TRAIN = TrainSpec(optimizer="adamw", optimizer_impl="foreach")
+T_MICRO, T_TOKEN, T_OPT = 1.0e-3, 5.0e-6, 2.0e-3  # seconds
+log = logging.getLogger("benchmarks.governor")
+
+
+def step_time(micro: list[int], seq: int, recompute: float) -> float:
+    return sum(T_MICRO + T_TOKEN * b * seq * (1 + recompute) for b in micro) + T_OPT
+
+
+def recompute_of(ckpt: str, n_blocks: int = 2) -> float:
+    if ckpt == "none":
+        return 0.0
+    blocks = n_blocks if ckpt == "full" else min(int(ckpt.split(":")[1]), n_blocks)
+    return RECOMPUTE_COST * blocks / n_blocks
+
+
+def stream(n: int):
+    return long_tail_samples(n, seed=0, median=56.0, sigma=0.8, lo=8, hi=MAX_LEN)
+
+
+class Plain:
+    """A plain training loop on a fresh emulated device; `step` returns False on OOM."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.bundle = tiny_varlen_bundle()
+        self.device = EmulatedDevice(CAPACITY, byte_scale=SCALE)
+        with self.device:
+            self.model = self.bundle.build()
+            self.opt = build_optimizer(list(self.model.parameters()), TRAIN, "cpu")
+
+    def step(self, batch: dict[str, torch.Tensor]) -> bool:
+        try:
+            micro = self.device.transfer(batch)
+            with self.device:
+                self.bundle.loss(self.model, micro).backward()
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+            return True
+        except torch.OutOfMemoryError:
+            pass
+        self.opt.zero_grad(set_to_none=True)
+        self.device.recover()
+        return False
+
+
+def _batch(group: list[Any]) -> dict[str, torch.Tensor]:
+    return pad_collate(group, max(int(s["input_ids"].shape[0]) for s in group))
+
+
+def _summary(name: str, steps: list[dict], n: int, lost: int, ooms: int, wall: float) -> dict:
+    """`steps`: every attempt (a failed one has no samples but costs its time)."""
+    done = [s for s in steps if s["samples"]]
+    tokens = sum(s["tokens"] for s in done)
+    padded = sum(s["padded"] for s in done)
+    dev_s = sum(s["time"] for s in steps)
+    return {
+        "method": name,
+        "optimizer_steps": len(done),
+        "ooms": ooms,
+        "samples": sum(s["samples"] for s in done) + lost,  # consumed from the stream
+        "samples_trained": sum(s["samples"] for s in done),
+        "samples_lost": lost,
+        "real_tokens": tokens,
+        "tokens_per_step": tokens / max(len(done), 1),
+        "padded_tokens_per_step": padded / max(len(done), 1),
+        "padding_fraction": 1 - tokens / padded if padded else 0.0,
+        "device_seconds": dev_s,
+        "throughput_tokens_per_s": tokens / dev_s if dev_s else 0.0,
+        "wall_seconds": round(wall, 1),
+    }
+
+
+def _record(group_or_batch: dict[str, torch.Tensor], micro: list[int], ckpt: str = "none"):
+    lengths = group_or_batch["lengths"]
+    seq = int(group_or_batch["input_ids"].shape[1])
+    return {
+        "samples": int(lengths.shape[0]),
+        "tokens": int(lengths.sum()),
+        "padded": int(lengths.shape[0]) * seq,
+        "time": step_time(micro, seq, recompute_of(ckpt)),
+    }
+
+
+def _failed(rec: dict) -> dict:
+    return {**rec, "samples": 0, "tokens": 0, "padded": 0}
+
+
+def run_static(n: int, max_steps: int) -> dict:
+    t0 = time.perf_counter()
+    head = [s for _, s in zip(range(3 * 8192), stream(n))]
+    finder, b, found, trials = Plain(), 2, 0, 0
+    while b <= 8192 and 3 * b <= len(head):
+        trials += 1
+        if not all(finder.step(_batch(head[i * b : (i + 1) * b])) for i in range(3)):
+            break
+        found, b = b, b * 2
+    found = max(found, 1)
+    trainer, steps, lost, ooms, group = Plain(), [], 0, 0, []
+    samples = iter(stream(n))
+    while sum(1 for s in steps if s["samples"]) < max_steps:
+        group = [s for _, s in zip(range(found), samples)]
+        if not group:
+            break
+        batch = _batch(group)
+        rec = _record(batch, [len(group)])
+        if trainer.step(batch):
+            steps.append(rec)
+        else:  # a plain loop skips the batch that OOMed: its samples are lost
+            ooms, lost = ooms + 1, lost + rec["samples"]
+            steps.append(_failed(rec))
+    out = _summary(
+        "static (Lightning-style finder)", steps, n, lost, ooms, time.perf_counter() - t0
+    )
+    out.update(batch_size=found, finder_trials=trials)
+    return out
+
+
+def run_backoff(n: int, max_steps: int) -> dict:
+    t0 = time.perf_counter()
+    trainer, b, steps, ooms, lost = Plain(), 128, [], 0, 0
+    queue = deque(stream(n))
+    while queue and len(steps) - ooms < max_steps:
+        group = [queue.popleft() for _ in range(min(b, len(queue)))]
+        batch = _batch(group)
+        rec = _record(batch, [len(group)])
+        if trainer.step(batch):
+            steps.append(rec)
+            continue
+        ooms = ooms + 1
+        steps.append(_failed(rec))
+        if len(group) == 1:  # accelerate gives up at batch size 1: the sample is skipped
+            lost += 1
+            continue
+        queue.extendleft(reversed(group))  # the same samples again, at 0.9 x B
+        b = max(1, int(b * 0.9))
+    out = _summary(
+        "backoff (accelerate-style x0.9)", steps, n, lost, ooms, time.perf_counter() - t0
+    )
+    out.update(final_batch_size=b, start_batch_size=128)
+    return out
+
+
+def governor_config(variant: str) -> GovernorConfig:
+    fine = {"mode": "binsearch", "power_of_two": False} if variant == "binsearch" else {}
+    return GovernorConfig(max_length=MAX_LEN, cache_dir=CACHE, prepare_all=True, **fine)
+
+
+def run_governor(n: int, variant: str = "default") -> dict:
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    gov = MemoryGovernor(
+        tiny_varlen_bundle(),
+        TRAIN,
+        device=EmulatedDevice(CAPACITY, byte_scale=SCALE),
+        config=governor_config(variant),
+    )
+    setup = time.perf_counter() - t0
+    seen: list[int] = []
+    steps = []
+    for batch in gov.batches(stream(n)):
+        rec = gov.step(batch)
+        seen.extend(batch["sample_id"].tolist())
+        chunks = [rec.micro_batch] * (rec.grad_accum - 1)
+        chunks.append(rec.samples - sum(chunks))
+        r = _record(batch, chunks, rec.checkpointing)
+        steps.extend([_failed(r)] * rec.oom_retries)  # failed attempts: a full step each
+        steps.append(r)
+    s = gov.summary()
+    lost = n - len(set(seen))
+    out = _summary(f"governor ({variant})", steps, n, lost, s["ooms"], time.perf_counter() - t0)
+    overhead = sorted(r.overhead_ms for r in gov.records)
+    out.update(
+        duplicates=len(seen) - len(set(seen)),
+        overhead_ms_per_step=statistics.mean(overhead),
+        overhead_ms_p50=overhead[len(overhead) // 2],
+        overhead_ms_p99=overhead[int(len(overhead) * 0.99)],
+        setup_seconds=round(setup, 1),
+        rollbacks=s["rollbacks"],
+        alerts=s["alerts"],
+        correction=s["correction"],
+        checkpointed_steps=sum(r.checkpointing != "none" for r in gov.records),
+        split_steps=sum(r.grad_accum > 1 for r in gov.records),
+        plans={k: [v["micro_batch"], v["checkpointing"]] for k, v in s["plans"].items()},
+        predictions=s["model_calls"],
+    )
+    return out
+
+
+def oracle_batch(graph, seq: int, *, hi: int = 4096) -> int:
+    """Largest B whose step (first + steady) replays without OOM on the full device."""
+    cpu = get_profile("cpu")
+    cfg = AllocatorConfig(capacity_bytes=CAPACITY)
+
+    def fits(b: int) -> bool:
+        resolved = graph.resolve_sizes({"B": b, "S": seq})
+        events = [
+            (e[0], e[1], e[2] * SCALE) if e[0] == "alloc" else e
+            for e in build_trace(graph, 0, resolved, cpu)
+        ]
+        return not replay_trace(events, cfg)["would_oom"]
+
+    lo, up = 0, 1
+    while up <= hi and fits(up):
+        lo, up = up, up * 2
+    while up - lo > 1:
+        mid = (lo + up) // 2
+        lo, up = (mid, up) if fits(mid) else (lo, mid)
+    return lo
+
+
+def run_oracle(n: int) -> dict:
+    t0 = time.perf_counter()
+    bundle = tiny_varlen_bundle()
+    graphs = {
+        c: capture_cached(bundle, replace(TRAIN, checkpointing=c), target="cpu", directory=CACHE)
+        for c in ("none", "full")
+    }
+    buckets = LengthBuckets(max_length=MAX_LEN)
+    plan: dict[int, tuple[int, str]] = {}
+    for seq in buckets.bounds:
+        best = None
+        for ckpt, graph in graphs.items():
+            b = oracle_batch(graph, seq)
+            if b and (best is None or b / step_time([b], seq, recompute_of(ckpt)) > best[0]):
+                best = (b / step_time([b], seq, recompute_of(ckpt)), b, ckpt)
+        plan[seq] = (best[1], best[2]) if best else (1, "full")
+    steps = []
+    for seq, group in TokenBatcher(buckets, lambda s: plan[s][0])(stream(n)):
+        steps.append(_record(pad_collate(group, seq), [len(group)], plan[seq][1]))
+    out = _summary("oracle (exact peaks, full device)", steps, n, 0, 0, time.perf_counter() - t0)
+    out["plans"] = {str(k): list(v) for k, v in plan.items()}
+    return out
+
+
+def validate_oracle(plans: dict[str, list], buckets: tuple[int, ...] = (64, 240, 512)) -> list:
+    """Spot check: the oracle's batch runs on a fresh emulated device; one more OOMs."""
+    out = []
+    for seq in buckets:
+        b, ckpt = plans[str(seq)]
+        row = {"S": seq, "B": b, "checkpointing": ckpt}
+        for extra in (0, 1):
+            trainer = Plain()
+            CheckpointToggles(list(trainer.model.blocks)).set(ckpt)
+            ids = torch.randint(0, 128, (b + extra, seq))
+            batch = {"input_ids": ids, "lengths": torch.full((b + extra,), seq)}
+            row["fits" if extra == 0 else "fits_plus_one"] = trainer.step(batch) and trainer.step(
+                batch
+            )
+        out.append(row)
+    return out
+
+
+def _job(args: tuple[str, int, int]) -> dict:
+    torch.set_num_threads(1)
+    name, n, max_steps = args
+    if name == "static":
+        return run_static(n, max_steps)
+    if name == "backoff":
+        return run_backoff(n, max_steps)
+    return run_governor(n, name.split(":", 1)[1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--samples", type=int, default=16_000, help="the governor's stream")
+    p.add_argument("--steps", type=int, default=2000, help="optimizer steps of each baseline")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--no-write", action="store_true")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    oracle = run_oracle(args.samples)  # also captures the graphs every worker loads
+    MemoryGovernor(tiny_varlen_bundle(), TRAIN, device=EmulatedDevice(CAPACITY, byte_scale=SCALE),
+                   config=governor_config("default"))  # fmt: skip
+    n, k = args.samples, args.steps
+    jobs = [("governor:default", n, 0), ("governor:binsearch", n, 0), ("static", n, k),
+            ("backoff", n, k)]  # fmt: skip
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        results = list(pool.map(_job, jobs))
+    for r in results:
+        r["fraction_of_oracle_throughput"] = (
+            r["throughput_tokens_per_s"] / oracle["throughput_tokens_per_s"]
+        )
+        r["fraction_of_oracle_tokens_per_step"] = r["tokens_per_step"] / oracle["tokens_per_step"]
+    report = {
+        "workload": {
+            "samples": args.samples,
+            "lengths": "log-normal median 56, sigma 0.8, clipped to [8, 512]",
+            "model": f"varlen {tiny_varlen_bundle().hparams}",
+            "train": TRAIN.to_dict(),
+        },  # fmt: skip
+        "device": {
+            "capacity_bytes": CAPACITY,
+            "byte_scale": SCALE,
+            "allocator": "CUDA caching allocator simulator (dataset.allocator), default settings",
+        },  # fmt: skip
+        "time_model": {
+            "T_MICRO_s": T_MICRO,
+            "T_TOKEN_s": T_TOKEN,
+            "T_OPT_s": T_OPT,
+            "recompute_full": RECOMPUTE_COST,
+        },  # fmt: skip
+        "oracle": oracle,
+        "oracle_validation": validate_oracle(oracle["plans"]),
+        "methods": results,
+        "wall_seconds": round(time.perf_counter() - t0, 1),
+        "torch": torch.__version__,
+    }
+    print(markdown(report))
+    if not args.no_write:
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / "governor.json").write_text(json.dumps(report, indent=2, default=str))
+        (OUT / "governor.md").write_text(markdown(report))
+    return 0
+
+
+def markdown(report: dict) -> str:
+    w = report["workload"]
+    lines = [
+        "# Memory governor benchmark",
+        "",
+        f"{w['samples']} samples, lengths {w['lengths']}; model {w['model']}; emulated device "
+        f"{report['device']['capacity_bytes'] // MiB} MiB (byte scale "
+        f"{report['device']['byte_scale']}). Throughput: real tokens per emulated device second "
+        f"(t = per micro-batch {T_MICRO * 1e3:g} ms + {T_TOKEN * 1e6:g} us per padded token x "
+        f"(1 + recompute), + {T_OPT * 1e3:g} ms per optimizer step).",
+        "",
+        "| method | steps | OOMs | samples lost | tokens/step | padding | throughput vs oracle "
+        "| tokens/step vs oracle | overhead ms/step (mean, p50) | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in [*report["methods"], report["oracle"]]:
+        ovh = (f"{r['overhead_ms_per_step']:.3f}, {r['overhead_ms_p50']:.3f}"
+               if "overhead_ms_per_step" in r else "")  # fmt: skip
+        frac = r.get("fraction_of_oracle_throughput", 1.0)
+        tfrac = r.get("fraction_of_oracle_tokens_per_step", 1.0)
+        lines.append(
+            f"| {r['method']} | {r['optimizer_steps']} | {r['ooms']} | {r['samples_lost']} | "
+            f"{r['tokens_per_step']:.0f} | {r['padding_fraction']:.0%} | {frac:.1%} | "
+            f"{tfrac:.1%} | {ovh} | {r['wall_seconds']} |"
+        )
+    lines += ["", f"Oracle spot check on fresh devices: {report['oracle_validation']}", ""]
+    lines.append(f"Total wall time {report['wall_seconds']} s, torch {report['torch']}.")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

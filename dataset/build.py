@@ -1,0 +1,346 @@
+"""`memgnn dataset build`: a resumable, crash-safe corpus build on one machine or a Ray cluster.
+
+    jobs = sample_jobs(seed, size, ...)          deterministic ids (dataset.sampler)
+    todo = jobs - ids already in DIR             resume: completed jobs are never redone
+    skipped configs -> error rows                (their reason is the error)
+    group todo by config -> tasks                one symbolic capture per config
+    executor (local pool | ray) runs tasks       dataset.executors.run_group
+    parent: graph -> DIR/graphs, rows -> buffer  every `chunk_size` rows: one atomic part
+
+A kill -9 loses at most the rows still in the buffer (their jobs run again on restart) and
+never leaves a half-written part; a part that no longer reads is moved aside by the corpus
+reader and its jobs count as not done. Graphs are written before the rows that name them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dataset.executors import EXECUTORS, Task, error_row, run_local, run_ray
+from dataset.sampler import BACKENDS, Job, SamplerConfig, sample_jobs
+
+log = logging.getLogger(__name__)
+
+# Symbolic captures by config key, inside the corpus folder: a resumed build reuses those of
+# half-done configs. Removed when a build completes.
+CACHE_DIR = "capture-cache"
+CAP_NAMES = ("max_tokens", "max_batch", "max_image", "max_params", "max_static_seq", "max_layers")
+
+
+@dataclass(kw_only=True, slots=True)
+class BuildConfig:
+    out: Path
+    size: int
+    backend: str = "sim"
+    executor: str = "local"
+    workers: int = 1
+    families: list[str] | None = None
+    seed: int = 0
+    ray_address: str | None = None
+    chunk_size: int = 16  # rows per Parquet part: a crash loses at most this many
+    devices: list[str] | None = None
+    sizes_per_config: int | None = None  # default: 4 (sim, cuda), 3 (cpu)
+    caps: dict[str, int] = field(default_factory=dict)  # max_tokens/max_batch/max_image/...
+    hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # pinned per zoo name
+    threads_per_worker: int = 1
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        self.out = Path(self.out)
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {self.backend!r}; expected one of {BACKENDS}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"unknown executor {self.executor!r}; expected one of {EXECUTORS}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {self.workers}")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.threads_per_worker < 1:
+            raise ValueError("threads_per_worker must be >= 1")
+        if self.ray_address is not None and self.executor != "ray":
+            raise ValueError("--address needs --executor ray")
+        unknown = set(self.caps) - set(CAP_NAMES)
+        if unknown:
+            raise ValueError(f"unknown caps {sorted(unknown)}")
+        self.sampler()  # validates size, seed, families, devices, caps and hparams
+
+    def sampler(self) -> SamplerConfig:
+        per_config = self.sizes_per_config or (3 if self.backend == "cpu" else 4)
+        return SamplerConfig(
+            size=self.size,
+            seed=self.seed,
+            families=self.families,
+            backend=self.backend,
+            devices=self.devices,
+            sizes_per_config=per_config,
+            hparams=self.hparams,
+            **self.caps,
+        )
+
+
+@dataclass(kw_only=True, slots=True)
+class BuildSummary:
+    out: str
+    jobs: int  # sampled
+    already_done: int  # found in the corpus before this run
+    profiled: int  # rows written by this run (ok + errors + skipped)
+    ok: int
+    errors: int
+    skipped: int
+    graphs_added: int
+    parts_written: int
+    seconds: float
+    workers: int
+
+    @property
+    def records_per_min(self) -> float:
+        return 60.0 * self.profiled / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = {name: getattr(self, name) for name in self.__slots__}
+        rate = self.records_per_min
+        return data | {"records_per_min": rate, "records_per_min_per_worker": rate / self.workers}
+
+
+class _ChunkWriter:
+    """Buffers rows and writes each full chunk as one atomic part."""
+
+    def __init__(self, writer: Any, chunk_size: int):
+        self.writer, self.chunk_size = writer, chunk_size
+        self.buffer: list[dict[str, Any]] = []
+        self.parts = 0
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        self.buffer.extend(rows)
+        while len(self.buffer) >= self.chunk_size:
+            self._write(self.buffer[: self.chunk_size])
+            del self.buffer[: self.chunk_size]
+
+    def flush(self) -> None:
+        if self.buffer:
+            self._write(self.buffer)
+            self.buffer = []
+
+    def _write(self, rows: list[dict[str, Any]]) -> None:
+        path = self.writer.write_rows(rows)
+        self.parts += 1
+        log.debug("wrote %d rows to %s", len(rows), path)
+
+
+def make_tasks(jobs: list[Job], cache_dir: str | None, threads: int | None) -> list[Task]:
+    """One task per config group, in first-seen order; plain data only."""
+    groups: dict[str, list[Job]] = {}
+    for job in jobs:
+        groups.setdefault(job.group, []).append(job)
+    return [
+        {
+            "group": group,
+            "jobs": [j.to_dict() for j in members],
+            "cache_dir": cache_dir,
+            "threads": threads,
+        }
+        for group, members in groups.items()
+    ]
+
+
+def build_corpus(cfg: BuildConfig) -> BuildSummary:
+    """Build or resume the corpus in `cfg.out` (see the module docstring)."""
+    from tqdm import tqdm
+
+    from dataset.corpus import CorpusWriter
+
+    t0 = time.perf_counter()
+    if cfg.backend == "cuda" and cfg.executor == "local" and cfg.workers > 1:
+        log.warning(
+            "cuda backend with %d local workers: they share the visible GPU(s), so device-level "
+            "readings overlap; use --executor ray (one GPU per task) or --workers 1",
+            cfg.workers,
+        )
+    writer = CorpusWriter(cfg.out)
+    done = writer.done_job_ids()
+    jobs = sample_jobs(cfg.sampler())
+    todo = [j for j in jobs if j.job_id not in done]
+    skipped = [j for j in todo if j.skip is not None]
+    runnable = [j for j in todo if j.skip is None]
+    log.info(
+        "%d jobs: %d done before, %d to profile, %d skipped",
+        len(jobs),
+        len(jobs) - len(todo),
+        len(runnable),
+        len(skipped),
+    )
+    chunks = _ChunkWriter(writer, cfg.chunk_size)
+    counts = {"ok": 0, "errors": 0, "graphs": 0}
+    chunks.add([error_row(j, f"skipped: {j.skip}") for j in skipped])
+    remote = cfg.executor == "ray" and cfg.ray_address is not None
+    cache = None if remote else str(cfg.out / CACHE_DIR)  # remote nodes: their own cache
+    tasks = make_tasks(runnable, cache, cfg.threads_per_worker)
+    bar = tqdm(
+        total=len(todo),
+        initial=len(skipped),
+        unit="rec",
+        file=sys.stderr,
+        disable=not cfg.progress,
+        dynamic_ncols=True,
+        smoothing=0.05,
+    )
+    try:
+        for _task, result in _execute(cfg, tasks):
+            for gid, graph in result["graphs"].items():  # before the rows that name them
+                if not writer.has_graph(gid):
+                    writer.add_graph(graph)
+                    counts["graphs"] += 1
+            rows = result["rows"]
+            failed = sum(r["error"] is not None for r in rows)
+            counts["errors"] += failed
+            counts["ok"] += len(rows) - failed
+            chunks.add(rows)
+            bar.update(len(rows))
+            bar.set_postfix(errors=counts["errors"], refresh=False)
+    finally:
+        chunks.flush()  # on an exception too: what finished is kept
+        bar.close()
+    if cache is not None:  # every job is done: the captures are in graphs/ now
+        shutil.rmtree(cache, ignore_errors=True)
+    summary = BuildSummary(
+        out=str(cfg.out),
+        jobs=len(jobs),
+        already_done=len(jobs) - len(todo),
+        profiled=len(todo),
+        ok=counts["ok"],
+        errors=counts["errors"],
+        skipped=len(skipped),
+        graphs_added=counts["graphs"],
+        parts_written=chunks.parts,
+        seconds=round(time.perf_counter() - t0, 2),
+        workers=cfg.workers,
+    )
+    log.info("build done: %s", summary.to_dict())
+    return summary
+
+
+def _execute(cfg: BuildConfig, tasks: list[Task]):
+    if cfg.executor == "ray":
+        gpus = 1 if cfg.backend == "cuda" else 0
+        return run_ray(tasks, cfg.workers, address=cfg.ray_address, gpus_per_task=gpus)
+    return run_local(tasks, cfg.workers)
+
+
+# ---- CLI -----------------------------------------------------------------------------------
+
+
+def add_build_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="corpus folder (created or resumed)")
+    parser.add_argument("--size", type=int, required=True, help="number of jobs to sample")
+    parser.add_argument("--backend", choices=BACKENDS, default="sim")
+    parser.add_argument("--executor", choices=EXECUTORS, default="local")
+    parser.add_argument("--workers", type=int, default=1, help="parallel workers (1: in-process)")
+    parser.add_argument("--families", default=None, help="comma-separated zoo names (all)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--address", default=None, help="Ray cluster address (--executor ray)")
+    parser.add_argument("--chunk-size", type=int, default=16, help="rows per Parquet part")
+    parser.add_argument("--devices", default=None, help="comma-separated device profiles")
+    parser.add_argument("--sizes-per-config", type=int, default=None)
+    for cap in CAP_NAMES:
+        flag = "--" + cap.replace("_", "-")
+        parser.add_argument(flag, type=int, default=None, help="sampler cap (see dataset.sampler)")
+    parser.add_argument(
+        "--hparam",
+        action="append",
+        default=[],
+        metavar="MODEL.KEY=VALUE",
+        help="pin a zoo hparam (repeatable), e.g. gpt2.layers=2",
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _split(text: str | None) -> list[str] | None:
+    return [s.strip() for s in text.split(",") if s.strip()] if text else None
+
+
+def _pinned(items: list[str]) -> dict[str, dict[str, Any]]:
+    from dataset.zoo import get_family
+
+    raw: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        model, dot, name = key.partition(".")
+        if not sep or not dot:
+            raise ValueError(f"--hparam {item!r}: expected MODEL.KEY=VALUE")
+        raw.setdefault(model.strip(), {})[name.strip()] = value.strip()
+    return {model: get_family(model).coerce(args) for model, args in raw.items()}
+
+
+def config_from_args(args: argparse.Namespace) -> BuildConfig:
+    caps = {cap: getattr(args, cap) for cap in CAP_NAMES if getattr(args, cap) is not None}
+    return BuildConfig(
+        out=Path(args.out),
+        size=args.size,
+        backend=args.backend,
+        executor=args.executor,
+        workers=args.workers,
+        families=_split(args.families),
+        seed=args.seed,
+        ray_address=args.address,
+        chunk_size=args.chunk_size,
+        devices=_split(args.devices),
+        sizes_per_config=args.sizes_per_config,
+        caps=caps,
+        hparams=_pinned(args.hparam),
+        progress=not args.no_progress,
+    )
+
+
+def build_cmd(args: argparse.Namespace) -> int:
+    import json
+
+    try:
+        cfg = config_from_args(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        summary = build_corpus(cfg)
+    except KeyboardInterrupt:
+        print("interrupted: finished rows are saved; rerun to resume", file=sys.stderr)
+        return 130
+    except ValueError as exc:  # e.g. DIR holds another corpus format
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary.to_dict(), indent=2))
+    return 0
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dataset.build ...` (the same options as `memgnn dataset build`)."""
+    import dataset.build as module  # the importable module, not __main__ (for pickling)
+
+    parser = argparse.ArgumentParser(prog="python -m dataset.build", description=__doc__)
+    module.add_build_arguments(parser)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    # SIGTERM (and SIGINT, which background jobs start with ignored) end the build the way
+    # Ctrl-C does: the rows already profiled are written before the process exits.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _interrupt)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return module.build_cmd(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,393 @@
+"""Features for the learned memory model, split by what they depend on.
+
+- **Graph level** (`graph_inputs`, size independent, computed once per graph path and fed
+  to the encoder): per node the op id (a fixed vocabulary of common aten ops, unknown ops
+  hashed into buckets and flagged), the dtype and category of its largest new storage,
+  phase / step / micro-step, position in the schedule, log2 bytes it allocates, frees and
+  needs as scratch, how those bytes scale with the batch and the other size symbols, and
+  live bytes / peak from `analytic.live_curve`; all evaluated at two fixed reference sizes
+  (the trace sizes, and those scaled up) so the features never depend on a query. Edges
+  are the data dependencies, sorted by destination.
+- **Query level** (`PathContext.query`, per (sizes, device) and fed to the head): log
+  sizes, training config, device profile, the analytic liveness-sweep estimate of each
+  metric, and a few size-dependent aggregates at the analytic peak (category shares,
+  storage size classes the caching allocator treats differently, segment-rounded bytes).
+
+Bump FEATURE_SCHEMA_VERSION whenever a column changes meaning: shipped models record it
+and refuse to load under another version.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from predictor.analytic import live_curve, round_bytes
+from predictor.graph import StepGraph
+from predictor.recorder import CATEGORIES, PHASES
+
+log = logging.getLogger(__name__)
+
+FEATURE_SCHEMA_VERSION = 1
+OP_VOCAB: tuple[str, ...] = (
+    "view", "t", "detach", "zeros_like", "mm", "mul", "lift_fresh", "add", "sum",
+    "transpose", "addmm", "slice", "_unsafe_view", "pow", "native_layer_norm",
+    "native_layer_norm_backward", "expand", "cat", "unsqueeze", "_foreach_mul_", "permute",
+    "embedding", "clone", "embedding_dense_backward", "empty_like", "bernoulli_", "div_",
+    "div", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_efficient_attention_backward", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_flash_attention_backward",
+    "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_flash_attention_for_cpu_backward", "arange", "gelu", "gelu_backward",
+    "mean", "relu", "new_zeros", "threshold_backward", "unbind", "convolution",
+    "convolution_backward", "stack", "randint", "zeros", "_log_softmax", "ones_like",
+    "_log_softmax_backward_data", "_foreach_add_", "_foreach_lerp_", "_foreach_addcmul_",
+    "_foreach_sqrt", "_foreach_div_", "_foreach_addcdiv_", "_foreach_mul", "_foreach_add",
+    "_foreach_div", "_foreach_sub_", "_foreach_neg", "_foreach_maximum_", "_fused_adam_",
+    "_fused_adamw_", "_fused_sgd_", "nll_loss_forward", "nll_loss_backward", "rsqrt", "add_",
+    "mul_", "addcmul_", "addcdiv_", "lerp_", "sqrt", "empty", "native_batch_norm",
+    "native_batch_norm_backward", "_native_batch_norm_legit_functional", "index",
+    "index_put", "slice_backward", "new_full", "select", "neg", "lt", "squeeze", "eq",
+    "_to_copy", "rand", "nonzero", "index_add_", "index_add", "index_select", "gt",
+    "where", "sigmoid", "sigmoid_backward", "randn", "masked_fill", "scalar_tensor",
+    "minimum", "maximum", "silu", "silu_backward", "split", "tanh", "tanh_backward", "sub",
+    "log", "full_like", "ge", "le", "ne", "logical_not", "_softmax",
+    "_softmax_backward_data", "topk", "scatter", "max_pool2d_with_indices",
+    "max_pool2d_with_indices_backward", "copy_", "select_backward", "mkldnn_rnn_layer",
+    "mkldnn_rnn_layer_backward", "bmm", "baddbmm", "native_dropout",
+    "native_dropout_backward", "_amp_foreach_non_finite_check_and_unscale_",
+    "_amp_update_scale_", "upsample_nearest2d", "upsample_nearest2d_backward", "gather",
+    "avg_pool2d", "avg_pool2d_backward", "_adaptive_avg_pool2d",
+    "_adaptive_avg_pool2d_backward", "cumsum", "exp", "abs", "clamp", "fill_", "zero_",
+    "_efficient_attention_backward", "_flash_attention_backward", "scan", "cond",
+    "profiler._record_function_enter_new", "profiler._record_function_exit", "remainder",
+    "bitwise_and", "bitwise_not", "bitwise_or", "floor_divide", "cos", "sin", "masked_fill_",
+    "nll_loss2d_forward", "nll_loss2d_backward", "new_empty_strided", "new_empty", "rsub",
+    "fill", "ones", "full", "to", "_unsafe_index", "_unsafe_index_put",
+)  # fmt: skip
+HASH_BUCKETS = 16
+NUM_OPS = len(OP_VOCAB) + HASH_BUCKETS
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool", "uint8")
+PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
+OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")
+IMPLS = ("foreach", "fused", "for-loop")
+SCALE_UP = {"B": 16}  # the second reference point multiplies B by 16, other symbols by 4
+SCALE_OTHER = 4
+_MIB = 1 << 20
+_VOCAB_INDEX = {name: k for k, name in enumerate(OP_VOCAB)}
+
+NODE_COLUMNS: tuple[str, ...] = (
+    "op_id", "unknown_op", *(f"dtype_{d}" for d in (*DTYPES, "other")),
+    *(f"cat_{c}" for c in CATEGORIES), *(f"phase_{p}" for p in PHASES), "step", "micro",
+    "position", "log_new", "log_new_big", "log_scratch", "log_freed", "n_new", "n_in",
+    "n_out", "alias_only", "log_skipped", "b_exponent", "other_exponent", "live_frac",
+    "live_frac_big", "near_peak", "near_peak_big",
+)  # fmt: skip
+QUERY_COLUMNS: tuple[str, ...] = (
+    "log_b", "log_other_max", "log_tokens", "log_peak", "round_slack",
+    *(f"peak_{c}" for c in CATEGORIES), *(f"peak_phase_{p}" for p in PHASES), "peak_steady",
+    "first_over_steady", "small_frac", "mid_frac", "large_frac", "n_small", "n_mid",
+    "n_large", "log_max_storage", "max_over_peak", "churn", "segment_slack", "scratch_frac",
+    "seg_estimate", "large_churn", "n_large_allocs", "large_sizes", "ws_segment",
+    "is_gpu", "log_total", "sm", "log_workspace", "workspace_over_peak", "pressure",
+    *(f"prec_{p}" for p in PRECISIONS), *(f"opt_{o}" for o in OPTIMIZERS),
+    *(f"impl_{i}" for i in IMPLS), "ckpt_none", "ckpt_full", "ckpt_blocks", "log_accum",
+    "set_to_none", "log_nodes", "log_storages", "backward_frac", "unknown_frac",
+)  # fmt: skip
+NUM_NODE_FEATURES = len(NODE_COLUMNS)
+NUM_QUERY_FEATURES = len(QUERY_COLUMNS)
+METRICS = ("allocated", "reserved", "device_total")
+
+
+@lru_cache(maxsize=4096)
+def op_id(op: str) -> tuple[int, bool]:
+    """(vocabulary id, unknown?) of an aten op name such as `mm.default`."""
+    base = op.split(".default")[0]
+    if base in _VOCAB_INDEX:
+        return _VOCAB_INDEX[base], False
+    base = base.rsplit(".", 1)[0] if "." in base else base
+    if base in _VOCAB_INDEX:
+        return _VOCAB_INDEX[base], False
+    return len(OP_VOCAB) + zlib.crc32(base.encode()) % HASH_BUCKETS, True
+
+
+def _log(v: Any, scale: float = 40.0) -> np.ndarray:
+    return np.log2(1.0 + np.maximum(np.asarray(v, dtype=np.float64), 0.0)) / scale
+
+
+@dataclass(kw_only=True, slots=True)
+class GraphInputs:
+    """Encoder inputs of one graph path: node features and dst-sorted dependency edges."""
+
+    x: np.ndarray  # float32 [N, NUM_NODE_FEATURES]; column 0 is the op id
+    edge_index: np.ndarray  # int64 [2, E], sorted by destination
+    unknown_ops: list[str] = field(default_factory=list)
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.x.shape[0])
+
+    def csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(in_src, in_ptr, out_dst, out_ptr): neighbours grouped by node, for the
+        prefix-sum aggregation the exported encoder uses."""
+        n = self.num_nodes
+        src, dst = self.edge_index
+        order = np.argsort(src, kind="stable")
+        in_ptr = np.concatenate([[0], np.cumsum(np.bincount(dst, minlength=n))])
+        out_ptr = np.concatenate([[0], np.cumsum(np.bincount(src, minlength=n))])
+        return src.copy(), in_ptr.astype(np.int64), dst[order].copy(), out_ptr.astype(np.int64)
+
+
+def reference_sizes(graph: StepGraph) -> list[dict[str, int]]:
+    """The two size points graph features are evaluated at: trace sizes, and scaled up."""
+    small = dict(graph.symbols)
+    big = {s: v * SCALE_UP.get(s, SCALE_OTHER) for s, v in small.items()}
+    for guard in graph.guards:  # a static dim (pinned by a guard) keeps its trace value
+        for s, v in small.items():
+            if guard == f"({s} == {v})":
+                big[s] = v
+    return [graph.resolve_sizes(small, "balanced"), graph.resolve_sizes(big, "balanced")]
+
+
+def _largest_per_node(n: int, alloc: np.ndarray, nbytes: np.ndarray, codes: np.ndarray):
+    out = np.full(n, -1, dtype=np.int64)
+    ok = alloc >= 0
+    order = np.argsort(nbytes[ok], kind="stable")  # later writes (bigger) win
+    out[alloc[ok][order]] = codes[ok][order]
+    return out
+
+
+def graph_inputs(graph: StepGraph, path: int = 0, *, compact: bool = True) -> GraphInputs:
+    """Size-independent node features and edges of one path (see the module docstring).
+
+    `compact` drops inert nodes (no new storage, no free, no scratch: views, detach,
+    in-place updates), about half of a training step; edges then run from the last kept
+    writer of a storage to each kept reader, and `log_skipped` counts the dropped nodes
+    before each kept one."""
+    p = graph.paths[path]
+    n = p.num_nodes
+    alloc = np.asarray(p.storages["alloc"], dtype=np.int64)
+    free = np.asarray(p.storages["free"], dtype=np.int64)
+    refs = reference_sizes(graph)
+    sizes = [graph.storage_bytes(path, r) for r in refs]
+    scratch = graph.scratch_bytes(path, refs[0])
+    ids, unknown = zip(*(op_id(op) for op in p.nodes["op"])) if n else ((), ())
+    dtype_code = np.array([DTYPES.index(d) if d in DTYPES else len(DTYPES)
+                           for d in p.storages["dtype"]], dtype=np.int64)  # fmt: skip
+    x = np.zeros((n, NUM_NODE_FEATURES), dtype=np.float64)
+    col = {name: k for k, name in enumerate(NODE_COLUMNS)}
+    x[:, 0] = ids
+    x[:, 1] = unknown
+    top_dtype = _largest_per_node(n, alloc, sizes[1], dtype_code)
+    top_cat = _largest_per_node(n, alloc, sizes[1], np.asarray(p.storages["category"]))
+    rows = np.flatnonzero(top_dtype >= 0)
+    x[rows, col["dtype_float32"] + top_dtype[rows]] = 1
+    x[rows, col[f"cat_{CATEGORIES[0]}"] + top_cat[rows]] = 1
+    x[np.arange(n), col[f"phase_{PHASES[0]}"] + np.asarray(p.nodes["phase"], dtype=np.int64)] = 1
+    x[:, col["step"]] = p.nodes["step"]
+    x[:, col["micro"]] = np.minimum(np.asarray(p.nodes["micro"]), 1)
+    x[:, col["position"]] = np.arange(n) / max(n - 1, 1)
+    ok = alloc >= 0
+    new = [np.bincount(alloc[ok], weights=s[ok], minlength=n) for s in sizes]
+    x[:, col["log_new"]] = _log(new[0])
+    x[:, col["log_new_big"]] = _log(new[1])
+    x[:, col["log_scratch"]] = _log(scratch)
+    x[:, col["log_freed"]] = _log(np.bincount(free[free >= 0], weights=sizes[0][free >= 0],
+                                              minlength=n))  # fmt: skip
+    n_new = np.bincount(alloc[ok], minlength=n)
+    x[:, col["n_new"]] = _log(n_new, 4)
+    x[:, col["n_in"]] = _log([len(v) for v in p.nodes["inputs"]], 4)
+    n_out = np.array([len(v) for v in p.nodes["outputs"]])
+    x[:, col["n_out"]] = _log(n_out, 4)
+    x[:, col["alias_only"]] = (n_out > 0) & (n_new == 0)
+    x[:, col["b_exponent"]], x[:, col["other_exponent"]] = _exponents(graph, path, refs, alloc)
+    for k, name in ((0, ""), (1, "_big")):
+        _, live = live_curve(graph, path, sizes[k])
+        peak = max(float(live.max()) if n else 0.0, 1.0)
+        x[:, col[f"live_frac{name}"]] = live / peak
+        x[:, col[f"near_peak{name}"]] = live >= 0.98 * peak
+    unknown_ops = sorted({op for op, u in zip(p.nodes["op"], unknown) if u})
+    if not compact or n == 0:
+        return GraphInputs(x=x.astype(np.float32), edge_index=p.edges(), unknown_ops=unknown_ops)
+    freed = np.bincount(free[free >= 0], minlength=n) > 0
+    scratch_big = graph.scratch_bytes(path, refs[1]) > 0
+    keep = (n_new > 0) | freed | scratch_big
+    keep[0] = True
+    kept = np.flatnonzero(keep)
+    skipped = np.diff(np.concatenate([[-1], kept])) - 1
+    x[kept, col["log_skipped"]] = _log(skipped, 8)
+    return GraphInputs(
+        x=x[kept].astype(np.float32),
+        edge_index=_kept_edges(p, keep),
+        unknown_ops=unknown_ops,
+    )
+
+
+def _kept_edges(p: Any, keep: np.ndarray) -> np.ndarray:
+    """Dependency edges among kept nodes (renumbered), sorted by destination."""
+    new_id = np.cumsum(keep) - 1
+    last: dict[int, int] = {}
+    src: list[int] = []
+    dst: list[int] = []
+    for i in np.flatnonzero(keep):
+        seen = set()
+        for uid in p.nodes["inputs"][i]:
+            w = last.get(uid)
+            if w is not None and w not in seen:
+                seen.add(w)
+                src.append(w)
+                dst.append(int(new_id[i]))
+        for uid in p.nodes["outputs"][i]:
+            last[uid] = int(new_id[i])
+    return np.array([src, dst], dtype=np.int64).reshape(2, -1)
+
+
+def _exponents(graph: StepGraph, path: int, refs: list[dict[str, int]], alloc: np.ndarray):
+    """Per node: how its new bytes scale with B and with the other symbols (log2 ratio / 2
+    between the reference sizes and a point with that symbol doubled)."""
+    n = graph.paths[path].num_nodes
+    base = refs[0]
+    ok = alloc >= 0
+    b0 = np.bincount(alloc[ok], weights=graph.storage_bytes(path, base)[ok], minlength=n)
+    out = []
+    for doubled in (["B"], [s for s in graph.symbols if s != "B"]):
+        pinned = [s for s in doubled if s in graph.symbols and f"({s} == {base[s]})" not in
+                  graph.guards]  # fmt: skip
+        if not pinned:
+            out.append(np.zeros(n))
+            continue
+        sizes = {s: v * (2 if s in pinned else 1) for s, v in base.items() if s in graph.symbols}
+        b1 = np.bincount(alloc[ok], weights=graph.storage_bytes(
+            path, graph.resolve_sizes(sizes, "balanced"))[ok], minlength=n)  # fmt: skip
+        ratio = np.where(b0 > 0, np.log2(np.maximum(b1, 1) / np.maximum(b0, 1)), 0.0)
+        out.append(np.clip(ratio, 0, 4) / 2)
+    return out
+
+
+@dataclass(kw_only=True, slots=True)
+class QueryResult:
+    """Query features of one path plus the analytic numbers they were built from."""
+
+    features: np.ndarray  # float32 [NUM_QUERY_FEATURES]
+    analytic: np.ndarray  # float64 [3]: allocated, reserved, device_total estimates (bytes)
+    breakdown: dict[str, Any]
+
+
+class PathContext:
+    """Per (graph, path) arrays reused by every query (built once, cached by the caller)."""
+
+    def __init__(self, graph: StepGraph, path: int = 0):
+        self.graph, self.path = graph, path
+        p = graph.paths[path]
+        self.alloc = np.asarray(p.storages["alloc"], dtype=np.int64)
+        self.free = np.asarray(p.storages["free"], dtype=np.int64)
+        self.category = np.asarray(p.storages["category"], dtype=np.int64)
+        self.phase = np.asarray(p.nodes["phase"], dtype=np.int64)
+        self.step = np.asarray(p.nodes["step"], dtype=np.int64)
+        n = max(p.num_nodes, 1)
+        unknown = sum(op_id(op)[1] for op in p.nodes["op"])
+        self.static = np.concatenate([
+            _config_features(graph.train, graph.meta.get("target", "cuda")),
+            [_log(p.num_nodes, 16), _log(p.num_storages, 16),
+             float(np.mean(self.phase == PHASES.index("backward"))) if p.num_nodes else 0.0,
+             unknown / n],
+        ]).astype(np.float64)  # fmt: skip
+
+    def query(self, sizes: dict[str, int], device: Any, scenario: str = "worst") -> QueryResult:
+        """Query features at `sizes` on `device` (a `dataset.devices.DeviceProfile`)."""
+        g = self.graph
+        resolved = g.resolve_sizes(sizes, scenario)
+        exact = g.storage_bytes(self.path, resolved)
+        scratch = g.scratch_bytes(self.path, resolved)
+        gpu = bool(device.is_gpu)
+        nbytes = round_bytes(exact, 512) if gpu else exact
+        scratch = round_bytes(scratch, 512) if gpu else np.zeros_like(scratch)
+        initial, live = live_curve(g, self.path, nbytes, scratch)
+        node = int(np.argmax(live)) if len(live) and live.max() > initial else -1
+        peak = float(live[node]) if node >= 0 else float(initial)
+        alive = (self.alloc < 0) if node < 0 else (
+            (self.alloc <= node) & ((self.free < 0) | (self.free >= node)))  # fmt: skip
+        cat = np.bincount(self.category[alive], weights=nbytes[alive], minlength=len(CATEGORIES))
+        live_sizes = nbytes[alive]
+        classes = [live_sizes <= _MIB, (live_sizes > _MIB) & (live_sizes < 10 * _MIB),
+                   live_sizes >= 10 * _MIB]  # fmt: skip
+        class_bytes = [float(live_sizes[c].sum()) for c in classes]
+        segments = (np.ceil(class_bytes[0] / (2 * _MIB)) * 2 * _MIB
+                    + np.ceil(class_bytes[1] / (20 * _MIB)) * 20 * _MIB
+                    + float(round_bytes(live_sizes[classes[2]], 2 * _MIB).sum()))  # fmt: skip
+        steps = {s: float(live[self.step == s].max()) for s in (0, 1) if np.any(self.step == s)}
+        ws = 2 * device.cublas_workspace_bytes if gpu else 0
+        seg, churn, n_large, n_sizes = self._allocator_view(nbytes, scratch, ws, peak)
+        est_alloc = peak + ws
+        analytic = np.array([est_alloc, est_alloc, est_alloc + (device.context_bytes or 0)])
+        safe = max(peak, 1.0)
+        dims = {s: v for s, v in resolved.items() if s in g.symbols}
+        other = [v for s, v in dims.items() if s != "B"]
+        phase = self.phase[node] if node >= 0 else 0
+        f = np.concatenate([
+            [_log(dims.get("B", 1), 16), _log(max(other, default=1), 16),
+             _log(np.prod([float(v) for v in dims.values()]), 40), _log(est_alloc),
+             (peak - float(exact[alive].sum())) / safe],
+            cat / safe, np.eye(len(PHASES))[phase],
+            [float(self.step[node] if node >= 0 else 0),
+             np.clip(np.log2(max(steps.get(0, peak), 1.0) / max(steps.get(1, peak), 1.0)), -4, 4)],
+            np.array(class_bytes) / safe, _log([c.sum() for c in classes], 16),
+            [_log(live_sizes.max() if live_sizes.size else 0), (live_sizes.max(initial=0)) / safe,
+             _log(float(nbytes.sum()) / safe, 8), segments / safe - 1.0,
+             float(scratch.max(initial=0)) / safe,
+             np.log2(max(seg, 1.0) / safe), _log(churn, 8), _log(n_large, 16), _log(n_sizes, 16),
+             _log(_ws_segment(device.cublas_workspace_bytes) * 2 / safe if gpu else 0.0, 4)],
+            [float(gpu), _log(device.total_bytes or 0), (device.sm or 0) / 100, _log(ws, 30),
+             _log(ws / safe, 4), est_alloc / device.total_bytes if device.total_bytes else 0.0],
+            self.static,
+        ]).astype(np.float32)  # fmt: skip
+        breakdown = {
+            "categories": {c: int(v) for c, v in zip(CATEGORIES, cat)},
+            "phase": PHASES[phase] if node >= 0 else "setup",
+            "step_peaks": {("first", "steady")[s]: int(v) for s, v in steps.items()},
+            "workspace_and_context_bytes": int(analytic[2] - peak) if gpu else 0,
+            "violated_guards": g.violated_guards(resolved),
+        }
+        return QueryResult(features=f, analytic=analytic, breakdown=breakdown)
+
+    def _allocator_view(self, nbytes, scratch, ws: int, peak: float):
+        """A caching-allocator-shaped estimate: max over the schedule of small bytes in 2 MiB
+        segments + 1-10 MiB blocks (and the workspaces) in 20 MiB segments + large blocks
+        rounded to 2 MiB; plus large-block churn (bytes allocated / peak), count and
+        distinct sizes."""
+        g, k = self.graph, self.path
+        small, large = nbytes <= _MIB, nbytes >= 10 * _MIB
+        mid = ~small & ~large
+        _, ls = live_curve(g, k, np.where(small, nbytes, 0))
+        _, lm = live_curve(g, k, np.where(mid, nbytes, 0))
+        _, ll = live_curve(g, k, np.where(large, round_bytes(nbytes, 2 * _MIB), 0), scratch)
+        seg = (np.ceil(ls / (2 * _MIB)) * 2 * _MIB + np.ceil((lm + ws) / (20 * _MIB)) * 20 * _MIB
+               + ll)  # fmt: skip
+        big = nbytes[~small & (self.alloc >= 0)]
+        churn = float(big.sum()) / max(peak, 1.0)
+        return float(seg.max(initial=0)), churn, big.size, np.unique(big).size
+
+
+def _ws_segment(ws: int) -> int:
+    """Bytes the caching allocator reserves for one cuBLAS workspace allocation."""
+    return 20 * _MIB if 0 < ws < 10 * _MIB else ws
+
+
+def _config_features(train: dict[str, Any], target: str) -> np.ndarray:
+    from predictor.spec import TrainSpec
+    from predictor.step import resolve_optimizer_impl
+
+    spec = TrainSpec(**{k: v for k, v in train.items() if k in TrainSpec.__slots__})
+    impl = resolve_optimizer_impl(spec, target)
+    blocks = spec.checkpoint_blocks
+    return np.concatenate([
+        [spec.precision == p for p in PRECISIONS], [spec.optimizer == o for o in OPTIMIZERS],
+        [impl == i for i in IMPLS],
+        [blocks is None, blocks == -1, 0.0 if blocks in (None, -1) else _log(blocks, 4)],
+        [_log(spec.grad_accum, 4), float(spec.set_to_none)],
+    ]).astype(np.float64)  # fmt: skip

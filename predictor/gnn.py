@@ -1,0 +1,217 @@
+"""The learned memory model: a graph encoder (once per graph) and a query head (per query).
+
+`GraphEncoder` embeds one StepGraph path: an op-id embedding plus the node features of
+`predictor.features`, projected to `hidden`, then `layers` directed graph convolutions
+(GraphConv with separate weights for producers and consumers, mean aggregation, residual,
+LayerNorm), pooled by mean and max. `forward(x, edge_index, batch)` is the PyG-style entry
+used in training (scatter aggregation over a batch of graphs); `forward_csr` computes the
+same function for one graph from CSR neighbour lists with prefix sums (float64 cumsum +
+gathers), which is what the ONNX encoder runs: onnxruntime's ScatterElements is slow and
+its ScatterND(add) is not deterministic with threads (see shared stack notes).
+
+`QueryHead` maps (graph embedding, query features) to, per metric (allocated, reserved,
+device_total), a correction `mu` over the analytic estimate in natural-log space and an
+upper bound `mu + relu(softplus(raw) + calibration)` trained with a pinball loss at
+`quantile` and shifted on held-out data to the wanted coverage. Query features are
+standardised inside the head (buffers set from the training set), so ONNX needs no extra
+preprocessing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from predictor.features import NUM_NODE_FEATURES, NUM_OPS, NUM_QUERY_FEATURES
+
+log = logging.getLogger(__name__)
+
+NUM_METRICS = 3
+
+
+@dataclass(kw_only=True, slots=True)
+class GNNConfig:
+    hidden: int = 32
+    layers: int = 3
+    op_dim: int = 8
+    head_hidden: int = 128
+    head_layers: int = 2
+    dropout: float = 0.0
+    quantile: float = 0.95
+
+    def __post_init__(self) -> None:
+        for name in ("hidden", "op_dim", "head_hidden", "head_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.layers < 0:
+            raise ValueError(f"layers must be >= 0, got {self.layers}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0.5 <= self.quantile < 1.0:
+            raise ValueError(f"quantile must be in [0.5, 1), got {self.quantile}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def scatter_mean(src: Tensor, index: Tensor, size: int) -> Tensor:
+    """Mean of `src` rows grouped by `index` into `size` rows (zeros where empty)."""
+    out = src.new_zeros(size, src.shape[1]).index_add_(0, index, src)
+    count = torch.bincount(index, minlength=size).clamp_(min=1).to(src.dtype)
+    return out / count.unsqueeze(1)
+
+
+def csr_mean(h: Tensor, neighbours: Tensor, ptr: Tensor) -> Tensor:
+    """Mean of `h[neighbours]` per CSR row (`ptr`, length N+1) by float64 prefix sums."""
+    msg = h.index_select(0, neighbours).to(torch.float64)
+    csum = torch.cat([msg.new_zeros(1, msg.shape[1]), torch.cumsum(msg, dim=0)])
+    total = csum.index_select(0, ptr[1:]) - csum.index_select(0, ptr[:-1])
+    count = (ptr[1:] - ptr[:-1]).clamp(min=1).to(torch.float64)
+    return (total / count.unsqueeze(1)).to(h.dtype)
+
+
+class DirConv(nn.Module):
+    """h' = LN(h + act(W_s h + W_in mean_{j->i} h_j + W_out mean_{i->j} h_j))."""
+
+    def __init__(self, dim: int, dropout: float = 0.0):
+        super().__init__()
+        self.lin_self = nn.Linear(dim, dim)
+        self.lin_in = nn.Linear(dim, dim, bias=False)
+        self.lin_out = nn.Linear(dim, dim, bias=False)
+        self.norm = nn.LayerNorm(dim)
+        self.dropout = dropout
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for lin in (self.lin_self, self.lin_in, self.lin_out):
+            lin.reset_parameters()
+        self.norm.reset_parameters()
+
+    def forward(self, h: Tensor, agg_in: Tensor, agg_out: Tensor) -> Tensor:
+        m = F.silu(self.lin_self(h) + self.lin_in(agg_in) + self.lin_out(agg_out))
+        m = F.dropout(m, self.dropout, self.training)
+        return self.norm(h + m)
+
+
+class GraphEncoder(nn.Module):
+    def __init__(self, config: GNNConfig, num_features: int = NUM_NODE_FEATURES):
+        super().__init__()
+        self.config = config
+        self.num_features = num_features
+        self.op_emb = nn.Embedding(NUM_OPS, config.op_dim)
+        self.inp = nn.Linear(num_features - 1 + config.op_dim, config.hidden)
+        self.convs = nn.ModuleList(
+            DirConv(config.hidden, config.dropout) for _ in range(config.layers)
+        )
+        self.out_dim = 2 * config.hidden
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        self.op_emb.reset_parameters()
+        self.inp.reset_parameters()
+        for conv in self.convs:
+            conv.reset_parameters()
+
+    def _embed(self, x: Tensor) -> Tensor:
+        op = x[:, 0].to(torch.int64).clamp(0, NUM_OPS - 1)
+        return F.silu(self.inp(torch.cat([self.op_emb(op), x[:, 1:]], dim=1)))
+
+    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int | None = None):
+        """Embeddings [G, out_dim] of a batch of graphs (PyG layout: `batch[i]` = graph of
+        node i, edges indexed into the concatenated nodes)."""
+        n = x.shape[0]
+        g = int(batch.max()) + 1 if num_graphs is None else num_graphs
+        h = self._embed(x)
+        src, dst = edge_index[0], edge_index[1]
+        for conv in self.convs:
+            h = conv(h, scatter_mean(h[src], dst, n), scatter_mean(h[dst], src, n))
+        mean = scatter_mean(h, batch, g)
+        mx = h.new_zeros(g, h.shape[1]).scatter_reduce_(
+            0, batch.unsqueeze(1).expand_as(h), h, "amax", include_self=False
+        )
+        return torch.cat([mean, mx], dim=1)
+
+    def forward_csr(
+        self, x: Tensor, in_src: Tensor, in_ptr: Tensor, out_dst: Tensor, out_ptr: Tensor
+    ) -> Tensor:
+        """The embedding [1, out_dim] of one graph from CSR neighbour lists
+        (`features.GraphInputs.csr()`); equal to `forward` up to float rounding."""
+        h = self._embed(x)
+        for conv in self.convs:
+            h = conv(h, csr_mean(h, in_src, in_ptr), csr_mean(h, out_dst, out_ptr))
+        return torch.cat([h.mean(0, keepdim=True), h.amax(0, keepdim=True)], dim=1)
+
+
+class QueryHead(nn.Module):
+    def __init__(self, config: GNNConfig, emb_dim: int, num_query: int = NUM_QUERY_FEATURES):
+        super().__init__()
+        self.config = config
+        self.emb_dim, self.num_query = emb_dim, num_query
+        self.register_buffer("q_mean", torch.zeros(num_query))
+        self.register_buffer("q_std", torch.ones(num_query))
+        self.register_buffer("calibration", torch.zeros(NUM_METRICS))
+        dims = [emb_dim + num_query] + [config.head_hidden] * config.head_layers
+        self.hidden = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.out = nn.Linear(dims[-1], 2 * NUM_METRICS)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for lin in self.hidden:
+            lin.reset_parameters()
+        nn.init.normal_(self.out.weight, std=1e-3)  # start at the analytic estimate
+        nn.init.zeros_(self.out.bias)
+        self.q_mean.zero_()
+        self.q_std.fill_(1.0)
+        self.calibration.zero_()
+
+    def set_normalization(self, q: Tensor) -> None:
+        self.q_mean.copy_(q.mean(0))
+        self.q_std.copy_(q.std(0, unbiased=False).clamp(min=1e-3))
+
+    def forward(self, emb: Tensor, q: Tensor) -> Tensor:
+        """[Q, 6]: log corrections `mu` (3 metrics), then log upper bounds (3 metrics)."""
+        h = torch.cat([emb, (q - self.q_mean) / self.q_std], dim=1)
+        for lin in self.hidden:
+            h = F.dropout(F.silu(lin(h)), self.config.dropout, self.training)
+        raw = self.out(h)
+        mu, spread = raw[:, :NUM_METRICS], raw[:, NUM_METRICS:]
+        upper = mu + F.relu(F.softplus(spread) + self.calibration)
+        return torch.cat([mu, upper], dim=1)
+
+
+class MemoryGNN(nn.Module):
+    """Encoder + head; `forward` scores queries whose graphs are in one PyG-style batch."""
+
+    def __init__(self, config: GNNConfig | None = None):
+        super().__init__()
+        self.config = config or GNNConfig()
+        self.encoder = GraphEncoder(self.config)
+        self.head = QueryHead(self.config, self.encoder.out_dim)
+
+    def reset_parameters(self) -> None:
+        self.encoder.reset_parameters()
+        self.head.reset_parameters()
+
+    def forward(
+        self, x: Tensor, edge_index: Tensor, batch: Tensor, q: Tensor, query_graph: Tensor
+    ) -> Tensor:
+        emb = self.encoder(x, edge_index, batch, num_graphs=int(query_graph.max()) + 1)
+        return self.head(emb.index_select(0, query_graph), q)
+
+
+def memory_loss(out: Tensor, y: Tensor, mask: Tensor, quantile: float, beta: float = 0.01):
+    """Smooth-L1 on `mu` plus pinball loss at `quantile` on the upper bound, over the
+    (query, metric) entries `mask` marks as labelled; returns (total, mu part)."""
+    mu, upper = out[:, :NUM_METRICS], out[:, NUM_METRICS:]
+    y = torch.where(mask, y, torch.zeros_like(y))
+    m = mask.to(out.dtype)
+    denom = m.sum().clamp(min=1.0)
+    fit = (F.smooth_l1_loss(mu, y, beta=beta, reduction="none") * m).sum() / denom
+    diff = y - upper
+    pinball = torch.maximum(quantile * diff, (quantile - 1.0) * diff)
+    return fit + (pinball * m).sum() / denom, fit

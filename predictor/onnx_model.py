@@ -1,0 +1,200 @@
+"""The learned memory model served by onnxruntime: `OnnxMemoryModel` and the shipped default.
+
+A model directory holds `encoder.onnx`, `head.onnx` and `model_card.json` (written by
+`memgnn train`). `encode(graph)` runs the encoder once per graph path and caches the
+embeddings by graph id; `predict_encoded(embedding, graph, queries)` computes the query
+features (a liveness sweep in numpy) and runs the head once for all (query, path) pairs.
+Predicted bytes = analytic estimate x exp(correction); the upper bound likewise, and never
+below the prediction. A multi-path graph reports the worst path and each path's values.
+
+`load_default_model()` returns the model shipped in `predictor/default_model/`, or the
+analytic baseline with a warning when none is shipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from predictor.features import (
+    FEATURE_SCHEMA_VERSION,
+    NUM_NODE_FEATURES,
+    NUM_QUERY_FEATURES,
+    PathContext,
+    graph_inputs,
+)
+from predictor.graph import StepGraph
+from predictor.predict import METRICS, AnalyticModel, MemoryModel, Prediction, Query
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
+CARD = "model_card.json"
+CACHE_SIZE = 32
+
+
+def read_card(directory: str | Path) -> dict[str, Any]:
+    """The model card of a model directory; ValueError when missing, unreadable or built
+    for another feature schema."""
+    path = Path(directory) / CARD
+    if not path.is_file():
+        raise ValueError(f"{directory}: not a memgnn model directory (no {CARD})")
+    try:
+        card = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: unreadable model card ({exc})") from None
+    version = card.get("feature_schema_version")
+    if version != FEATURE_SCHEMA_VERSION:
+        raise ValueError(
+            f"{directory}: model was trained with feature schema version {version!r}, but "
+            f"this memgnn computes version {FEATURE_SCHEMA_VERSION}; retrain it (memgnn "
+            "train) or use a memgnn release that matches the model"
+        )
+    expect = {"num_node_features": NUM_NODE_FEATURES, "num_query_features": NUM_QUERY_FEATURES}
+    for key, want in expect.items():
+        if card.get(key) != want:
+            raise ValueError(f"{directory}: model card {key}={card.get(key)!r}, expected {want}")
+    return card
+
+
+def _session(path: Path):
+    import onnxruntime as ort
+
+    if not path.is_file():
+        raise ValueError(f"model file missing: {path}")
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+class OnnxMemoryModel:
+    """A `MemoryModel` backed by onnxruntime (CPU execution provider)."""
+
+    def __init__(self, directory: Path, card: dict[str, Any]):
+        self.directory = directory
+        self.card = card
+        self.version: str = card["model_version"]
+        onnx = card.get("onnx", {})
+        self._encoder = _session(directory / onnx.get("encoder", "encoder.onnx"))
+        self._head = _session(directory / onnx.get("head", "head.onnx"))
+        self._embeddings: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._contexts: OrderedDict[str, list[PathContext]] = OrderedDict()
+        self._ids: OrderedDict[int, tuple[StepGraph, str]] = OrderedDict()
+
+    @classmethod
+    def load(cls, directory: str | Path) -> OnnxMemoryModel:
+        directory = Path(directory)
+        return cls(directory, read_card(directory))
+
+    def graph_id(self, graph: StepGraph) -> str:
+        """The graph's content id, remembered per graph object (hashing is not free)."""
+        hit = self._ids.get(id(graph))
+        if hit is not None and hit[0] is graph:
+            return hit[1]
+        gid = graph.graph_id
+        _put(self._ids, id(graph), (graph, gid))
+        return gid
+
+    def encode(self, graph: StepGraph) -> np.ndarray:
+        """Embeddings [paths, dim] of a graph, cached by graph id."""
+        gid = self.graph_id(graph)
+        if gid in self._embeddings:
+            self._embeddings.move_to_end(gid)
+            return self._embeddings[gid]
+        rows = []
+        for k in range(len(graph.paths)):
+            inputs = graph_inputs(graph, k)
+            if inputs.unknown_ops:
+                log.debug("graph %s path %d: unknown ops %s", gid[:8], k, inputs.unknown_ops)
+            names = ("x", "in_src", "in_ptr", "out_dst", "out_ptr")
+            rows.append(self._encoder.run(None, dict(zip(names, (inputs.x, *inputs.csr()))))[0])
+        emb = np.concatenate(rows).astype(np.float32)
+        _put(self._embeddings, gid, emb)
+        return emb
+
+    def _path_contexts(self, graph: StepGraph) -> list[PathContext]:
+        gid = self.graph_id(graph)
+        ctx = self._contexts.get(gid)
+        if ctx is None:
+            ctx = [PathContext(graph, k) for k in range(len(graph.paths))]
+            _put(self._contexts, gid, ctx)
+        return ctx
+
+    def head(self, embedding: np.ndarray, query: np.ndarray) -> np.ndarray:
+        """Raw head outputs [Q, 6] (log corrections, then log upper bounds)."""
+        return self._head.run(None, {"embedding": embedding, "query": query})[0]
+
+    def predict(self, graph: StepGraph, queries: Sequence[Query]) -> list[Prediction]:
+        return self.predict_encoded(self.encode(graph), graph, queries)
+
+    def predict_encoded(
+        self, embedding: np.ndarray, graph: StepGraph, queries: Sequence[Query]
+    ) -> list[Prediction]:
+        """Predictions from an embedding `encode(graph)` returned (the head alone)."""
+        from dataset.devices import get_profile
+
+        if not queries:
+            return []
+        contexts = self._path_contexts(graph)
+        if embedding.shape[0] != len(contexts):
+            raise ValueError(f"embedding has {embedding.shape[0]} rows, graph has "
+                             f"{len(contexts)} paths")  # fmt: skip
+        results, metrics = [], []
+        for q in queries:
+            device = get_profile(q.device)
+            metrics.append(METRICS.index(q.resolved_metric(device.is_gpu)))
+            results.append([c.query(q.sizes, device, q.scenario) for c in contexts])
+        n_paths = len(contexts)
+        feats = np.stack([r.features for per in results for r in per])
+        emb = np.tile(embedding.astype(np.float32), (len(queries), 1))
+        out = self.head(emb, feats).astype(np.float64).reshape(len(queries), n_paths, 6)
+        preds = []
+        for qi, per in enumerate(results):
+            m = metrics[qi]
+            analytic = np.array([r.analytic[m] for r in per])
+            value = np.round(analytic * np.exp(out[qi, :, m]))
+            upper = np.ceil(np.maximum(analytic * np.exp(out[qi, :, 3 + m]), value))
+            worst = int(np.argmax(value))
+            breakdown = dict(per[worst].breakdown)
+            breakdown.update(analytic_bytes=int(analytic[worst]),
+                             correction=float(np.exp(out[qi, worst, m])))  # fmt: skip
+            paths = [
+                {"conditions": c.graph.paths[c.path].conditions,
+                 "predicted_peak_bytes": int(v), "upper_bound_bytes": int(u)}
+                for c, v, u in zip(contexts, value, upper)
+            ]  # fmt: skip
+            preds.append(
+                Prediction(
+                    predicted_peak_bytes=int(value[worst]),
+                    upper_bound_bytes=int(upper.max()),
+                    metric=METRICS[m],
+                    breakdown=breakdown,
+                    model_version=self.version,
+                    paths=paths,
+                )
+            )
+        return preds
+
+
+def _put(cache: OrderedDict, key: Any, value: Any) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > CACHE_SIZE:
+        cache.popitem(last=False)
+
+
+def load_default_model(directory: str | Path | None = None) -> MemoryModel:
+    """The shipped learned model, or `AnalyticModel` (with a warning) if none is shipped."""
+    path = Path(directory) if directory is not None else DEFAULT_MODEL_DIR
+    if not (path / CARD).is_file():
+        log.warning("no learned model shipped in %s: using the analytic baseline", path)
+        return AnalyticModel()
+    return OnnxMemoryModel.load(path)

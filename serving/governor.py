@@ -1,0 +1,398 @@
+"""The runtime memory governor: predicts each step's peak before it runs and keeps it fitting.
+
+    gov = MemoryGovernor(make_bundle("varlen"), TrainSpec(), device="emulated",
+                         capacity_bytes=512 << 20)
+    for batch in gov.batches(samples):      # token-budget batches per length bucket
+        record = gov.step(batch)            # forward, backward, optimizer; never OOMs twice
+
+or, with your own loader's batches, `gov.step(batch, step_fn)` where `step_fn(model, batch)`
+returns the loss. The step graph is captured once (`capture_cached`); each step's peak for
+its actual shape is a cached, corrected prediction (`serving.governor_predict`); the
+decisions (micro-batch, accumulation, checkpointing, precision) come from
+`serving.governor_policy`. The governor owns backward and the optimizer step, so it can
+split a batch into micro-batches (gradients accumulate, weighted by micro-batch size, and
+the optimizer steps once per batch) and, on a real `torch.OutOfMemoryError`, free
+everything, restore a safe configuration and re-run the same batch in smaller pieces: no
+sample is skipped or seen twice by the optimizer. Live peaks feed the residual correction;
+AMP overflow, utilization tiers, fragmentation and recompute overhead raise alerts
+(`serving.governor_observe`); every step leaves a `StepRecord`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import _disable_current_modes
+
+from predictor.graph import StepGraph
+from predictor.predict import MemoryModel, capture_cached, default_model
+from predictor.spec import ModelBundle, TrainSpec, default_blocks
+from predictor.step import build_optimizer
+from serving.governor_alerts import Alert, AlertBook, StepRecord
+from serving.governor_batching import (
+    LengthBuckets,
+    TokenBatcher,
+    default_sizes,
+    even_chunks,
+    pad_collate,
+    sample_length,
+    split,
+)
+from serving.governor_config import GovernorConfig
+from serving.governor_device import resolve_device
+from serving.governor_observe import Observer
+from serving.governor_policy import Decision, Policy, PolicyConfig
+from serving.governor_predict import GovernedPredictor, ResidualCorrector
+from serving.governor_runtime import CheckpointToggles, ElasticPrecision, OverflowTracker
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GovernorConfig", "MemoryGovernor", "StepRecord"]
+
+# Governor overhead is this thread's CPU time: wall time on a shared machine also counts the
+# scheduler's preemptions, which are not the governor's cost.
+_cpu = time.thread_time
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+class MemoryGovernor:
+    """See the module docstring. `model` is a `ModelBundle` (built on the device here) or a
+    live `nn.Module` (then pass `bundle=` or `graph=` for predictions, and `loss_fn`)."""
+
+    def __init__(
+        self,
+        model: ModelBundle | nn.Module,
+        train: TrainSpec | None = None,
+        *,
+        device: Any = "emulated",
+        capacity_bytes: int | None = None,
+        config: GovernorConfig | None = None,
+        bundle: ModelBundle | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        loss_fn: LossFn | None = None,
+        predictor: MemoryModel | None = None,
+        graph: StepGraph | None = None,
+        scaler: Any = None,
+        sizes_of: Callable[[Any], dict[str, int]] | None = None,
+    ) -> None:
+        cfg = self.config = config or GovernorConfig()
+        self.train = replace(train or TrainSpec(), steps="both", grad_accum=1)
+        self.device = resolve_device(device, capacity_bytes)
+        self.capacity = int(self.device.capacity_bytes)
+        if isinstance(model, ModelBundle):
+            self.bundle = model
+            with self.device.context(), torch.device(self.device.torch_device):
+                self.model = model.build().to(self.train.param_dtype)
+        else:
+            self.bundle, self.model = bundle, model
+            self.device.register_module(model)
+        self.model.train()
+        if self.bundle is None and graph is None:
+            raise ValueError("the governor needs a ModelBundle (or graph=) to predict memory")
+        self.loss_fn = loss_fn or (self.bundle.loss if self.bundle is not None else None)
+        blocks_of = (self.bundle.blocks if self.bundle else None) or default_blocks
+        self.toggles = CheckpointToggles(blocks_of(self.model))
+        self.toggles.set(self.train.checkpointing)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        with self.device.context():
+            self.optimizer = optimizer or build_optimizer(params, self.train, self.device.target)
+        precisions = list(cfg.precision or [self.train.precision])
+        needs_scaler = self.train.uses_grad_scaler or "amp-fp16" in precisions
+        self.scaler = scaler
+        if self.scaler is None and needs_scaler:
+            self.scaler = torch.amp.GradScaler(device=self.device.torch_device.type)
+        self.elastic = ElasticPrecision(self.model)
+        self.overflow = OverflowTracker(cfg.overflow_window)
+        self.predictor = GovernedPredictor(
+            predictor or default_model(),
+            device=self.device.profile,
+            metric=cfg.metric,
+            corrector=ResidualCorrector(cfg.corrector),
+            margin=cfg.margin,
+            scenario=cfg.scenario,
+            scale=int(getattr(self.device, "byte_scale", 1)),
+        )
+        self._fixed_graph = graph
+        self._graphs: dict[tuple[str, str, int], StepGraph] = {}
+        self.buckets = LengthBuckets(
+            cfg.length_buckets,
+            max_length=cfg.max_length,
+            ratio=cfg.bucket_ratio,
+            multiple=cfg.bucket_multiple,
+        )
+        ckpt = list(cfg.checkpointing) if self.toggles.blocks else ["none"]
+        self.policy = Policy(
+            self.predictor,
+            self.graph_for,
+            self.train,
+            PolicyConfig(
+                threshold=cfg.threshold,
+                mode=cfg.mode,
+                power_of_two=cfg.power_of_two,
+                max_batch=cfg.max_batch,
+                stability_window=cfg.stability_window,
+                growth=cfg.growth,
+                checkpointing=ckpt,
+                precision=precisions,
+                sizes=dict(cfg.sizes),
+            ),
+            capacity=self.capacity,
+            device=self.device.profile,
+            metric=cfg.metric,
+            n_blocks=len(self.toggles.blocks),
+        )
+        self.alerts = AlertBook(cfg.alert_cooldown, cfg.on_alert)
+        self.records: deque[StepRecord] = deque(maxlen=cfg.keep_records)
+        self.sizes_of = sizes_of or default_sizes
+        self.observer = Observer(self)
+        self.step_count = 0
+        self.governs_batching = False  # batches() forms the batches (token-budget mode)
+        self._sizes_asked: dict[tuple[int | None, int], int] = {}
+        self._batching_s = 0.0  # governor time spent forming batches since the last step
+        self.precision = self.train.precision
+        self.last_loss: float | None = None
+        names = ("steps", "samples", "tokens", "ooms", "rollbacks", "ooms_avoided")
+        self.totals = {k: 0 for k in (*names, "defragmentations")}
+        self.totals["overhead_ms"] = 0.0
+        self.base_graph = self.graph_for(self.train)  # captured once, at start
+        if cfg.prepare_all:
+            self.prepare()
+        self.device.reset_peak_memory_stats()
+        self.observer._reserved_at_reset = self.device.memory_reserved()
+
+    # ---- graphs and predictions ----------------------------------------------------------
+    @property
+    def limit(self) -> int:
+        return self.policy.limit
+
+    def graph_for(self, train: TrainSpec) -> StepGraph:
+        """The captured step for a (precision, checkpointing, G=1 | G>=2) configuration."""
+        key = (train.precision, train.checkpointing, min(train.grad_accum, 2))
+        graph = self._graphs.get(key)
+        if graph is None:
+            if self._fixed_graph is not None:
+                graph = self._fixed_graph
+            else:
+                t0 = time.perf_counter()
+                spec = replace(self.train, precision=key[0], checkpointing=key[1])
+                with _disable_current_modes():  # capture outside any device's dispatch mode
+                    graph = capture_cached(
+                        self.bundle,
+                        replace(spec, grad_accum=key[2], steps="both"),
+                        target=self.device.target,
+                        sm=getattr(self.device, "sm", 80),
+                        directory=self.config.cache_dir,
+                    )
+                log.info("step graph %s ready in %.1fs", key, time.perf_counter() - t0)
+            self._graphs[key] = graph
+        return graph
+
+    def prepare(self) -> None:
+        """Capture every graph of the search space now instead of on first use."""
+        for p in self.policy.cfg.precision:
+            for c in self.policy.cfg.checkpointing:
+                for g in (1, 2):
+                    self.graph_for(replace(self.train, precision=p, checkpointing=c, grad_accum=g))
+
+    def predict(self, sizes: dict[str, int]) -> dict[str, int]:
+        """Corrected prediction and bound for the base configuration at `sizes`."""
+        return {
+            "predicted_peak_bytes": self.predictor.predicted(self.base_graph, sizes),
+            "upper_bound_bytes": self.predictor.bound(self.base_graph, sizes),
+            "limit_bytes": self.limit,
+        }
+
+    # ---- batching ------------------------------------------------------------------------
+    def batch_size_for(self, bucket: int | None) -> int:
+        """Samples per batch for a length bucket: the plan's micro-batch, or the effective
+        batch when `keep_effective_batch` (then `step` splits it)."""
+        if self.config.keep_effective_batch:
+            return int(self.config.effective_batch or 1)
+        key = (bucket, self.step_count)
+        got = self._sizes_asked.get(key)
+        if got is None:  # the batcher asks once per sample: decide once per bucket and step
+            t0 = _cpu()
+            if len(self._sizes_asked) > 4096:
+                self._sizes_asked.clear()
+            got = self._sizes_asked[key] = self.policy.decide(bucket, None, self.step_count).micro
+            self._batching_s += _cpu() - t0  # counted in the next step's overhead
+        return got
+
+    def batches(
+        self,
+        samples: Iterable[Any],
+        *,
+        collate: Callable[[list[Any], int], Any] = pad_collate,
+        length_of: Callable[[Any], int] = sample_length,
+    ) -> Iterator[Any]:
+        """Token-budget batches: samples grouped by length bucket, each batch as large as
+        the bucket's plan allows, padded to the bucket's length; every sample once."""
+        self.governs_batching = True
+        batcher = TokenBatcher(self.buckets, self.batch_size_for, length_of)
+        for bucket, group in batcher(samples):
+            yield collate(group, bucket)
+
+    # ---- one optimizer step --------------------------------------------------------------
+    def step(self, batch: Any, step_fn: LossFn | None = None) -> StepRecord:
+        """One optimizer step over every sample of `batch` (see the module docstring)."""
+        t0 = _cpu()
+        fn = step_fn or self.loss_fn
+        if fn is None:
+            raise ValueError("no loss: pass step_fn(model, batch) -> loss")
+        symbols = self.base_graph.symbols
+        sizes = {k: v for k, v in self.sizes_of(batch).items() if k in symbols or k == "B"}
+        n, seq = sizes["B"], sizes.get("S")
+        bucket = self.buckets(seq) if seq is not None else None
+        decision = self.policy.decide(bucket, n, self.step_count)
+        if not decision.fits:
+            self.alerts.emit(
+                Alert(
+                    step=self.step_count,
+                    kind="predicted_oom",
+                    level="error",
+                    message=(
+                        f"{sizes} is predicted over the limit even at micro-batch "
+                        f"{decision.micro} with {decision.checkpointing} checkpointing "
+                        f"({decision.bound_bytes} > {self.limit} bytes): trying anyway"
+                    ),
+                    value=float(decision.bound_bytes),
+                )
+            )
+        self._apply(decision)
+        self._defragment(bucket, decision)
+        overhead = _cpu() - t0 + self._batching_s
+        self._batching_s = 0.0
+        retries, run_t0 = 0, time.perf_counter()
+        while (failure := self._attempt(batch, n, decision, fn)) is not None:
+            t1 = _cpu()
+            retries += 1
+            decision = self._rollback(bucket, n, decision, failure, retries)
+            overhead += _cpu() - t1
+        run_s = time.perf_counter() - run_t0
+        self.policy.on_success(bucket, decision.micro)
+        record = self.observer.after_step(batch, sizes, bucket, decision, retries, run_s, overhead)
+        return record
+
+    def _defragment(self, bucket: int | None, decision: Decision) -> None:
+        """Before a step of a new shape that must reuse cached blocks (its bound is over what
+        the device has never reserved), release the cached free segments: blocks split for
+        other shapes are what variable lengths fragment, and an OOM there is avoidable."""
+        shape = (bucket, decision.micro, decision.checkpointing)
+        previous, self._last_shape = getattr(self, "_last_shape", None), shape
+        if not self.config.defragment or shape == previous:
+            return
+        free_device = self.capacity - self.device.memory_reserved()
+        needs = decision.bound_bytes - self.device.memory_allocated()
+        if needs > free_device and self.device.memory_reserved() > self.device.memory_allocated():
+            self.device.empty_cache()
+            self.totals["defragmentations"] += 1
+
+    def _apply(self, decision: Decision) -> None:
+        self.toggles.set(decision.checkpointing)
+        self.precision = decision.precision
+        if self.precision == "amp-fp16" and self.scaler is None:
+            self.scaler = torch.amp.GradScaler(device=self.device.torch_device.type)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        dtype = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(self.precision)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.torch_device.type, dtype=dtype)
+
+    def _attempt(self, batch: Any, n: int, decision: Decision, fn: LossFn) -> str | None:
+        """Run the step; on OOM free everything it held and return the error text."""
+        self._phase = "forward"
+        try:
+            self._run(batch, n, even_chunks(n, decision.micro), fn)
+            return None
+        except torch.OutOfMemoryError as exc:
+            message = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if self._phase == "optimizer":  # parameters may be half updated: cannot redo
+                raise
+        # outside the except block: the traceback (and the tensors its frames hold) is gone
+        self.toggles.in_backward = False
+        self.optimizer.zero_grad(set_to_none=True)
+        self.device.recover()
+        return message
+
+    def _run(self, batch: Any, n: int, chunks: list[int], fn: LossFn) -> None:
+        pieces = split(batch, chunks) if len(chunks) > 1 else [batch]
+        total = 0.0
+        for piece, size in zip(pieces, chunks):
+            micro = self.device.transfer(piece)
+            with self.device.context():
+                with self._autocast():
+                    loss = fn(self.model, micro)
+                weight = size / n
+                scaled = loss * weight if len(chunks) > 1 else loss
+                if self.scaler is not None:
+                    scaled = self.scaler.scale(scaled)
+                self.toggles.in_backward = True
+                scaled.backward()
+                self.toggles.in_backward = False
+            total += float(loss.detach()) * weight
+            del loss, scaled, micro
+        self._phase = "optimizer"
+        with self.device.context():
+            if self.scaler is not None:
+                before = float(self.scaler.get_scale())
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.observer.overflow = self.overflow.observe(
+                    before, float(self.scaler.get_scale())
+                )
+            else:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        self._phase = "done"
+        self.last_loss = total
+
+    def _rollback(
+        self, bucket: int | None, n: int, failed: Decision, failure: str, retries: int
+    ) -> Decision:
+        self.totals["ooms"] += 1
+        sizes = self.policy.sizes(bucket, failed.micro)
+        graph = self.policy.graph(failed.checkpointing, failed.precision, failed.grad_accum)
+        raw = self.predictor.raw(graph, sizes).upper_bound_bytes
+        self.predictor.corrector.learn_oom(raw, self.capacity)
+        last_resort = failed.checkpointing == "full" or not self.toggles.blocks
+        if retries > self.config.max_retries or (failed.micro == 1 and last_resort):
+            raise torch.OutOfMemoryError(
+                f"governor: step {self.step_count} still OOMs after {retries - 1} rollback(s) "
+                f"at micro-batch {failed.micro}: {failure}"
+            )
+        decision = self.policy.on_oom(bucket, failed, self.step_count, n)
+        same = (decision.micro, decision.checkpointing) == (failed.micro, failed.checkpointing)
+        if same and failed.micro == 1:  # nothing smaller: checkpoint every block, searched or not
+            decision = replace(decision, checkpointing="full", fits=False)
+        self.totals["rollbacks"] += 1
+        self.alerts.emit(
+            Alert(
+                step=self.step_count,
+                kind="oom",
+                level="warning",
+                message=(
+                    f"OOM at micro-batch {failed.micro} x {failed.grad_accum} "
+                    f"({failed.checkpointing}, {failed.precision}): rolled back to "
+                    f"{decision.micro} x {decision.grad_accum} ({decision.checkpointing}); "
+                    f"re-running the same {n} samples. {failure}"
+                ),
+            ),
+            force=True,
+        )
+        self._apply(decision)
+        return decision
+
+    # ---- reporting -----------------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Totals, per-bucket plans, correction state, alert counts (JSON-ready)."""
+        return self.observer.summary()

@@ -1,0 +1,267 @@
+"""The governor's decisions: micro-batch B, accumulation G, checkpointing C, precision P.
+
+Per length bucket (the padded sequence length S of a batch) the policy keeps the micro-batch
+size it uses. A new bucket is planned with `predictor.plan.plan` on corrected predictions
+(power or binsearch, power-of-two granularity by default, objective B*G / cost(C, P)).
+After that, each step only checks that the current choice still fits (one cached lookup);
+it searches again when it no longer fits (shrink at once), when the stability window has
+passed (grow, by at most the growth factor), or when an alert tier asks for it. An OOM
+caps the bucket below the size that failed and halves the growth step.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from predictor.graph import StepGraph
+from predictor.plan import PlanConfig, SearchSpace, cost, plan
+from predictor.spec import TrainSpec
+from serving.governor_predict import GovernedPredictor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class Decision:
+    micro: int  # samples per micro-batch
+    grad_accum: int  # micro-batches per optimizer step
+    checkpointing: str
+    precision: str
+    bound_bytes: int  # corrected upper bound at the bucket's length
+    fits: bool = True
+
+
+@dataclass(kw_only=True, slots=True)
+class BucketState:
+    micro: int
+    checkpointing: str
+    precision: str
+    changed: int  # step of the last change of micro
+    checked: int  # step of the last search
+    ceiling: int  # never above this (after an OOM)
+    growth: float
+    force: bool = False
+    last_safe: int = 0  # largest micro that completed a step
+
+
+@dataclass(kw_only=True, slots=True)
+class PolicyConfig:
+    threshold: float
+    mode: str
+    power_of_two: bool
+    max_batch: int
+    stability_window: int
+    growth: float
+    checkpointing: list[str]
+    precision: list[str]
+    sizes: dict[str, int]  # other fixed sizes
+
+
+class Policy:
+    def __init__(
+        self,
+        predictor: GovernedPredictor,
+        graph_for: Callable[[TrainSpec], StepGraph],
+        base: TrainSpec,
+        config: PolicyConfig,
+        *,
+        capacity: int,
+        device: str,
+        metric: str | None,
+        n_blocks: int,
+    ) -> None:
+        self.predictor, self.graph_for, self.base, self.cfg = predictor, graph_for, base, config
+        self.capacity, self.n_blocks = capacity, n_blocks
+        self.plan_cfg = PlanConfig(
+            budget_bytes=capacity, device=device, metric=metric, threshold=config.threshold
+        )
+        self.limit = self.plan_cfg.limit
+        self.states: dict[int | None, BucketState] = {}
+        self.searches = 0  # plan() runs (memo misses)
+        self._memo: dict[tuple, int] = {}
+        self.forced = 0  # re-plans asked by the `optimize` tier
+
+    # ---- predictions -------------------------------------------------------------------
+    def sizes(self, bucket: int | None, b: int) -> dict[str, int]:
+        out = {**self.cfg.sizes, "B": b}
+        if bucket is not None:
+            out["S"] = bucket
+        return out
+
+    def train_for(self, ckpt: str, precision: str, g: int) -> TrainSpec:
+        return replace(self.base, checkpointing=ckpt, precision=precision, grad_accum=min(g, 2))
+
+    def graph(self, ckpt: str, precision: str, g: int) -> StepGraph:
+        return self.graph_for(self.train_for(ckpt, precision, g))
+
+    def bound(self, bucket: int | None, b: int, ckpt: str, precision: str, g: int) -> int:
+        return self.predictor.bound(self.graph(ckpt, precision, g), self.sizes(bucket, b))
+
+    def config_for(self, bucket: int | None, b: int, g: int) -> tuple[str, str, int] | None:
+        """The cheapest (C, P) whose bound at micro-batch b fits; None if none does."""
+        best = None
+        for p in self.cfg.precision:
+            for c in self.cfg.checkpointing:
+                bound = self.bound(bucket, b, c, p, g)
+                if bound > self.limit:
+                    continue
+                key = (cost(self.train_for(c, p, g), self.n_blocks), bound)
+                if best is None or key < best[0]:
+                    best = (key, c, p, bound)
+        return None if best is None else (best[1], best[2], best[3])
+
+    def _granule(self, b: int) -> int:
+        """The largest allowed size <= b."""
+        if b < 1:
+            return 1
+        return 1 << (b.bit_length() - 1) if self.cfg.power_of_two else b
+
+    # ---- search ------------------------------------------------------------------------
+    def search(self, bucket: int | None, n: int | None) -> int:
+        """Largest micro-batch (plan's best candidate) for a batch of n (None: free B).
+
+        Memoized per (bucket, n) while the corrector's bound factor stays in the same 0.5%
+        bin; `decide` checks the result against the exact bound before using it."""
+        c = self.predictor.corrector
+        key = (bucket, n, round(math.log(max(c.bound_factor, 1e-9)) / 0.005), self.predictor.steady)
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = self._search(bucket, n)
+        return got
+
+    def _search(self, bucket: int | None, n: int | None) -> int:
+        self.searches += 1
+        if n is not None and n <= self.cfg.max_batch:
+            whole = self.config_for(bucket, n, 1)  # the cheapest config fitting all n at once
+            cheapest = min(
+                cost(self.train_for(c, p, 1), self.n_blocks)
+                for c in self.cfg.checkpointing
+                for p in self.cfg.precision
+            )
+            fit_cost = whole and cost(self.train_for(whole[0], whole[1], 1), self.n_blocks)
+            if whole is not None and fit_cost <= cheapest:
+                return n  # nothing can beat the whole batch at the lowest cost
+        space = SearchSpace(
+            sizes={k: v for k, v in self.sizes(bucket, 1).items() if k != "B"},
+            max_batch=min(n, self.cfg.max_batch) if n is not None else self.cfg.max_batch,
+            grad_accum=[1],
+            checkpointing=list(self.cfg.checkpointing),
+            precision=list(self.cfg.precision),
+            effective_batch=n if n is not None and n > 1 else None,
+            mode=self.cfg.mode,
+            power_of_two=self.cfg.power_of_two,
+        )
+        result = plan(
+            self.predictor, self.graph_for, self.base, space, self.plan_cfg, n_blocks=self.n_blocks
+        )
+        if result.best is None:
+            return 0
+        return result.best.batch_size
+
+    def decide(self, bucket: int | None, n: int | None, step: int) -> Decision:
+        cap = n if n is not None else self.cfg.max_batch
+        st = self.states.get(bucket)
+        if st is not None and not st.force:
+            b = min(st.micro, cap)
+            stable = step - max(st.changed, st.checked) < self.cfg.stability_window
+            can_grow = b < min(cap, st.ceiling)
+            if stable or not can_grow:
+                g = -(-cap // b) if n is not None else 1
+                bound = self.bound(bucket, b, st.checkpointing, st.precision, g)
+                if bound <= self.limit:
+                    return Decision(
+                        micro=b,
+                        grad_accum=g,
+                        checkpointing=st.checkpointing,
+                        precision=st.precision,
+                        bound_bytes=bound,
+                    )
+        found = self.search(bucket, n)
+        if st is None:
+            b = max(min(found, self.cfg.max_batch), 1)
+            st = self.states[bucket] = BucketState(
+                micro=b,
+                checkpointing=self.base.checkpointing,
+                precision=self.base.precision,
+                changed=step,
+                checked=step,
+                ceiling=self.cfg.max_batch,
+                growth=self.cfg.growth,
+            )
+        else:
+            b = max(min(found, st.ceiling), 1)
+            current = min(st.micro, cap)
+            if b > current:
+                if step - st.changed >= self.cfg.stability_window:
+                    b = min(b, self._grow(current, st.growth))
+                    st.changed = step
+                else:
+                    b = current
+            elif b < current:
+                st.changed = step
+            st.checked = step
+        st.force = False
+        return self._settle(st, bucket, b, n)
+
+    def _settle(self, st: BucketState, bucket: int | None, b: int, n: int | None) -> Decision:
+        g = -(-n // b) if n is not None else 1
+        chosen = self.config_for(bucket, b, g)
+        if chosen is None and b > 1:  # a memoized search from a slightly different factor
+            b = max(1, min(self._search(bucket, n), b))
+            g = -(-n // b) if n is not None else 1
+            chosen = self.config_for(bucket, b, g)
+        fits = chosen is not None
+        if chosen is None:  # not even micro-batch 1: the most memory-saving config
+            ckpt = "full" if "full" in self.cfg.checkpointing else self.cfg.checkpointing[-1]
+            prec = self.cfg.precision[-1]
+            chosen = (ckpt, prec, self.bound(bucket, b, ckpt, prec, g))
+        st.micro, st.checkpointing, st.precision = b, chosen[0], chosen[1]
+        return Decision(
+            micro=b,
+            grad_accum=g,
+            checkpointing=chosen[0],
+            precision=chosen[1],
+            bound_bytes=chosen[2],
+            fits=fits,
+        )
+
+    def _grow(self, b: int, growth: float) -> int:
+        if self.cfg.power_of_two and growth >= 2:
+            return self._granule(b) * 2
+        return max(int(b * growth), b + 1)
+
+    # ---- feedback ----------------------------------------------------------------------
+    def on_success(self, bucket: int | None, micro: int) -> None:
+        st = self.states.get(bucket)
+        if st is not None:
+            st.last_safe = max(st.last_safe, micro) if micro <= st.ceiling else st.last_safe
+
+    def on_oom(self, bucket: int | None, failed: Decision, step: int, n: int | None) -> Decision:
+        """Restore a safe micro-batch below the one that failed; halve the growth step."""
+        st = self.states[bucket]
+        below = failed.micro - 1
+        st.ceiling = max(1, min(st.ceiling, self._granule(below) if below >= 1 else 1))
+        st.growth = max(1.125, 1 + (st.growth - 1) / 2)
+        safe = st.last_safe if 0 < st.last_safe < failed.micro else max(failed.micro // 2, 1)
+        b = max(1, min(safe, st.ceiling))
+        st.changed = st.checked = step
+        return self._settle(st, bucket, b, n)
+
+    def force(self, bucket: int | None, step: int, shrink: bool = False) -> None:
+        """Tier `optimize`: search again at the next step (not more than once per window);
+        tier `pause` (`shrink`): one size down now, growth held for a window."""
+        st = self.states.get(bucket)
+        if st is None:
+            return
+        if not shrink:  # re-plan with the latest correction (at most once per window)
+            if not st.force and step - st.checked >= self.cfg.stability_window:
+                st.force = True
+                self.forced += 1
+            return
+        st.changed = step
+        if shrink and st.micro > 1:
+            st.micro = self._granule(st.micro - 1) if self.cfg.power_of_two else st.micro * 3 // 4
+            st.micro = max(st.micro, 1)

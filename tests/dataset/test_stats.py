@@ -1,0 +1,116 @@
+"""`memgnn dataset stats`: counts, config axes, label ranges and failures of a corpus."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from dataset.corpus import Corpus, CorpusWriter, record_row
+from dataset.executors import error_row
+from dataset.record import ProfileRecord
+from dataset.sampler import Job
+from dataset.stats import add_stats_arguments, corpus_stats, failure_reason, render_stats, stats_cmd
+
+MiB = 1 << 20
+
+
+def _record(family: str, allocated: int, **train) -> ProfileRecord:
+    spec = {"precision": "fp32", "optimizer": "adamw", "optimizer_impl": "auto"}
+    spec |= {"checkpointing": "none", "grad_accum": 1} | train
+    return ProfileRecord(
+        backend="sim",
+        device="h100-80gb",
+        torch_version="2.13.0",
+        model=family,
+        family=family,
+        sizes={"B": 4},
+        train=spec,
+        peak_allocated_bytes=allocated,
+        peak_reserved_bytes=allocated + MiB,
+        device_total_bytes=allocated + 300 * MiB,
+        stats={"would_oom": allocated > 500 * MiB},
+        seconds=1.5,
+    )
+
+
+def _job(n: int, family: str = "mlp") -> Job:
+    return Job(
+        job_id=f"job-{n}",
+        group="g",
+        family=family,
+        model=family,
+        hparams={"layers": 2},
+        sizes={"B": n},
+        train={"precision": "bf16", "optimizer": "sgd", "checkpointing": "full", "grad_accum": 2},
+        backend="sim",
+        device="v100-16gb",
+    )
+
+
+@pytest.fixture
+def corpus(tmp_path) -> Corpus:
+    writer = CorpusWriter(tmp_path)
+    writer.write_rows(
+        [
+            record_row("a", _record("mlp", 10 * MiB), "g1"),
+            record_row("b", _record("mlp", 30 * MiB, precision="bf16"), "g1"),
+            record_row("c", _record("gpt2", 20 * MiB, checkpointing="blocks:2"), "g2"),
+            record_row("d", _record("gpt2", 600 * MiB, grad_accum=4), None),
+        ]
+    )
+    writer.write_rows(
+        [
+            error_row(_job(1), "skipped: bf16 needs bfloat16, which v100-16gb (sm 70) lacks"),
+            error_row(_job(2), "skipped: bf16 needs bfloat16, which v100-16gb (sm 70) lacks"),
+            error_row(_job(3, "moe"), RuntimeError("shape (3, 64) is bad in 'blocks.3.attn'")),
+        ]
+    )
+    return Corpus(tmp_path)
+
+
+def test_corpus_stats(corpus):
+    s = corpus_stats(corpus)
+    assert (s["records"], s["ok"], s["errors"], s["skipped"]) == (7, 4, 1, 2)
+    assert s["families"] == ["gpt2", "mlp", "moe"]
+    assert s["per_family"]["mlp"] == {"records": 4, "ok": 2, "errors": 0, "skipped": 2}
+    assert s["per_family"]["moe"] == {"records": 1, "ok": 0, "errors": 1, "skipped": 0}
+    assert s["configs"]["precision"] == {"bf16": 4, "fp32": 3}
+    assert s["configs"]["checkpointing"] == {"blocks:N": 1, "full": 3, "none": 3}
+    assert s["configs"]["grad_accum"] == {"1": 3, "2": 3, "4": 1}
+    assert s["configs"]["device"] == {"h100-80gb": 4, "v100-16gb": 3}
+    alloc = s["labels"]["peak_allocated_bytes"]
+    assert (alloc["count"], alloc["min"], alloc["max"]) == (4, 10 * MiB, 600 * MiB)
+    assert alloc["median"] == 25 * MiB
+    assert s["would_oom"] == 1
+    assert s["graphs"]["referenced"] == 2 and s["graphs"]["ok_records_without_graph"] == 1
+    top, other = s["failures"]
+    assert top["count"] == 2 and top["skipped"] and top["families"] == {"mlp": 2}
+    assert "v100-16gb (sm N)" in top["reason"]
+    assert other["reason"] == "RuntimeError: shape (N, N) is bad in '…'"
+    json.dumps(s)  # JSON-ready
+
+
+def test_render_stats(corpus):
+    text = render_stats(corpus_stats(corpus))
+    for needle in ("records 7: ok 4, errors 1, skipped 2", "gpt2", "600.0 MiB", "failures"):
+        assert needle in text
+
+
+def test_failure_reason_blanks_run_details():
+    a = failure_reason("CaptureError: 'moe' has more than 16 paths in 'blocks.11.ffn'\ntrace")
+    b = failure_reason("CaptureError: 'moe' has more than 16 paths in 'blocks.3.ffn'")
+    assert a == b == "CaptureError: 'moe' has more than N paths in '…'"
+    assert failure_reason("") == "unknown error"
+
+
+def test_stats_cmd(corpus, tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    add_stats_arguments(parser)
+    assert stats_cmd(parser.parse_args([str(corpus.root), "--json"])) == 0
+    assert json.loads(capsys.readouterr().out)["records"] == 7
+    assert stats_cmd(parser.parse_args([str(corpus.root)])) == 0
+    assert "families" in capsys.readouterr().out
+    assert stats_cmd(parser.parse_args([str(tmp_path / "missing")])) == 2
+    assert "not a memgnn corpus" in capsys.readouterr().err

@@ -1,0 +1,126 @@
+"""ONNX export vs PyTorch, the model card's schema check, and OnnxMemoryModel predictions."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from predictor.capture import CaptureConfig, capture
+from predictor.features import FEATURE_SCHEMA_VERSION, PathContext, graph_inputs
+from predictor.gnn import GNNConfig, MemoryGNN
+from predictor.onnx_model import OnnxMemoryModel, load_default_model, read_card
+from predictor.predict import AnalyticModel, Prediction, Query
+from predictor.spec import TrainSpec
+from training.export import export_onnx, write_card
+
+
+@pytest.fixture(scope="module")
+def graphs():
+    from tests.conftest import CondModel, _seq_bundle, tiny_gpt_bundle, tiny_mlp_bundle
+
+    cfg = CaptureConfig(target="cuda")
+    return {
+        "mlp": capture(tiny_mlp_bundle(), TrainSpec(), cfg),
+        "gpt": capture(tiny_gpt_bundle(), TrainSpec(), cfg),
+        "cond": capture(_seq_bundle("cond", CondModel), TrainSpec(), cfg),
+    }
+
+
+@pytest.fixture(scope="module")
+def model_dir(graphs, tmp_path_factory):
+    torch.manual_seed(0)
+    model = MemoryGNN(GNNConfig(hidden=16, layers=2, head_hidden=32)).eval()
+    from dataset.devices import get_profile
+
+    q = np.stack([PathContext(graphs["gpt"]).query({"B": b, "S": 32}, get_profile(d)).features
+                  for b in (1, 4, 16) for d in ("a100-80gb", "cpu")])  # fmt: skip
+    model.head.set_normalization(torch.from_numpy(q))
+    with torch.no_grad():  # a non-trivial correction and spread
+        model.head.out.weight.normal_(std=0.05)
+    out = tmp_path_factory.mktemp("model")
+    info = export_onnx(model, graph_inputs(graphs["mlp"]), out)
+    write_card(out, {"model_version": "gnn-test", "onnx": info, "metrics": {}})
+    return out, model
+
+
+def test_onnx_matches_torch_on_other_graphs(model_dir, graphs):
+    out, model = model_dir
+    onnx_model = OnnxMemoryModel.load(out)
+    for name in ("gpt", "cond"):  # not the export sample: other node and edge counts
+        emb = onnx_model.encode(graphs[name])
+        for k in range(len(graphs[name].paths)):
+            gi = graph_inputs(graphs[name], k)
+            with torch.no_grad():
+                ref = model.encoder.forward_csr(
+                    torch.from_numpy(gi.x), *(torch.from_numpy(a) for a in gi.csr())
+                )
+            np.testing.assert_allclose(emb[k], ref[0].numpy(), rtol=1e-4, atol=1e-5)
+    q = np.random.default_rng(1).normal(size=(7, model.head.num_query)).astype(np.float32)
+    e = np.repeat(emb[:1], 7, axis=0)
+    with torch.no_grad():
+        ref = model.head(torch.from_numpy(e), torch.from_numpy(q)).numpy()
+    np.testing.assert_allclose(onnx_model.head(e, q), ref, rtol=1e-4, atol=1e-5)
+
+
+def test_no_external_weights_and_card_fields(model_dir):
+    out, _ = model_dir
+    assert not list(out.glob("*.data"))
+    card = read_card(out)
+    assert card["feature_schema_version"] == FEATURE_SCHEMA_VERSION
+    assert card["onnx"]["ort_max_rel_error"] < 1e-4
+
+
+def test_schema_mismatch_fails_clearly(model_dir, tmp_path):
+    out, _ = model_dir
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    card = json.loads((bad / "model_card.json").read_text())
+    card["feature_schema_version"] = FEATURE_SCHEMA_VERSION + 1
+    (bad / "model_card.json").write_text(json.dumps(card))
+    with pytest.raises(ValueError, match="feature schema version"):
+        OnnxMemoryModel.load(bad)
+    with pytest.raises(ValueError, match="not a memgnn model directory"):
+        OnnxMemoryModel.load(tmp_path / "missing")
+
+
+def test_predict_returns_bounded_predictions(model_dir, graphs):
+    model = OnnxMemoryModel.load(model_dir[0])
+    queries = [
+        Query(sizes={"B": 8, "S": 64}, device="a100-80gb"),
+        Query(sizes={"B": 2, "S": 16}, device="cpu"),
+        Query(sizes={"B": 8, "S": 64}, device="h100-80gb", metric="device_total"),
+    ]
+    preds = model.predict(graphs["gpt"], queries)
+    assert [p.metric for p in preds] == ["reserved", "allocated", "device_total"]
+    for p in preds:
+        assert isinstance(p, Prediction) and p.model_version == "gnn-test"
+        assert 0 < p.predicted_peak_bytes <= p.upper_bound_bytes
+        assert p.breakdown["analytic_bytes"] > 0
+    emb = model.encode(graphs["gpt"])
+    assert model.encode(graphs["gpt"]) is emb  # cached by graph id
+    again = model.predict_encoded(emb, graphs["gpt"], queries)
+    assert [p.to_dict() for p in again] == [p.to_dict() for p in preds]
+
+
+def test_multi_path_graph_reports_every_path(model_dir, graphs):
+    model = OnnxMemoryModel.load(model_dir[0])
+    graph = graphs["cond"]
+    assert len(graph.paths) == 2
+    (p,) = model.predict(graph, [Query(sizes={"B": 4, "S": 8}, device="a100-80gb")])
+    assert len(p.paths) == 2
+    assert p.predicted_peak_bytes == max(x["predicted_peak_bytes"] for x in p.paths)
+    assert p.upper_bound_bytes == max(x["upper_bound_bytes"] for x in p.paths)
+
+
+def test_load_default_model_falls_back_to_analytic(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        model = load_default_model(tmp_path / "nothing-here")
+    assert isinstance(model, AnalyticModel)
+    assert "analytic baseline" in caplog.text
+    shipped = load_default_model()  # the packaged model, or the baseline if none ships
+    assert shipped.version

@@ -1,0 +1,59 @@
+"""Corpus -> training samples, splits and the corpus script."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from training.data import error_summary, load_dataset, split
+
+
+def test_dataset_targets_and_hash(tiny_corpus):
+    data = load_dataset(tiny_corpus)
+    assert len(data) >= 8 and set(data.family) == {"mlp", "rnn"}
+    assert {"sim-gpu", "cpu"} <= set(data.source)
+    labelled = ~np.isnan(data.y)
+    assert labelled[:, 0].all() and np.isfinite(data.y[labelled]).all()
+    cpu = np.array(data.source) == "cpu"
+    assert np.isnan(data.y[cpu, 1:]).all()  # no allocator metrics on the CPU
+    # the analytic estimate is close to the measured tensor peak of a real CPU run
+    rel = np.abs(data.analytic[cpu, 0] / data.measured[cpu, 0] - 1)
+    assert np.median(rel) < 0.02 and rel.max() < 0.5
+    assert set(data.graphs) == set(data.keys)
+    assert load_dataset(tiny_corpus).data_hash == data.data_hash
+
+
+def test_splits_hold_out_families_and_are_seeded(tiny_corpus):
+    data = load_dataset(tiny_corpus)
+    sp = split(data, holdout_families=["rnn"], seed=3)
+    fam = np.array(data.family)
+    assert (fam[sp.test] == "rnn").all() and (fam[sp.train] == "mlp").all()
+    assert not set(sp.train) & set(sp.val) and len(sp.val) > 0
+    again = split(data, holdout_families=["rnn"], seed=3)
+    assert np.array_equal(sp.val, again.val)
+    rnd = split(data, holdout_families=[], val_by="random", seed=0)
+    assert len(rnd.test) == 0 and len(rnd.train) + len(rnd.val) == len(data)
+    with pytest.raises(ValueError, match="not in the corpus"):
+        split(data, holdout_families=["nope"])
+
+
+def test_error_summary():
+    s = error_summary(np.array([100.0, 110.0]), np.array([120.0, 105.0]), np.array([100.0, 100.0]))
+    assert s["median"] == pytest.approx(0.05) and s["max"] == pytest.approx(0.1)
+    assert s["bound_miss_rate"] == 0.0
+
+
+def test_shared_capture_rows_equal_profile(tiny_corpus):
+    """make_corpus shares one concrete capture between devices; rows must equal profile()."""
+    from dataset.corpus import Corpus
+    from dataset.profile import ProfileConfig, profile
+    from dataset.zoo import make_bundle
+    from predictor.spec import TrainSpec
+
+    rows = [r for r in Corpus(tiny_corpus).records() if r["backend"] == "sim"]
+    row = next(r for r in rows if r["model"] == "mlp")
+    bundle = make_bundle("mlp", row["hparams"])
+    train = TrainSpec(**row["train"])
+    rec = profile(bundle, train, row["sizes"], ProfileConfig(backend="sim", device=row["device"]))
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes"):
+        assert rec.model_dump()[key] == row[key]

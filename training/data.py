@@ -1,0 +1,219 @@
+"""Training data: corpus records turned into encoder inputs, query features and targets.
+
+One `Sample` per usable record (no error, no simulated OOM): the graph path it is scored
+on (of a multi-path graph, the one with the largest analytic estimate, as the label is
+the worst path's), its query features, the analytic estimate of each metric, and the
+target `log(measured / analytic)` per metric (NaN where the backend has no such metric).
+Graph inputs are computed once per (graph id, path). `split` holds out whole families
+(leave-family-out test) and draws the validation set at random from the rest: whole
+families (`family`, the default: early stopping and bound calibration then see what an
+unseen architecture looks like), graphs (`graph`: unseen model/training configs of seen
+families) or records (`random`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from predictor.features import METRICS, GraphInputs, PathContext, graph_inputs
+
+log = logging.getLogger(__name__)
+
+VAL_BY = ("family", "graph", "random")
+LABEL_FIELDS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes")
+
+
+def source_of(record: dict[str, Any]) -> str:
+    """Label source: sim-gpu (simulated allocator on a GPU profile), cpu (real CPU run),
+    cuda (real GPU), or sim-cpu."""
+    if record["backend"] == "sim":
+        return "sim-cpu" if record["device"] == "cpu" else "sim-gpu"
+    return record["backend"]
+
+
+@dataclass(kw_only=True, slots=True)
+class Dataset:
+    keys: list[tuple[str, int]]  # (graph id, path) per sample
+    q: np.ndarray  # float32 [R, NUM_QUERY_FEATURES]
+    y: np.ndarray  # float32 [R, 3]; NaN where unlabelled
+    analytic: np.ndarray  # float64 [R, 3]
+    measured: np.ndarray  # float64 [R, 3]; NaN where unlabelled
+    family: list[str]
+    source: list[str]
+    device: list[str]
+    job_id: list[str]
+    graphs: dict[tuple[str, int], GraphInputs] = field(default_factory=dict)
+    data_hash: str = ""
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def primary_metric(self) -> np.ndarray:
+        """Per sample: index of the metric it is judged on (reserved on GPUs, else allocated)."""
+        return np.where(np.isnan(self.y[:, 1]), 0, 1)
+
+
+def load_dataset(corpus_dir: str | Path, *, families: list[str] | None = None) -> Dataset:
+    """Every usable record of a corpus (optionally only some families) as a Dataset."""
+    from dataset.corpus import Corpus
+    from dataset.devices import get_profile
+
+    corpus = Corpus(corpus_dir)
+    rows = [r for r in corpus.records() if r["graph_id"]]
+    rows = [r for r in rows if not (r.get("stats") or {}).get("would_oom")]
+    if families:
+        rows = [r for r in rows if r["family"] in families]
+    rows.sort(key=lambda r: r["job_id"])
+    if not rows:
+        raise ValueError(f"{corpus_dir}: no usable records (with a graph, without error)")
+    contexts: dict[tuple[str, int], PathContext] = {}
+    graphs: dict[tuple[str, int], GraphInputs] = {}
+    loaded: dict[str, Any] = {}
+    keys, qs, ys, an, meas = [], [], [], [], []
+    for r in rows:
+        gid = r["graph_id"]
+        if gid not in loaded:
+            loaded[gid] = corpus.graph(gid)
+        graph = loaded[gid]
+        device = get_profile(r["device"])
+        scenario = (r.get("stats") or {}).get("scenario") or "balanced"
+        sizes = {s: int(v) for s, v in r["sizes"].items() if s in graph.symbols}
+        results = []
+        for k in range(len(graph.paths)):
+            if (gid, k) not in contexts:
+                contexts[(gid, k)] = PathContext(graph, k)
+            results.append(contexts[(gid, k)].query(sizes, device, scenario))
+        path = max(range(len(results)), key=lambda k: results[k].analytic[0])
+        res = results[path]
+        measured = np.array([np.nan if r[f] is None else float(r[f]) for f in LABEL_FIELDS])
+        if not device.is_gpu:
+            measured[1:] = np.nan
+        keys.append((gid, path))
+        qs.append(res.features)
+        an.append(res.analytic)
+        meas.append(measured)
+        ys.append(np.log(measured) - np.log(np.maximum(res.analytic, 1.0)))
+    for key in dict.fromkeys(keys):
+        graphs[key] = graph_inputs(loaded[key[0]], key[1])
+    data = Dataset(
+        keys=keys,
+        q=np.stack(qs).astype(np.float32),
+        y=np.stack(ys).astype(np.float32),
+        analytic=np.stack(an),
+        measured=np.stack(meas),
+        family=[r["family"] for r in rows],
+        source=[source_of(r) for r in rows],
+        device=[r["device"] for r in rows],
+        job_id=[r["job_id"] for r in rows],
+        graphs=graphs,
+        data_hash=data_hash(rows),
+    )
+    log.info(
+        "loaded %d records over %d graph paths, %d families from %s",
+        len(data),
+        len(graphs),
+        len(set(data.family)),
+        corpus_dir,
+    )
+    return data
+
+
+def data_hash(rows: list[dict[str, Any]]) -> str:
+    """SHA-256 over what training reads from each record (job, graph, labels), sorted."""
+    h = hashlib.sha256()
+    for r in sorted(rows, key=lambda r: r["job_id"]):
+        item = [r["job_id"], r["graph_id"], r["device"], r["sizes"], *(r[f] for f in LABEL_FIELDS)]
+        h.update(json.dumps(item, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+@dataclass(kw_only=True, slots=True)
+class Split:
+    train: np.ndarray
+    val: np.ndarray
+    test: np.ndarray  # held-out families (empty when none are held out)
+    holdout_families: list[str]
+
+    def summary(self) -> dict[str, int]:
+        return {"train": len(self.train), "val": len(self.val), "test": len(self.test)}
+
+
+def split(
+    data: Dataset,
+    *,
+    holdout_families: list[str],
+    val_fraction: float = 0.15,
+    val_by: str = "family",
+    seed: int = 0,
+) -> Split:
+    """Leave-family-out test set plus a seeded random validation split of the rest."""
+    if val_by not in VAL_BY:
+        raise ValueError(f"val_by must be one of {VAL_BY}, got {val_by!r}")
+    if not 0.0 < val_fraction < 0.5:
+        raise ValueError(f"val_fraction must be in (0, 0.5), got {val_fraction}")
+    unknown = set(holdout_families) - set(data.family)
+    if unknown:
+        raise ValueError(f"held-out families {sorted(unknown)} are not in the corpus")
+    fam = np.array(data.family)
+    test = np.flatnonzero(np.isin(fam, holdout_families))
+    rest = np.flatnonzero(~np.isin(fam, holdout_families))
+    if len(rest) < 2:
+        raise ValueError("too few records left for training after the held-out families")
+    rng = random.Random(seed)
+    if val_by == "random":
+        order = list(rest)
+        rng.shuffle(order)
+        n_val = max(1, round(val_fraction * len(order)))
+        val, train = np.array(sorted(order[:n_val])), np.array(sorted(order[n_val:]))
+    elif val_by == "family":  # unseen families: what a new architecture looks like
+        fams = sorted({data.family[i] for i in rest})
+        rng.shuffle(fams)
+        n_val = max(1, round(val_fraction * len(fams)))
+        if len(fams) < 2:
+            return split(data, holdout_families=holdout_families, val_fraction=val_fraction,
+                         val_by="graph", seed=seed)  # fmt: skip
+        is_val = np.isin(fam[rest], fams[:n_val])
+        val, train = rest[is_val], rest[~is_val]
+    else:
+        groups = sorted({data.keys[i][0] for i in rest})
+        rng.shuffle(groups)
+        n_val = max(1, round(val_fraction * len(groups)))
+        val_groups = set(groups[:n_val]) if len(groups) > 1 else set()
+        is_val = np.array([data.keys[i][0] in val_groups for i in rest], dtype=bool)
+        val, train = rest[is_val], rest[~is_val]
+        if len(val) == 0:  # one graph only: fall back to records
+            return split(data, holdout_families=holdout_families, val_fraction=val_fraction,
+                         val_by="random", seed=seed)  # fmt: skip
+    return Split(train=train, val=val, test=test, holdout_families=sorted(holdout_families))
+
+
+def relative_errors(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    return np.abs(pred - measured) / np.maximum(measured, 1.0)
+
+
+def error_summary(pred: np.ndarray, upper: np.ndarray, measured: np.ndarray) -> dict[str, Any]:
+    """median / p90 / p95 / max relative error and the bound miss rate (measured > upper)."""
+    ok = ~np.isnan(measured)
+    if not ok.any():
+        return {"n": 0}
+    err = relative_errors(pred[ok], measured[ok])
+    return {
+        "n": int(ok.sum()),
+        "median": float(np.median(err)),
+        "p90": float(np.quantile(err, 0.9)),
+        "p95": float(np.quantile(err, 0.95)),
+        "max": float(err.max()),
+        "bound_miss_rate": float(np.mean(measured[ok] > upper[ok])),
+    }
+
+
+def metric_names() -> tuple[str, ...]:
+    return METRICS

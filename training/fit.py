@@ -1,0 +1,379 @@
+"""The training loop: graph-batched epochs, early stopping, checkpoints, calibration.
+
+Two phases. Joint: each step takes a few graphs and every training query on them, so a
+graph is encoded once per epoch however many (size, device, config) records it has. Head:
+the best encoder is frozen, its embeddings cached, and the head alone trained for many
+cheap epochs (message passing over ~10^5-10^6 nodes dominates a joint epoch on a CPU).
+Early stopping watches the validation loss across both phases; the best weights win.
+The checkpoint written after every epoch holds the model, optimizer, best weights,
+early-stopping state, phase and history; `fit` started again with the same checkpoint
+path continues from the epoch after it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from predictor.gnn import GNNConfig, MemoryGNN, memory_loss
+from training.data import Dataset, error_summary
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True, slots=True)
+class FitConfig:
+    max_epochs: int = 30  # joint (encoder + head) epochs
+    patience: int = 8
+    head_epochs: int = 300  # then head-only epochs over the frozen encoder's embeddings
+    head_patience: int = 40
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    graphs_per_batch: int = 8
+    seed: int = 0
+    target_miss: float = 0.01  # bound calibration: wanted miss rate on validation data
+    threads: int = 0  # torch intra-op threads; 0: torch's default
+    calibration_epochs: int = 60  # head epochs per fold of `cross_calibrate`
+
+    def __post_init__(self) -> None:
+        if self.head_epochs < 0 or self.head_patience < 1 or self.threads < 0:
+            raise ValueError("head_epochs and threads must be >= 0, head_patience >= 1")
+        if self.max_epochs < 1 or self.patience < 1 or self.graphs_per_batch < 1:
+            raise ValueError("max_epochs, patience and graphs_per_batch must be >= 1")
+        if not self.lr > 0 or self.weight_decay < 0:
+            raise ValueError("lr must be > 0 and weight_decay >= 0")
+        if not 0.0 < self.target_miss < 0.5:
+            raise ValueError(f"target_miss must be in (0, 0.5), got {self.target_miss}")
+
+
+class TorchGraphs:
+    """GraphInputs as tensors, collated PyG style on demand."""
+
+    def __init__(self, data: Dataset):
+        self.keys = list(data.graphs)
+        self.index = {k: i for i, k in enumerate(self.keys)}
+        self.x = [torch.from_numpy(data.graphs[k].x) for k in self.keys]
+        self.ei = [torch.from_numpy(data.graphs[k].edge_index) for k in self.keys]
+
+    def collate(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        xs, eis, batch, offset = [], [], [], 0
+        for j, g in enumerate(ids):
+            xs.append(self.x[g])
+            eis.append(self.ei[g] + offset)
+            batch.append(torch.full((len(self.x[g]),), j, dtype=torch.int64))
+            offset += len(self.x[g])
+        return torch.cat(xs), torch.cat(eis, dim=1), torch.cat(batch)
+
+
+def _by_graph(data: Dataset, graphs: TorchGraphs, idx: np.ndarray) -> dict[int, np.ndarray]:
+    out: dict[int, list[int]] = {}
+    for i in idx:
+        out.setdefault(graphs.index[data.keys[i]], []).append(int(i))
+    return {g: np.array(v) for g, v in out.items()}
+
+
+def _run(model, data, graphs, groups, ids) -> tuple[torch.Tensor, np.ndarray]:
+    x, ei, batch = graphs.collate(ids)
+    rows = np.concatenate([groups[g] for g in ids])
+    local = torch.from_numpy(
+        np.concatenate([np.full(len(groups[g]), j) for j, g in enumerate(ids)])
+    )
+    q = torch.from_numpy(data.q[rows])
+    return model(x, ei, batch, q, local), rows
+
+
+@torch.no_grad()
+def predict_log(
+    model: MemoryGNN, data: Dataset, idx: np.ndarray, graphs: TorchGraphs | None = None
+):
+    """(mu, upper) in log space, [len(idx), 3] each, in the order of `idx`."""
+    graphs = graphs or TorchGraphs(data)
+    model.eval()
+    groups = _by_graph(data, graphs, idx)
+    out = np.zeros((len(idx), 6), dtype=np.float64)
+    pos = {int(i): k for k, i in enumerate(idx)}
+    ids = list(groups)
+    for start in range(0, len(ids), 16):
+        res, rows = _run(model, data, graphs, groups, ids[start : start + 16])
+        out[[pos[int(r)] for r in rows]] = res.numpy()
+    return out[:, :3], out[:, 3:]
+
+
+def evaluate(model: MemoryGNN, data: Dataset, idx: np.ndarray, graphs=None) -> dict[str, Any]:
+    """Error summaries on `idx`: per label source and metric, plus `primary` (reserved on
+    GPU profiles, allocated on the CPU)."""
+    if len(idx) == 0:
+        return {}
+    mu, upper = predict_log(model, data, idx, graphs)
+    pred, bound = data.analytic[idx] * np.exp(mu), data.analytic[idx] * np.exp(upper)
+    meas = data.measured[idx]
+    prim = data.primary_metric()[idx]
+    rows = np.arange(len(idx))
+    out: dict[str, Any] = {
+        "primary": error_summary(pred[rows, prim], bound[rows, prim], meas[rows, prim])
+    }
+    sources = np.array(data.source)[idx]
+    for src in sorted(set(sources)):
+        sel = sources == src
+        for m, name in enumerate(("allocated", "reserved", "device_total")):
+            s = error_summary(pred[sel, m], bound[sel, m], meas[sel, m])
+            if s["n"]:
+                out[f"{src}/{name}"] = s
+    return out
+
+
+def calibrate(model: MemoryGNN, data: Dataset, idx: np.ndarray, target_miss: float, graphs=None):
+    """Shift each metric's bound so at most `target_miss` of `idx` lies above it
+    (split-conformal quantile of the residual y - upper)."""
+    model.head.calibration.zero_()
+    if len(idx) == 0:
+        return model.head.calibration.tolist()
+    _, upper = predict_log(model, data, idx, graphs)
+    y = data.y[idx].astype(np.float64)
+    for m in range(3):
+        ok = ~np.isnan(y[:, m])
+        if ok.sum() < 5:
+            continue
+        r = np.sort(y[ok, m] - upper[ok, m])
+        k = min(len(r) - 1, math.ceil((len(r) + 1) * (1 - target_miss)) - 1)
+        model.head.calibration[m] = float(r[k])
+    return model.head.calibration.tolist()
+
+
+def cross_calibrate(
+    model: MemoryGNN, data: Dataset, idx: np.ndarray, cfg: FitConfig, folds: int = 5
+) -> list[float]:
+    """Bound calibration that transfers to unseen families: deal the families of `idx` into
+    `folds` groups; for each, train a fresh head (on the frozen encoder's embeddings) on the
+    other groups and collect the held-out residuals y - upper; shift each metric's bound
+    by their conformal (1 - target_miss) quantile. Falls back to `calibrate` on `idx` with
+    fewer than three families."""
+    fam = np.array(data.family)
+    families = sorted(set(fam[idx]))
+    if len(families) < 3:
+        return calibrate(model, data, idx, cfg.target_miss)
+    graphs = TorchGraphs(data)
+    emb = _embeddings(model, graphs, sorted({graphs.index[data.keys[i]] for i in idx}))
+    rec_graph = torch.from_numpy(np.array([graphs.index[k] for k in data.keys]))
+    q = torch.from_numpy(data.q)
+    y = torch.from_numpy(np.nan_to_num(data.y, nan=0.0))
+    mask = torch.from_numpy(~np.isnan(data.y))
+    residuals: list[list[float]] = [[], [], []]
+    for k in range(min(folds, len(families))):
+        held = np.isin(fam[idx], families[k::folds])
+        tr, te = idx[~held], idx[held]
+        head = copy.deepcopy(model.head)
+        torch.manual_seed(cfg.seed + 1000 + k)
+        head.reset_parameters()
+        head.set_normalization(q[tr])
+        opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        rng = np.random.default_rng([cfg.seed, 1000 + k])
+        for _ in range(cfg.calibration_epochs):
+            order = rng.permutation(tr)
+            for start in range(0, len(order), 256):
+                rows = order[start : start + 256]
+                loss, _ = memory_loss(head(emb[rec_graph[rows]], q[rows]), y[rows], mask[rows],
+                                      model.config.quantile)  # fmt: skip
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        with torch.no_grad():
+            upper = head.eval()(emb[rec_graph[te]], q[te])[:, 3:].numpy()
+        for m in range(3):
+            ok = mask[te, m].numpy()
+            residuals[m].extend((data.y[te][ok, m] - upper[ok, m]).tolist())
+    model.head.calibration.zero_()
+    for m in range(3):
+        r = np.sort(np.array(residuals[m]))
+        if len(r) >= 5:
+            j = min(len(r) - 1, math.ceil((len(r) + 1) * (1 - cfg.target_miss)) - 1)
+            model.head.calibration[m] = float(r[j])
+    log.info("cross-fitted bound calibration over %d families: %s", len(families),
+             model.head.calibration.tolist())  # fmt: skip
+    return model.head.calibration.tolist()
+
+
+def fit(
+    data: Dataset,
+    train_idx: np.ndarray,
+    val_idx: np.ndarray,
+    gnn: GNNConfig,
+    cfg: FitConfig,
+    *,
+    checkpoint: Path | None = None,
+    on_epoch: Callable[[int, dict[str, float]], None] | None = None,
+    progress: bool = False,
+) -> tuple[MemoryGNN, list[dict[str, float]]]:
+    """Train (joint phase, then head phase), early stopping on validation loss; returns
+    the best model and the per-epoch history."""
+    torch.manual_seed(cfg.seed)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model = MemoryGNN(gnn)
+    graphs = TorchGraphs(data)
+    model.head.set_normalization(torch.from_numpy(data.q[train_idx]))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    state = {"phase": "joint", "epoch": 0, "best": math.inf, "best_epoch": 0, "bad": 0,
+             "history": []}  # fmt: skip
+    best = {k: v.clone() for k, v in model.state_dict().items()}
+    ck = torch.load(checkpoint, weights_only=False) if checkpoint and checkpoint.is_file() else None
+    if ck is not None:
+        model.load_state_dict(ck["model"])
+        best, state = ck["best_weights"], ck["state"]
+        if state["phase"] == "joint":
+            opt.load_state_dict(ck["optimizer"])
+        log.info("resumed from %s after epoch %d (%s phase)", checkpoint, state["epoch"],
+                 state["phase"])  # fmt: skip
+    groups = _by_graph(data, graphs, train_idx), _by_graph(data, graphs, val_idx)
+    y = torch.from_numpy(np.nan_to_num(data.y, nan=0.0))
+    mask = torch.from_numpy(~np.isnan(data.y))
+    bar = _progress(progress, cfg.max_epochs + cfg.head_epochs, state["epoch"])
+
+    def end_epoch(row: dict[str, float], opt_state: dict) -> None:
+        nonlocal best
+        if row["val_fit"] < state["best"] - 1e-6:
+            state.update(best=row["val_fit"], best_epoch=row["epoch"], bad=0)
+            best = {k: v.clone() for k, v in model.state_dict().items()}
+        else:
+            state["bad"] += 1
+        state["epoch"] = row["epoch"]
+        state["history"].append(row)
+        if checkpoint is not None:
+            _save(checkpoint, model, opt_state, best, state)
+        if on_epoch is not None:
+            on_epoch(row["epoch"], row)
+        log.info("epoch %d (%s) train %.4f val %.4f (best %.4f @%d) %.1fs", row["epoch"],
+                 state["phase"], row["train_loss"], row["val_fit"], state["best"],
+                 state["best_epoch"], row["seconds"])  # fmt: skip
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(phase=state["phase"], val=f"{row['val_fit']:.4f}",
+                            best=state["best_epoch"])  # fmt: skip
+
+    while (
+        state["phase"] == "joint"
+        and state["epoch"] < cfg.max_epochs
+        and state["bad"] < cfg.patience
+    ):
+        t0 = time.perf_counter()
+        model.train()
+        ids = list(groups[0])
+        np.random.default_rng([cfg.seed, state["epoch"] + 1]).shuffle(ids)
+        total = n = 0.0
+        for start in range(0, len(ids), cfg.graphs_per_batch):
+            out, rows = _run(
+                model, data, graphs, groups[0], ids[start : start + cfg.graphs_per_batch]
+            )
+            loss, _ = memory_loss(out, y[rows], mask[rows], gnn.quantile)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            opt.step()
+            total, n = total + loss.item() * len(rows), n + len(rows)
+        val = _val_loss(model, data, graphs, groups[1], y, mask, gnn.quantile)
+        end_epoch({"epoch": state["epoch"] + 1, "train_loss": total / max(n, 1), **val,
+                   "seconds": time.perf_counter() - t0}, opt.state_dict())  # fmt: skip
+    if state["phase"] == "joint":  # switch: best encoder frozen, head trained on its output
+        model.load_state_dict(best)
+        state.update(phase="head", bad=0, head_start=state["epoch"])
+        if checkpoint is not None:
+            _save(checkpoint, model, {}, best, state)
+    if cfg.head_epochs:
+        _head_phase(model, data, graphs, groups, y, mask, gnn, cfg, state, ck, end_epoch)
+    if bar is not None:
+        bar.close()
+    model.load_state_dict(best)
+    model.eval()
+    return model, state["history"]
+
+
+def _head_phase(model, data, graphs, groups, y, mask, gnn, cfg, state, ck, end_epoch) -> None:
+    """Head-only epochs over cached embeddings of the frozen (best) encoder."""
+    emb = _embeddings(model, graphs, sorted(set(groups[0]) | set(groups[1])))
+    head = model.head
+    opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if ck is not None and ck["state"]["phase"] == "head" and ck["optimizer"]:
+        opt.load_state_dict(ck["optimizer"])
+    rec_graph = np.array([graphs.index[k] for k in data.keys])
+    train = np.concatenate(list(groups[0].values()))
+    val = np.concatenate(list(groups[1].values())) if groups[1] else np.zeros(0, dtype=np.int64)
+    q = torch.from_numpy(data.q)
+    last = state["head_start"] + cfg.head_epochs
+    while state["epoch"] < last and state["bad"] < cfg.head_patience:
+        t0 = time.perf_counter()
+        head.train()
+        order = np.random.default_rng([cfg.seed, state["epoch"] + 1]).permutation(train)
+        total = 0.0
+        for start in range(0, len(order), 256):
+            rows = order[start : start + 256]
+            out = head(emb[rec_graph[rows]], q[rows])
+            loss, _ = memory_loss(out, y[rows], mask[rows], gnn.quantile)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += loss.item() * len(rows)
+        head.eval()
+        with torch.no_grad():
+            if len(val):
+                loss, fit_part = memory_loss(head(emb[rec_graph[val]], q[val]), y[val],
+                                             mask[val], gnn.quantile)  # fmt: skip
+                v = {"val_loss": loss.item(), "val_fit": fit_part.item()}
+            else:
+                v = {"val_loss": math.nan, "val_fit": math.nan}
+        end_epoch({"epoch": state["epoch"] + 1, "train_loss": total / max(len(order), 1), **v,
+                   "seconds": time.perf_counter() - t0}, opt.state_dict())  # fmt: skip
+
+
+@torch.no_grad()
+def _embeddings(model: MemoryGNN, graphs: TorchGraphs, ids: list[int]) -> torch.Tensor:
+    model.eval()
+    emb = torch.zeros(len(graphs.keys), model.encoder.out_dim)
+    for start in range(0, len(ids), 16):
+        chunk = ids[start : start + 16]
+        x, ei, batch = graphs.collate(chunk)
+        emb[chunk] = model.encoder(x, ei, batch, num_graphs=len(chunk))
+    return emb
+
+
+@torch.no_grad()
+def _val_loss(model, data, graphs, groups, y, mask, quantile) -> dict[str, float]:
+    if not groups:
+        return {"val_loss": math.nan, "val_fit": math.nan}
+    model.eval()
+    total = fit_total = n = 0.0
+    ids = list(groups)
+    for start in range(0, len(ids), 16):
+        out, rows = _run(model, data, graphs, groups, ids[start : start + 16])
+        loss, fit_part = memory_loss(out, y[rows], mask[rows], quantile)
+        total += float(loss) * len(rows)
+        fit_total += float(fit_part) * len(rows)
+        n += len(rows)
+    return {"val_loss": total / n, "val_fit": fit_total / n}
+
+
+def _save(path: Path, model, opt_state: dict, best_weights, state) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save({"model": model.state_dict(), "optimizer": opt_state,
+                "best_weights": best_weights, "state": state}, tmp)  # fmt: skip
+    tmp.replace(path)
+
+
+def _progress(enabled: bool, total: int, initial: int):
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", unit="epoch", leave=True)
+
+
+def fit_config_dict(cfg: FitConfig) -> dict[str, Any]:
+    return asdict(cfg)

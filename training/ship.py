@@ -1,0 +1,65 @@
+"""Train the model shipped in `predictor/default_model/`, end to end, with one command:
+
+    .venv/bin/python -m training.ship            # corpus -> train -> predictor/default_model
+
+1. builds (or finishes: it is resumable) the corpus in `runs/corpus` with
+   `training.make_corpus` (all 14 zoo families, sim on GPU profiles + real cpu runs);
+2. trains on every family (`memgnn train --holdout-families none`: held-out-family
+   accuracy is measured by `benchmarks/accuracy.py`, which cross-validates by family),
+   tracked in `runs/default-model/mlflow.db` and registered as `memgnn@champion`;
+3. copies encoder.onnx, head.onnx and model_card.json into `predictor/default_model/`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+from training.fit import FitConfig
+from training.make_corpus import CorpusPlan, build
+from training.train import TrainConfig, run_training
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "predictor" / "default_model"
+FILES = ("encoder.onnx", "head.onnx", "model_card.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="build the corpus, train, ship the default model")
+    p.add_argument("--corpus", default="runs/corpus")
+    p.add_argument("--out", default="runs/default-model")
+    p.add_argument("--workers", type=int, default=2, help="corpus build processes")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for training")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--skip-corpus", action="store_true", help="train on --corpus as it is")
+    p.add_argument("--no-install", action="store_true", help="do not copy into the package")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    for noisy in ("torch", "transformers", "predictor", "dataset"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if not a.skip_corpus:
+        new = build(a.corpus, CorpusPlan(seed=a.seed), workers=a.workers)
+        log.info("corpus %s: %d new rows", a.corpus, new)
+    cfg = TrainConfig(
+        corpus=a.corpus,
+        out=a.out,
+        holdout_families=[],
+        fit=FitConfig(seed=a.seed, threads=a.threads),
+    )
+    card = run_training(cfg)
+    if not a.no_install:
+        SHIPPED.mkdir(parents=True, exist_ok=True)
+        for name in FILES:
+            shutil.copyfile(Path(a.out) / "model" / name, SHIPPED / name)
+        log.info("installed %s into %s", card["model_version"], SHIPPED)
+    print(f"{card['model_version']}: val {card['metrics']['val'].get('primary')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
