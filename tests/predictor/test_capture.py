@@ -142,3 +142,24 @@ def test_size_not_in_input_spec_is_named(tiny_mlp):
         capture(tiny_mlp, TrainSpec(), CaptureConfig(sizes={"S": 4}))
     with pytest.raises(ValueError, match="must be >= 1"):
         capture(tiny_mlp, TrainSpec(), CaptureConfig(sizes={"B": -2}))
+
+
+@pytest.mark.parametrize(
+    "name, hparams, points",
+    [
+        ("bert", {"dropout": 0.0}, [{"B": 2, "S": 16}, {"B": 5, "S": 128}, {"B": 9, "S": 300}]),
+        ("resnet", {}, [{"B": 2}, {"B": 5}, {"B": 12}]),  # guard B < 16 (conv backend)
+    ],
+)
+def test_zoo_symbolic_capture_matches_concrete(name, hparams, points):
+    from dataset.zoo import make_bundle
+
+    bundle = make_bundle(name, hparams)
+    train = TrainSpec(steps="first")
+    sym = capture(bundle, train, CaptureConfig(target="cpu"))
+    for sizes in points:
+        assert not sym.violated_guards(sym.resolve_sizes(sizes))
+        conc = capture(
+            bundle, train, CaptureConfig(target="cpu", symbolic=False, sizes=sizes)
+        )
+        assert _bytes_equal(sym, conc, sizes), (name, sizes)
