@@ -80,6 +80,8 @@ def corpus_stats(corpus: Corpus) -> dict[str, Any]:
         }
         for axis, value in values.items():
             configs[axis][str(value)] += 1
+        if row["graph_id"]:
+            graph_ids.add(row["graph_id"])
         error = row["error"]
         if error:
             skipped = error.startswith(SKIP_PREFIX)
@@ -96,11 +98,9 @@ def corpus_stats(corpus: Corpus) -> dict[str, Any]:
             if row[metric] is not None:
                 labels[metric].append(row[metric])
         labels["seconds"].append(row["seconds"])
-        if row["graph_id"]:
-            graph_ids.add(row["graph_id"])
-        else:
-            no_graph += 1
+        no_graph += not row["graph_id"]
         oom += bool(stats.get("would_oom"))
+    stored = set(corpus.graph_ids())
     ok = sum(f["ok"] for f in per_family.values())
     skipped = sum(f["skipped"] for f in per_family.values())
     ranked = sorted(failures.items(), key=lambda kv: -kv[1]["count"])
@@ -121,7 +121,8 @@ def corpus_stats(corpus: Corpus) -> dict[str, Any]:
         "would_oom": oom,
         "graphs": {
             "referenced": len(graph_ids),
-            "stored": len(corpus.graph_ids()),
+            "stored": len(stored),
+            "missing": len(graph_ids - stored),  # referenced by a row, not in graphs/
             "ok_records_without_graph": no_graph,
         },
         "failures": [
@@ -170,7 +171,7 @@ def render_stats(stats: dict[str, Any]) -> str:
     g = stats["graphs"]
     out += [
         "",
-        f"graphs: {g['referenced']} referenced, {g['stored']} stored; "
+        f"graphs: {g['referenced']} referenced, {g['stored']} stored, {g['missing']} missing; "
         f"ok records without a graph: {g['ok_records_without_graph']}; "
         f"simulated OOM: {stats['would_oom']}",
     ]

@@ -79,6 +79,7 @@ IMPLS = ("foreach", "fused", "for-loop")
 SCALE_UP = {"B": 16}  # the second reference point multiplies B by 16, other symbols by 4
 SCALE_OTHER = 4
 _MIB = 1 << 20
+MATMUL_OPS = ("mm.", "addmm.", "bmm.", "baddbmm.", "addbmm.", "_scaled_mm.", "addmv.", "mv.")
 _VOCAB_INDEX = {name: k for k, name in enumerate(OP_VOCAB)}
 
 NODE_COLUMNS: tuple[str, ...] = (
@@ -275,6 +276,7 @@ class QueryResult:
 
     features: np.ndarray  # float32 [NUM_QUERY_FEATURES]
     analytic: np.ndarray  # float64 [3]: allocated, reserved, device_total estimates (bytes)
+    baseline: np.ndarray  # float64 [3]: what `predict.AnalyticModel` answers (2 workspaces)
     breakdown: dict[str, Any]
 
 
@@ -291,6 +293,11 @@ class PathContext:
         self.step = np.asarray(p.nodes["step"], dtype=np.int64)
         n = max(p.num_nodes, 1)
         unknown = sum(op_id(op)[1] for op in p.nodes["op"])
+        # cuBLAS keeps one workspace per handle that runs a matmul: the main thread's
+        # (forward, optimizer) and the autograd thread's (backward); a conv-only model has none
+        matmul = np.array([op.startswith(MATMUL_OPS) for op in p.nodes["op"]], dtype=bool)
+        backward = self.phase == PHASES.index("backward")
+        self.workspace_handles = int(np.any(matmul & ~backward)) + int(np.any(matmul & backward))
         self.static = np.concatenate([
             _config_features(graph.train, graph.meta.get("target", "cuda")),
             [_log(p.num_nodes, 16), _log(p.num_storages, 16),
@@ -321,10 +328,13 @@ class PathContext:
                     + np.ceil(class_bytes[1] / (20 * _MIB)) * 20 * _MIB
                     + float(round_bytes(live_sizes[classes[2]], 2 * _MIB).sum()))  # fmt: skip
         steps = {s: float(live[self.step == s].max()) for s in (0, 1) if np.any(self.step == s)}
-        ws = 2 * device.cublas_workspace_bytes if gpu else 0
+        ws = self.workspace_handles * device.cublas_workspace_bytes if gpu else 0
         seg, churn, n_large, n_sizes = self._allocator_view(nbytes, scratch, ws, peak)
         est_alloc = peak + ws
-        analytic = np.array([est_alloc, est_alloc, est_alloc + (device.context_bytes or 0)])
+        context = device.context_bytes or 0
+        analytic = np.array([est_alloc, est_alloc, est_alloc + context])
+        base = peak + (2 * device.cublas_workspace_bytes if gpu else 0)  # AnalyticModel's
+        baseline = np.array([base, base, base + context])
         safe = max(peak, 1.0)
         dims = {s: v for s, v in resolved.items() if s in g.symbols}
         other = [v for s, v in dims.items() if s != "B"]
@@ -350,10 +360,12 @@ class PathContext:
             "categories": {c: int(v) for c, v in zip(CATEGORIES, cat)},
             "phase": PHASES[phase] if node >= 0 else "setup",
             "step_peaks": {("first", "steady")[s]: int(v) for s, v in steps.items()},
-            "workspace_and_context_bytes": int(analytic[2] - peak) if gpu else 0,
+            "tensor_peak_bytes": int(peak),
+            "workspace_bytes": int(ws),
+            "context_bytes": int(context) if gpu else 0,
             "violated_guards": g.violated_guards(resolved),
         }
-        return QueryResult(features=f, analytic=analytic, breakdown=breakdown)
+        return QueryResult(features=f, analytic=analytic, baseline=baseline, breakdown=breakdown)
 
     def _allocator_view(self, nbytes, scratch, ws: int, peak: float):
         """A caching-allocator-shaped estimate: max over the schedule of small bytes in 2 MiB

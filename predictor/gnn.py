@@ -43,6 +43,7 @@ class GNNConfig:
     head_layers: int = 2
     dropout: float = 0.0
     quantile: float = 0.95
+    use_graph: bool = True  # False: the head ignores the embedding (ablation)
 
     def __post_init__(self) -> None:
         for name in ("hidden", "op_dim", "head_hidden", "head_layers"):
@@ -175,6 +176,8 @@ class QueryHead(nn.Module):
 
     def forward(self, emb: Tensor, q: Tensor) -> Tensor:
         """[Q, 6]: log corrections `mu` (3 metrics), then log upper bounds (3 metrics)."""
+        if not self.config.use_graph:
+            emb = torch.zeros_like(emb)
         h = torch.cat([emb, (q - self.q_mean) / self.q_std], dim=1)
         for lin in self.hidden:
             h = F.dropout(F.silu(lin(h)), self.config.dropout, self.training)

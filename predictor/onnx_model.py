@@ -88,6 +88,7 @@ class OnnxMemoryModel:
         self._embeddings: OrderedDict[str, np.ndarray] = OrderedDict()
         self._contexts: OrderedDict[str, list[PathContext]] = OrderedDict()
         self._ids: OrderedDict[int, tuple[StepGraph, str]] = OrderedDict()
+        self._unknown: OrderedDict[str, list[str]] = OrderedDict()
 
     @classmethod
     def load(cls, directory: str | Path) -> OnnxMemoryModel:
@@ -109,14 +110,16 @@ class OnnxMemoryModel:
         if gid in self._embeddings:
             self._embeddings.move_to_end(gid)
             return self._embeddings[gid]
-        rows = []
+        rows, unknown = [], set()
         for k in range(len(graph.paths)):
             inputs = graph_inputs(graph, k)
-            if inputs.unknown_ops:
-                log.debug("graph %s path %d: unknown ops %s", gid[:8], k, inputs.unknown_ops)
+            unknown.update(inputs.unknown_ops)
             names = ("x", "in_src", "in_ptr", "out_dst", "out_ptr")
             rows.append(self._encoder.run(None, dict(zip(names, (inputs.x, *inputs.csr()))))[0])
         emb = np.concatenate(rows).astype(np.float32)
+        if unknown:
+            log.info("graph %s: ops outside the vocabulary (hashed): %s", gid[:8], sorted(unknown))
+        _put(self._unknown, gid, sorted(unknown))
         _put(self._embeddings, gid, emb)
         return emb
 
@@ -164,8 +167,10 @@ class OnnxMemoryModel:
             upper = np.ceil(np.maximum(analytic * np.exp(out[qi, :, 3 + m]), value))
             worst = int(np.argmax(value))
             breakdown = dict(per[worst].breakdown)
-            breakdown.update(analytic_bytes=int(analytic[worst]),
-                             correction=float(np.exp(out[qi, worst, m])))  # fmt: skip
+            extra = breakdown["workspace_bytes"] + (breakdown["context_bytes"] if m == 2 else 0)
+            breakdown.update(workspace_and_context_bytes=extra, analytic_bytes=int(analytic[worst]),
+                             correction=float(np.exp(out[qi, worst, m])),
+                             unknown_ops=self._unknown.get(self.graph_id(graph), []))  # fmt: skip
             paths = [
                 {"conditions": c.graph.paths[c.path].conditions,
                  "predicted_peak_bytes": int(v), "upper_bound_bytes": int(u)}

@@ -44,7 +44,8 @@ class Dataset:
     keys: list[tuple[str, int]]  # (graph id, path) per sample
     q: np.ndarray  # float32 [R, NUM_QUERY_FEATURES]
     y: np.ndarray  # float32 [R, 3]; NaN where unlabelled
-    analytic: np.ndarray  # float64 [R, 3]
+    analytic: np.ndarray  # float64 [R, 3]: the base estimate the model corrects
+    baseline: np.ndarray  # float64 [R, 3]: `predict.AnalyticModel`'s answer
     measured: np.ndarray  # float64 [R, 3]; NaN where unlabelled
     family: list[str]
     source: list[str]
@@ -77,7 +78,7 @@ def load_dataset(corpus_dir: str | Path, *, families: list[str] | None = None) -
     contexts: dict[tuple[str, int], PathContext] = {}
     graphs: dict[tuple[str, int], GraphInputs] = {}
     loaded: dict[str, Any] = {}
-    keys, qs, ys, an, meas = [], [], [], [], []
+    keys, qs, ys, an, base, meas = [], [], [], [], [], []
     for r in rows:
         gid = r["graph_id"]
         if gid not in loaded:
@@ -99,6 +100,7 @@ def load_dataset(corpus_dir: str | Path, *, families: list[str] | None = None) -
         keys.append((gid, path))
         qs.append(res.features)
         an.append(res.analytic)
+        base.append(res.baseline)
         meas.append(measured)
         ys.append(np.log(measured) - np.log(np.maximum(res.analytic, 1.0)))
     for key in dict.fromkeys(keys):
@@ -108,6 +110,7 @@ def load_dataset(corpus_dir: str | Path, *, families: list[str] | None = None) -
         q=np.stack(qs).astype(np.float32),
         y=np.stack(ys).astype(np.float32),
         analytic=np.stack(an),
+        baseline=np.stack(base),
         measured=np.stack(meas),
         family=[r["family"] for r in rows],
         source=[source_of(r) for r in rows],

@@ -226,9 +226,11 @@ def fit(
              "history": []}  # fmt: skip
     best = {k: v.clone() for k, v in model.state_dict().items()}
     ck = torch.load(checkpoint, weights_only=False) if checkpoint and checkpoint.is_file() else None
+    head_ck = None  # a checkpoint written in the head phase holds the head's optimizer
     if ck is not None:
         model.load_state_dict(ck["model"])
-        best, state = ck["best_weights"], ck["state"]
+        best, state = ck["best_weights"], copy.deepcopy(ck["state"])
+        head_ck = ck if state["phase"] == "head" else None
         if state["phase"] == "joint":
             opt.load_state_dict(ck["optimizer"])
         log.info("resumed from %s after epoch %d (%s phase)", checkpoint, state["epoch"],
@@ -288,7 +290,7 @@ def fit(
         if checkpoint is not None:
             _save(checkpoint, model, {}, best, state)
     if cfg.head_epochs:
-        _head_phase(model, data, graphs, groups, y, mask, gnn, cfg, state, ck, end_epoch)
+        _head_phase(model, data, graphs, groups, y, mask, gnn, cfg, state, head_ck, end_epoch)
     if bar is not None:
         bar.close()
     model.load_state_dict(best)
@@ -301,7 +303,7 @@ def _head_phase(model, data, graphs, groups, y, mask, gnn, cfg, state, ck, end_e
     emb = _embeddings(model, graphs, sorted(set(groups[0]) | set(groups[1])))
     head = model.head
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    if ck is not None and ck["state"]["phase"] == "head" and ck["optimizer"]:
+    if ck is not None and ck["optimizer"]:
         opt.load_state_dict(ck["optimizer"])
     rec_graph = np.array([graphs.index[k] for k in data.keys])
     train = np.concatenate(list(groups[0].values()))

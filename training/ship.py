@@ -38,10 +38,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--skip-corpus", action="store_true", help="train on --corpus as it is")
     p.add_argument("--no-install", action="store_true", help="do not copy into the package")
+    p.add_argument("--restart", action="store_true", help="discard a previous run in --out")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     for noisy in ("torch", "transformers", "predictor", "dataset"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    if a.restart:
+        shutil.rmtree(a.out, ignore_errors=True)
     if not a.skip_corpus:
         new = build(a.corpus, CorpusPlan(seed=a.seed), workers=a.workers)
         log.info("corpus %s: %d new rows", a.corpus, new)

@@ -10,6 +10,7 @@ the alias `--alias`. A resumed training run continues the same mlflow run.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -77,13 +78,15 @@ class Tracker:
         from training.pyfunc import MemgnnPyfunc
 
         mlflow = self._m()
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=MemgnnPyfunc(),
-            artifacts={"model_dir": str(model_dir)},
-            pip_requirements=["onnxruntime", "numpy"],
-            registered_model_name=name,
-        )
+        with warnings.catch_warnings():  # "add type hints to predict": input is a dict
+            warnings.simplefilter("ignore", UserWarning)
+            info = mlflow.pyfunc.log_model(
+                name="model",
+                python_model=MemgnnPyfunc(),
+                artifacts={"model_dir": str(model_dir)},
+                pip_requirements=["onnxruntime", "numpy"],
+                registered_model_name=name,
+            )
         version = str(info.registered_model_version)
         mlflow.MlflowClient().set_registered_model_alias(name, alias, version)
         log.info("mlflow: registered %s version %s as @%s", name, version, alias)

@@ -220,7 +220,7 @@ def _finish(cfg, data, sp, model, history, tracker, out: Path, t0: float) -> dic
             rows = np.arange(len(idx))
             meas = data.measured[idx][rows, prim]
             series[f"{name} (gnn)"] = (meas, (data.analytic[idx] * np.exp(mu))[rows, prim])
-            series[f"{name} (analytic)"] = (meas, data.analytic[idx][rows, prim])
+            series[f"{name} (analytic)"] = (meas, data.baseline[idx][rows, prim])
     plot = parity_plot(out / "parity.png", series, f"memgnn {version}: peak bytes")
     best = min(history, key=lambda r: r["val_fit"]) if history else {}
     card = {
@@ -251,7 +251,7 @@ def _analytic_summary(data, idx: np.ndarray) -> dict[str, Any]:
 
     prim = data.primary_metric()[idx]
     rows = np.arange(len(idx))
-    est = data.analytic[idx][rows, prim]
+    est = data.baseline[idx][rows, prim]
     return error_summary(est, est, data.measured[idx][rows, prim])
 
 

@@ -85,6 +85,7 @@ def test_corpus_stats(corpus):
     assert alloc["median"] == 25 * MiB
     assert s["would_oom"] == 1
     assert s["graphs"]["referenced"] == 2 and s["graphs"]["ok_records_without_graph"] == 1
+    assert s["graphs"]["missing"] == 2  # the fixture names graphs it does not store
     top, other = s["failures"]
     assert top["count"] == 2 and top["skipped"] and top["families"] == {"mlp": 2}
     assert "v100-16gb (sm N)" in top["reason"]
@@ -114,3 +115,16 @@ def test_stats_cmd(corpus, tmp_path, capsys):
     assert "families" in capsys.readouterr().out
     assert stats_cmd(parser.parse_args([str(tmp_path / "missing")])) == 2
     assert "not a memgnn corpus" in capsys.readouterr().err
+
+
+def test_demo_corpus_is_readable():
+    """The fixed corpus in dataset/data (rebuild it when a format version changes)."""
+    from pathlib import Path
+
+    demo = Corpus(Path(__file__).resolve().parents[2] / "dataset" / "data" / "demo-corpus")
+    s = corpus_stats(demo)
+    assert len(s["families"]) == 14 and s["ok"] >= 50
+    assert set(s["configs"]["backend"]) == {"sim", "cpu"}
+    assert s["graphs"]["missing"] == 0 and s["graphs"]["referenced"] >= 20
+    for gid in demo.graph_ids()[:3]:
+        demo.graph(gid)  # loads and validates

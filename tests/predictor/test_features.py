@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from predictor.capture import CaptureConfig, capture
 from predictor.features import (
@@ -72,7 +73,26 @@ def test_query_features_depend_on_sizes_and_match_the_analytic_model(gpt_graph):
                 continue
             q = Query(sizes={"B": 16, "S": 256}, device=device, metric=metric)
             ref = AnalyticModel().predict(gpt_graph, [q])[0].predicted_peak_bytes
-            assert big.analytic[m] == ref
+            assert big.baseline[m] == ref
+            assert big.analytic[m] == ref  # matmuls in forward and backward: 2 workspaces
+
+
+def test_conv_only_graph_gets_no_cublas_workspace():
+    import torch.nn.functional as F
+    from torch import nn
+
+    from dataset.devices import get_profile
+    from predictor.spec import ModelBundle
+
+    bundle = ModelBundle(
+        name="conv", family="conv", build=lambda: nn.Conv2d(3, 4, 3),
+        make_inputs=lambda s, d, t: {"x": torch.randn(s["B"], 3, 8, 8, device=d, dtype=t)},
+        loss=lambda m, i: F.relu(m(i["x"])).mean(), dims={"B": 2},
+    )  # fmt: skip
+    graph = capture(bundle, TrainSpec(optimizer="sgd"), CaptureConfig(target="cuda"))
+    res = PathContext(graph).query({"B": 2}, get_profile("a100-80gb"))
+    ws = 2 * get_profile("a100-80gb").cublas_workspace_bytes
+    assert res.baseline[0] - res.analytic[0] == ws
 
 
 def test_unknown_ops_are_hashed_and_flagged(gpt_graph):

@@ -12,6 +12,15 @@ from predictor.gnn import GNNConfig, MemoryGNN, memory_loss
 from predictor.spec import TrainSpec
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread avoids oversubscription on small shared machines."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def inputs():
     from tests.conftest import tiny_gpt_bundle, tiny_mlp_bundle
@@ -91,7 +100,7 @@ def test_it_overfits_a_tiny_set(inputs):
     model.head.set_normalization(q)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     losses = []
-    for _ in range(200):
+    for _ in range(150):
         loss, fit = memory_loss(model(x, ei, batch, q, graph_of), y, mask, 0.9)
         opt.zero_grad()
         loss.backward()

@@ -15,17 +15,13 @@ from training.train import add_train_arguments, train_cmd
 def _args(corpus, out, *extra):
     p = argparse.ArgumentParser()
     add_train_arguments(p)
-    fixed = ["--holdout-families", "rnn", "--hidden", "16", "--layers", "1", "--head-epochs", "2"]
+    fixed = ["--holdout-families", "rnn", "--hidden", "16", "--layers", "1", "--head-epochs", "2",
+             "--threads", "1"]  # fmt: skip
     return p.parse_args(
         ["--corpus", str(corpus), "--out", str(out), *fixed, "--no-progress", *extra]
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (issue 5): resuming restores an optimizer state whose parameter "
-    "groups do not match the rebuilt model",
-)
 def test_train_end_to_end_with_crash_and_resume(tiny_corpus, tmp_path, monkeypatch, capsys):
     import training.tracking as tracking
 
@@ -71,6 +67,28 @@ def test_train_end_to_end_with_crash_and_resume(tiny_corpus, tmp_path, monkeypat
     graph = corpus.graph(corpus.records()[0]["graph_id"])
     (pred,) = model.predict(graph, [Query(sizes=dict(graph.symbols), device="a100-80gb")])
     assert 0 < pred.predicted_peak_bytes <= pred.upper_bound_bytes
+
+
+def test_resume_after_a_crash_in_the_head_phase(tiny_corpus, tmp_path, monkeypatch):
+    import training.tracking as tracking
+
+    out = tmp_path / "run"
+    real = tracking.Tracker.log_epoch
+
+    def crash_at_3(self, epoch, row):  # epochs 1-2 joint, 3-4 head
+        real(self, epoch, row)
+        if epoch == 3:
+            raise KeyboardInterrupt("simulated crash")
+
+    monkeypatch.setattr(tracking.Tracker, "log_epoch", crash_at_3)
+    with pytest.raises(KeyboardInterrupt):
+        train_cmd(_args(tiny_corpus, out, "--max-epochs", "2", "--no-mlflow"))
+    monkeypatch.setattr(tracking.Tracker, "log_epoch", real)
+    assert train_cmd(_args(tiny_corpus, out, "--max-epochs", "2", "--no-mlflow")) == 0
+    import torch
+
+    state = torch.load(out / "checkpoint.pt", weights_only=False)["state"]
+    assert state["phase"] == "head" and [r["epoch"] for r in state["history"]] == [1, 2, 3, 4]
 
 
 def test_a_changed_config_does_not_resume(tiny_corpus, tmp_path):
