@@ -70,8 +70,12 @@ def _run_jobs(jobs: list, cache_dir: str | None) -> Result:
     device = None if first.device == "auto" else first.device
     # one symbolic capture per config; per size only for dims the model keeps static
     captures: dict[tuple, tuple[Any, str | None, str | None]] = {}
+    # sim labels: the first size of a config is captured concretely; where the symbolic
+    # graph gives the same labels there, the other sizes simulate the symbolic graph
+    agrees: dict[tuple, bool] = {}
     rows = []
-    for job in jobs:
+    # check at sizes away from 1 first (a size-1 dim can specialise a trace)
+    for job in sorted(jobs, key=lambda j: -min(j.sizes.values())):
         key = tuple(job.sizes[d] for d in bundle.static_dims)
         if key not in captures:
             captures[key] = _capture(bundle, train, job, device, cache_dir)
@@ -80,19 +84,36 @@ def _run_jobs(jobs: list, cache_dir: str | None) -> Result:
             rows.append(error_row(job, graph_error, 0.0, None, graph_error))
             continue
         t0 = time.perf_counter()
+        config = ProfileConfig(backend=job.backend, device=device)
         try:
-            config = ProfileConfig(backend=job.backend, device=device)
-            record = profile(bundle, train, job.sizes, config)
+            record = profile(
+                bundle, train, job.sizes, config, graph=graph if agrees.get(key) else None
+            )
         except Exception as exc:  # one failing job never stops the rest
             log.warning("profile of %s %s failed: %s", job.model, job.sizes, _error_text(exc))
             rows.append(error_row(job, exc, time.perf_counter() - t0, graph_id, graph_error))
             continue
+        if job.backend == "sim" and graph is not None and key not in agrees:
+            agrees[key], why = _check_symbolic(graph, record, config)
+            record.stats["symbolic_check"] = why
         if graph_error:
             record.stats["graph_error"] = graph_error
         rows.append(record_row(job.job_id, record, graph_id))
     # without its compiled expression table (closures do not pickle)
     graphs = {gid: replace(g, _table=None) for g, gid, _ in captures.values() if g is not None}
     return {"rows": rows, "graphs": graphs}
+
+
+def _check_symbolic(graph, record, config) -> tuple[bool, str]:
+    from dataset.profile import symbolic_agrees
+
+    try:
+        ok, why = symbolic_agrees(graph, record, config)
+    except Exception as exc:  # a graph that cannot be simulated: keep capturing concretely
+        ok, why = False, f"symbolic sim failed: {_error_text(exc)}"
+    if not ok:
+        log.warning("%s: %s; every size is captured concretely", record.model, why)
+    return ok, why
 
 
 def _fails_at_every_size(error: str) -> bool:

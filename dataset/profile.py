@@ -19,6 +19,7 @@ import torch
 from dataset.allocator import AllocatorConfig
 from dataset.devices import DeviceProfile, get_profile
 from dataset.record import ProfileRecord
+from predictor.graph import StepGraph
 from predictor.spec import ModelBundle, TrainSpec
 
 log = logging.getLogger(__name__)
@@ -54,14 +55,25 @@ class ProfileConfig:
 
 
 def profile(
-    bundle: ModelBundle, train: TrainSpec, sizes: dict[str, int], config: ProfileConfig
+    bundle: ModelBundle,
+    train: TrainSpec,
+    sizes: dict[str, int],
+    config: ProfileConfig,
+    *,
+    graph: StepGraph | None = None,
 ) -> ProfileRecord:
-    """Measure or simulate one config; ValueError for a config that cannot run."""
+    """Measure or simulate one config; ValueError for a config that cannot run.
+
+    `graph` (sim only): a symbolic capture of this model and training config, already
+    checked against a concrete capture (`symbolic_agrees`); it is simulated at `sizes`
+    instead of capturing the step again. Where its guards do not hold at `sizes`, the step
+    is captured concretely as usual.
+    """
     sizes = bundle.sizes(sizes)
     device = config.device_profile()
     device.check_precision(train.precision)
     t0 = time.perf_counter()
-    result = _run_backend(bundle, train, sizes, config, device)
+    result = _run_backend(bundle, train, sizes, config, device, graph)
     graph = result.pop("graph", None)
     return ProfileRecord(
         backend=config.backend,
@@ -79,7 +91,9 @@ def profile(
     )
 
 
-def _run_backend(bundle, train, sizes, config: ProfileConfig, device) -> dict[str, Any]:
+def _run_backend(
+    bundle, train, sizes, config: ProfileConfig, device, graph: StepGraph | None = None
+) -> dict[str, Any]:
     if config.backend == "cpu":
         from dataset.cpu_backend import profile_cpu
 
@@ -98,6 +112,11 @@ def _run_backend(bundle, train, sizes, config: ProfileConfig, device) -> dict[st
     from dataset.sim import simulate
     from predictor.capture import CaptureConfig, capture
 
+    if graph is not None:
+        sim = simulate(graph, sizes, device, scenario=config.scenario, allocator=config.allocator)
+        if not sim.stats["violated_guards"]:
+            return _sim_result(sim, graph, label_graph="symbolic")
+        log.info("%s at %s: symbolic guards fail; capturing concretely", bundle.name, sizes)
     target = "cuda" if device.is_gpu else "cpu"
     cap = CaptureConfig(
         symbolic=False,
@@ -108,14 +127,43 @@ def _run_backend(bundle, train, sizes, config: ProfileConfig, device) -> dict[st
     )
     graph = capture(bundle, train, cap)
     sim = simulate(graph, sizes, device, scenario=config.scenario, allocator=config.allocator)
+    return _sim_result(sim, graph, label_graph="concrete")
+
+
+def _sim_result(sim, graph: StepGraph, *, label_graph: str) -> dict[str, Any]:
+    stats = sim.stats | {"nodes": sum(p.num_nodes for p in graph.paths), "label_graph": label_graph}
     return {
         "peak_allocated_bytes": sim.peak_allocated_bytes,
         "peak_reserved_bytes": sim.peak_reserved_bytes,
         "device_total_bytes": sim.device_total_bytes,
         "breakdown": sim.breakdown,
-        "stats": sim.stats | {"nodes": sum(p.num_nodes for p in graph.paths)},
+        "stats": stats,
         "graph": graph,
     }
+
+
+def symbolic_agrees(
+    graph: StepGraph, record: ProfileRecord, config: ProfileConfig
+) -> tuple[bool, str]:
+    """Does the symbolic `graph`, simulated at `record`'s sizes, give `record`'s labels
+    (a concrete sim record) byte for byte? (verdict, a line saying why)"""
+    from dataset.sim import simulate
+
+    device = config.device_profile()
+    sim = simulate(
+        graph, record.sizes, device, scenario=config.scenario, allocator=config.allocator
+    )
+    if sim.stats["violated_guards"]:
+        return False, f"guards fail at {record.sizes}: {sim.stats['violated_guards'][:2]}"
+    pairs = {
+        "allocated": (sim.peak_allocated_bytes, record.peak_allocated_bytes),
+        "reserved": (sim.peak_reserved_bytes, record.peak_reserved_bytes),
+        "device_total": (sim.device_total_bytes, record.device_total_bytes),
+    }
+    diff = {k: v for k, v in pairs.items() if v[0] != v[1]}
+    if diff:
+        return False, f"symbolic != concrete at {record.sizes} (bytes sym, conc): {diff}"
+    return True, f"symbolic == concrete at {record.sizes}"
 
 
 def failed_record(

@@ -231,7 +231,7 @@ class ExprTable:
                 vals = self._vector(*args)
             except (FloatingPointError, ZeroDivisionError) as exc:
                 raise ValueError(f"size expression cannot be evaluated: {exc}") from None
-        shape = np.broadcast(*args).shape if args else ()
+        shape = np.broadcast_shapes(*(a.shape for a in args))  # any number of symbols
         return np.stack([np.broadcast_to(np.asarray(v, dtype=np.int64), shape) for v in vals])
 
 

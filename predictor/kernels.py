@@ -10,6 +10,11 @@ the call to the CUDA op itself (`aten._scaled_dot_product_flash_attention` /
 scratch their backward kernels allocate inside the op (invisible to a dispatch mode):
 FlashAttention-2's fp32 dq accumulator and softmax-delta buffer (sequence rounded to 128,
 head dim to 8), the memory-efficient kernel's fp32 delta.
+
+The CPU has one kernel whose fake-tensor rule gets memory wrong: oneDNN's LSTM
+(`aten.mkldnn_rnn_layer`, what nn.LSTM runs per layer and direction when training on the
+CPU) returns a workspace the backward reads, which the meta kernel makes empty.
+`cpu_kernel_hooks` gives it its real size (`mkldnn_rnn_workspace_bytes`).
 """
 
 from __future__ import annotations
@@ -110,3 +115,56 @@ def cuda_scratch(func: Any, args: tuple) -> Any:
         b, h, s, _ = q.shape
         return b * h * s * 4  # delta = rowsum(dO * O), fp32
     return 0
+
+
+_PAGE = 4096  # oneDNN starts each workspace part on a page
+
+
+def _good_ld(d: int, elem: int) -> int:
+    """oneDNN's leading dimension: `d` rounded up to 64 bytes, plus 64 bytes more where
+    the result is a multiple of 256 elements (to avoid cache-set aliasing)."""
+    step = 64 // elem
+    ld = _round_up(d, step)
+    return ld + step if ld % 256 == 0 else ld
+
+
+def mkldnn_rnn_workspace_bytes(
+    t: Any, b: Any, i: int, h: int, *, elem: int, c_elem: int | None = None
+) -> Any:
+    """Bytes of the workspace one `aten.mkldnn_rnn_layer` call returns with grad enabled:
+    seven parts (gates, hidden states, layer states, cell states, and the fp32 gradient
+    states for layer, iteration and cell), each rounded up to a 4096-byte page. `t`, `b`
+    may be SymInts; `elem` is the data dtype's size, `c_elem` that of the cell state.
+    Exact on torch 2.13's oneDNN (fp32 and bf16) against the real op; see
+    tests/predictor/test_kernels.py."""
+    c_elem = elem if c_elem is None else c_elem
+    s = max(i, h)
+    rows = 2 * (t + 1) * b  # (layers + 1) x (time steps + 1) state rows, one layer
+    parts = [
+        t * b * _good_ld(4 * h, elem) * elem,  # gates
+        t * b * _good_ld(h, elem) * elem,  # hidden states
+        rows * _good_ld(s, elem) * elem,  # layer states
+        rows * h * c_elem,  # cell states
+        rows * _good_ld(s, 4) * 4,  # d(layer states), fp32
+        rows * _good_ld(s, 4) * 4,  # d(iteration states), fp32
+        rows * h * 4,  # d(cell states), fp32
+    ]
+    return sum(_round_up(p, _PAGE) for p in parts)
+
+
+def _mkldnn_rnn_layer(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    out = func(*args, **kwargs)
+    x, hx, cx = args[0], args[5], args[6]
+    if torch.is_grad_enabled() and out[3] is not None:
+        t, b, i = x.shape
+        nbytes = mkldnn_rnn_workspace_bytes(
+            t, b, i, hx.shape[-1], elem=x.element_size(), c_elem=cx.element_size()
+        )
+        out = (*out[:3], x.new_empty((nbytes,), dtype=torch.uint8))
+    rec.record_op("mkldnn_rnn_layer.default", (args, kwargs), out)
+    return out
+
+
+def cpu_kernel_hooks() -> dict[Any, Any]:
+    """Dispatch hooks (see `StepRecorder`) for CPU kernels whose fake rule misstates memory."""
+    return {aten.mkldnn_rnn_layer.default: _mkldnn_rnn_layer}

@@ -116,10 +116,10 @@ def test_a_failing_job_becomes_an_error_row(tmp_path, monkeypatch):
 
     real = dataset.profile.profile
 
-    def flaky(bundle, train, sizes, config):
+    def flaky(bundle, train, sizes, config, *, graph=None):
         if sizes["B"] == min(j.sizes["B"] for j in jobs):
             raise RuntimeError("boom")
-        return real(bundle, train, sizes, config)
+        return real(bundle, train, sizes, config, graph=graph)
 
     cfg = tiny(tmp_path, ["mlp"], 3, devices=["h100-80gb"])
     jobs = sample_jobs(cfg.sampler())
@@ -267,3 +267,43 @@ def test_results_pickle_also_when_the_graph_comes_from_the_capture_cache(tmp_pat
     first, again = run_group(task), run_group(task)  # the second one hits the cache
     assert list(first["graphs"]) == list(again["graphs"])
     assert pickle.loads(pickle.dumps(again))["rows"] == again["rows"]
+
+
+def _labels(row):
+    return row["peak_allocated_bytes"], row["peak_reserved_bytes"], row["device_total_bytes"]
+
+
+def test_sim_labels_use_the_symbolic_graph_once_it_agrees_with_a_concrete_capture(tmp_path):
+    from dataset.profile import ProfileConfig, profile
+    from dataset.zoo import make_bundle
+    from predictor.spec import TrainSpec
+
+    build_corpus(tiny(tmp_path, ["gpt2"], 3, devices=["a100-80gb"]))
+    rows = Corpus(tmp_path).records()
+    assert len(rows) == 3
+    kinds = sorted(r["stats"]["label_graph"] for r in rows)
+    assert kinds == ["concrete", "symbolic", "symbolic"]
+    (checked,) = [r for r in rows if r["stats"]["label_graph"] == "concrete"]
+    assert checked["stats"]["symbolic_check"].startswith("symbolic == concrete")
+    assert min(checked["sizes"].values()) == max(min(r["sizes"].values()) for r in rows)
+    bundle = make_bundle("gpt2", rows[0]["hparams"])
+    for row in rows:  # a concrete capture gives the same labels at every size
+        again = profile(
+            bundle, TrainSpec(**row["train"]), row["sizes"], ProfileConfig(device="a100-80gb")
+        )
+        assert _labels(row) == (
+            again.peak_allocated_bytes,
+            again.peak_reserved_bytes,
+            again.device_total_bytes,
+        )
+
+
+def test_sim_labels_stay_concrete_where_the_symbolic_graph_disagrees(tmp_path, monkeypatch):
+    import dataset.profile
+
+    monkeypatch.setattr(dataset.profile, "symbolic_agrees", lambda g, r, c: (False, "differs"))
+    build_corpus(tiny(tmp_path, ["mlp"], 3, devices=["a100-80gb"]))
+    rows = Corpus(tmp_path).records()
+    assert len(rows) == 3
+    assert {r["stats"]["label_graph"] for r in rows} == {"concrete"}
+    assert [r["stats"].get("symbolic_check") for r in rows].count("differs") == 1

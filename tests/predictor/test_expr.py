@@ -87,3 +87,12 @@ def test_division_by_zero_and_overflow_are_value_errors():
         table.evaluate({"B": 1, "S": 3})
     with pytest.raises(ValueError, match="beyond 2\\*\\*63"):
         table.evaluate({"B": 10**6, "S": 10**6})
+
+
+def test_table_evaluates_with_more_than_64_symbols():
+    symbols = [f"nz{k}" for k in range(80)]  # e.g. routing counts of many MoE experts
+    table = ExprTable([" + ".join(symbols), "nz79 * 2"], symbols)
+    sizes = {s: k for k, s in enumerate(symbols)}
+    assert table.evaluate(sizes).tolist() == [sum(range(80)), 158]
+    points = {s: np.array([k, k + 1]) for k, s in enumerate(symbols)}
+    assert table.evaluate(points)[1].tolist() == [158, 160]
