@@ -3,7 +3,9 @@
     .venv/bin/python -m training.ship            # corpus -> train -> predictor/default_model
 
 1. builds (or finishes: it is resumable) the corpus in `runs/corpus` with
-   `training.make_corpus` (all 14 zoo families, sim on GPU profiles + real cpu runs);
+   `dataset.build` (all 14 zoo families): the same as
+   `memgnn dataset build --out runs/corpus --backend sim --size 3300 --sizes-per-config 12
+   --seed 1 --workers 2` then `... --backend cpu --size 360 --seed 1`;
 2. trains on every family (`memgnn train --holdout-families none`: held-out-family
    accuracy is measured by `benchmarks/accuracy.py`, which cross-validates by family),
    tracked in `runs/default-model/mlflow.db` and registered as `memgnn@champion`;
@@ -18,8 +20,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from dataset.build import BuildConfig, build_corpus
 from training.fit import FitConfig
-from training.make_corpus import CorpusPlan, build
 from training.train import TrainConfig, run_training
 
 log = logging.getLogger(__name__)
@@ -35,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="runs/default-model")
     p.add_argument("--workers", type=int, default=2, help="corpus build processes")
     p.add_argument("--threads", type=int, default=1, help="torch threads for training")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="training seed")
+    p.add_argument("--corpus-seed", type=int, default=1)
+    p.add_argument("--sim-size", type=int, default=3300, help="sim jobs (12 sizes per config)")
+    p.add_argument("--cpu-size", type=int, default=360, help="real cpu jobs")
     p.add_argument("--skip-corpus", action="store_true", help="train on --corpus as it is")
     p.add_argument("--no-install", action="store_true", help="do not copy into the package")
     p.add_argument("--restart", action="store_true", help="discard a previous run in --out")
@@ -46,8 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     if a.restart:
         shutil.rmtree(a.out, ignore_errors=True)
     if not a.skip_corpus:
-        new = build(a.corpus, CorpusPlan(seed=a.seed), workers=a.workers)
-        log.info("corpus %s: %d new rows", a.corpus, new)
+        for backend, size, per_config in (("sim", a.sim_size, 12), ("cpu", a.cpu_size, None)):
+            summary = build_corpus(
+                BuildConfig(
+                    out=Path(a.corpus),
+                    size=size,
+                    backend=backend,
+                    workers=a.workers,
+                    seed=a.corpus_seed,
+                    sizes_per_config=per_config,
+                )
+            )
+            log.info("corpus %s (%s): %s", a.corpus, backend, summary.to_dict())
     cfg = TrainConfig(
         corpus=a.corpus,
         out=a.out,

@@ -1,4 +1,4 @@
-"""Corpus -> training samples, splits and the corpus script."""
+"""Corpus -> training samples and splits."""
 
 from __future__ import annotations
 
@@ -41,19 +41,3 @@ def test_error_summary():
     s = error_summary(np.array([100.0, 110.0]), np.array([120.0, 105.0]), np.array([100.0, 100.0]))
     assert s["median"] == pytest.approx(0.05) and s["max"] == pytest.approx(0.1)
     assert s["bound_miss_rate"] == 0.0
-
-
-def test_shared_capture_rows_equal_profile(tiny_corpus):
-    """make_corpus shares one concrete capture between devices; rows must equal profile()."""
-    from dataset.corpus import Corpus
-    from dataset.profile import ProfileConfig, profile
-    from dataset.zoo import make_bundle
-    from predictor.spec import TrainSpec
-
-    rows = [r for r in Corpus(tiny_corpus).records() if r["backend"] == "sim"]
-    row = next(r for r in rows if r["model"] == "mlp")
-    bundle = make_bundle("mlp", row["hparams"])
-    train = TrainSpec(**row["train"])
-    rec = profile(bundle, train, row["sizes"], ProfileConfig(backend="sim", device=row["device"]))
-    for key in ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes"):
-        assert rec.model_dump()[key] == row[key]
