@@ -9,9 +9,9 @@ the held-out families predicted. So each record is scored by a model that never 
 family. Per label source (sim-gpu: allocator simulation on GPU profiles; cpu: real CPU
 runs) and metric: median / p90 / p95 / max relative error and the upper-bound miss rate,
 next to baselines on the same records:
-- analytic: the liveness sweep of `predictor.predict.AnalyticModel` (same numbers);
-- analytic-matmul-ws: the same, counting a cuBLAS workspace only for a thread (forward /
-  autograd) that runs a matmul, as the simulator does: the base the GNN corrects;
+- analytic: `predictor.predict.AnalyticModel` (same numbers): the liveness sweep with
+  512-byte rounding, a cuBLAS workspace per thread (forward / autograd) that runs a
+  matmul, as the simulator does, and the CUDA context: the base the GNN corrects;
 - params-only: weights + gradients + optimizer state (P x (2 + k), k = 2 Adam, 1 SGD
   momentum, 0 Adafactor), as the accelerate / DeepSpeed estimators do;
 - korthikanti (transformer families): model state + per layer s*b*h*(34 + 5*a*s/h) bytes
@@ -303,7 +303,6 @@ def main(argv: list[str] | None = None) -> None:
     learned = (data.analytic * np.exp(cv["mu"]), data.analytic * np.exp(cv["upper"]))
     base = baselines(data, a.corpus)
     preds = {"gnn": learned, "analytic": (data.baseline, data.baseline),
-             "analytic-matmul-ws": (data.analytic, data.analytic),
              **{k: (v, v) for k, v in base.items()}}  # fmt: skip
     res = {
         "corpus": a.corpus, "records": len(data), "families": sorted(set(data.family)),

@@ -23,11 +23,9 @@ from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
 from dataset.devices import DeviceProfile
 from predictor.analytic import STEP_NAMES, sweep
 from predictor.graph import StepGraph
-from predictor.vocab import PHASES
+from predictor.vocab import MATMUL_OPS, PHASES
 
 log = logging.getLogger(__name__)
-
-MATMUL_OPS = ("mm.", "addmm.", "bmm.", "baddbmm.", "addbmm.", "_scaled_mm.", "addmv.", "mv.")
 
 
 @dataclass(kw_only=True, slots=True)

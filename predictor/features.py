@@ -30,6 +30,7 @@ import numpy as np
 from predictor.analytic import live_curve, round_bytes
 from predictor.graph import StepGraph
 from predictor.recorder import CATEGORIES, PHASES
+from predictor.vocab import cublas_workspaces
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,6 @@ IMPLS = ("foreach", "fused", "for-loop")
 SCALE_UP = {"B": 16}  # the second reference point multiplies B by 16, other symbols by 4
 SCALE_OTHER = 4
 _MIB = 1 << 20
-MATMUL_OPS = ("mm.", "addmm.", "bmm.", "baddbmm.", "addbmm.", "_scaled_mm.", "addmv.", "mv.")
 _VOCAB_INDEX = {name: k for k, name in enumerate(OP_VOCAB)}
 
 NODE_COLUMNS: tuple[str, ...] = (
@@ -276,7 +276,7 @@ class QueryResult:
 
     features: np.ndarray  # float32 [NUM_QUERY_FEATURES]
     analytic: np.ndarray  # float64 [3]: allocated, reserved, device_total estimates (bytes)
-    baseline: np.ndarray  # float64 [3]: what `predict.AnalyticModel` answers (2 workspaces)
+    baseline: np.ndarray  # float64 [3]: what `predict.AnalyticModel` answers
     breakdown: dict[str, Any]
 
 
@@ -293,11 +293,7 @@ class PathContext:
         self.step = np.asarray(p.nodes["step"], dtype=np.int64)
         n = max(p.num_nodes, 1)
         unknown = sum(op_id(op)[1] for op in p.nodes["op"])
-        # cuBLAS keeps one workspace per handle that runs a matmul: the main thread's
-        # (forward, optimizer) and the autograd thread's (backward); a conv-only model has none
-        matmul = np.array([op.startswith(MATMUL_OPS) for op in p.nodes["op"]], dtype=bool)
-        backward = self.phase == PHASES.index("backward")
-        self.workspace_handles = int(np.any(matmul & ~backward)) + int(np.any(matmul & backward))
+        self.workspace_handles = cublas_workspaces(p.nodes["op"], p.nodes["phase"])
         self.static = np.concatenate([
             _config_features(graph.train, graph.meta.get("target", "cuda")),
             [_log(p.num_nodes, 16), _log(p.num_storages, 16),
@@ -333,8 +329,7 @@ class PathContext:
         est_alloc = peak + ws
         context = device.context_bytes or 0
         analytic = np.array([est_alloc, est_alloc, est_alloc + context])
-        base = peak + (2 * device.cublas_workspace_bytes if gpu else 0)  # AnalyticModel's
-        baseline = np.array([base, base, base + context])
+        baseline = analytic.copy()  # what `predict.AnalyticModel` answers
         safe = max(peak, 1.0)
         dims = {s: v for s, v in resolved.items() if s in g.symbols}
         other = [v for s, v in dims.items() if s != "B"]

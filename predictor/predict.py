@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from predictor.analytic import sweep
 from predictor.graph import StepGraph
 from predictor.spec import ModelBundle, TrainSpec
+from predictor.vocab import cublas_workspaces
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +85,13 @@ class AnalyticModel:
             metric = q.resolved_metric(device.is_gpu)
             round_to = 512 if device.is_gpu else 1
             swept = sweep(graph, q.sizes, scenario=q.scenario, round_to=round_to)
-            extra = 2 * device.cublas_workspace_bytes if device.is_gpu else 0
-            if metric == "device_total":
-                extra += device.context_bytes
+            extras = [_extra_bytes(graph, k, device, metric) for k in range(len(swept.paths))]
             per_path = [
                 {"conditions": p.conditions, "predicted_peak_bytes": p.peak_bytes + extra}
-                for p in swept.paths
+                for p, extra in zip(swept.paths, extras, strict=True)
             ]
-            value = swept.peak_bytes + extra
+            best = max(range(len(per_path)), key=lambda k: per_path[k]["predicted_peak_bytes"])
+            value, extra = per_path[best]["predicted_peak_bytes"], extras[best]
             out.append(
                 Prediction(
                     predicted_peak_bytes=value,
@@ -109,6 +109,16 @@ class AnalyticModel:
                 )
             )
         return out
+
+
+def _extra_bytes(graph: StepGraph, path: int, device: Any, metric: str) -> int:
+    """cuBLAS workspaces (one per thread running a matmul) and, for device_total, the
+    CUDA context: what the device holds besides the step's tensors."""
+    if not device.is_gpu:
+        return 0
+    p = graph.paths[path]
+    extra = cublas_workspaces(p.nodes["op"], p.nodes["phase"]) * device.cublas_workspace_bytes
+    return extra + (device.context_bytes if metric == "device_total" else 0)
 
 
 def cache_dir() -> Path:

@@ -25,7 +25,7 @@ from predictor.analytic import STEP_NAMES
 from predictor.expr import ExprTable
 from predictor.graph import StepGraph
 from predictor.predict import AnalyticModel, Prediction, Query
-from predictor.vocab import CATEGORIES, PHASES
+from predictor.vocab import CATEGORIES, PHASES, cublas_workspaces
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,6 +49,7 @@ class _PathArrays:
     ops: list[str]
     phases: list[int]
     conditions: list
+    workspaces: int  # cuBLAS workspaces on a CUDA device (`vocab.cublas_workspaces`)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -123,6 +124,7 @@ def _encode_path(graph: StepGraph, k: int) -> _PathArrays:
         ops=list(p.nodes["op"]),
         phases=list(p.nodes["phase"]),
         conditions=p.conditions,
+        workspaces=cublas_workspaces(p.nodes["op"], p.nodes["phase"]),
     )
 
 
@@ -213,11 +215,14 @@ class EncodedAnalytic(AnalyticModel):
         at_node: dict[tuple[int, int], np.ndarray] = {}  # (path, node) -> category counts
         out = []
         for q, (device, metric) in enumerate(zip(devices, metrics)):
-            extra = 2 * device.cublas_workspace_bytes if device.is_gpu else 0
-            if metric == "device_total":
-                extra += device.context_bytes
-            peaks = [int(s[0][q]) for s in swept]
+            context = device.context_bytes if metric == "device_total" else 0
+            extras = [
+                pa.workspaces * device.cublas_workspace_bytes + context if device.is_gpu else 0
+                for pa in enc.paths
+            ]
+            peaks = [int(s[0][q]) + e for s, e in zip(swept, extras, strict=True)]
             best = max(range(len(peaks)), key=peaks.__getitem__)
+            extra = extras[best]
             pa, node = enc.paths[best], int(swept[best][1][q])
             counts = at_node.get((best, node))
             if counts is None:
@@ -226,7 +231,7 @@ class EncodedAnalytic(AnalyticModel):
             if enc.guards is not None:
                 ok = enc.guards.evaluate_exact(resolved[q])
                 violated = [g for g, good in zip(graph.guards, ok) if not good]
-            value = peaks[best] + extra
+            value = peaks[best]
             out.append(
                 Prediction(
                     predicted_peak_bytes=value,
@@ -241,7 +246,7 @@ class EncodedAnalytic(AnalyticModel):
                     },
                     model_version=self.version,
                     paths=[
-                        {"conditions": p.conditions, "predicted_peak_bytes": peaks[k] + extra}
+                        {"conditions": p.conditions, "predicted_peak_bytes": peaks[k]}
                         for k, p in enumerate(enc.paths)
                     ],
                 )

@@ -90,9 +90,13 @@ def test_conv_only_graph_gets_no_cublas_workspace():
         loss=lambda m, i: F.relu(m(i["x"])).mean(), dims={"B": 2},
     )  # fmt: skip
     graph = capture(bundle, TrainSpec(optimizer="sgd"), CaptureConfig(target="cuda"))
-    res = PathContext(graph).query({"B": 2}, get_profile("a100-80gb"))
-    ws = 2 * get_profile("a100-80gb").cublas_workspace_bytes
-    assert res.baseline[0] - res.analytic[0] == ws
+    ctx = PathContext(graph)
+    res = ctx.query({"B": 2}, get_profile("a100-80gb"))
+    assert ctx.workspace_handles == 0
+    assert res.baseline[0] == res.analytic[0] == res.breakdown["tensor_peak_bytes"]
+    (pred,) = AnalyticModel().predict(graph, [Query(sizes={"B": 2}, device="a100-80gb")])
+    assert pred.predicted_peak_bytes == res.analytic[1]
+    assert pred.breakdown["workspace_and_context_bytes"] == 0
 
 
 def test_unknown_ops_are_hashed_and_flagged(gpt_graph):
