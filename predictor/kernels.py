@@ -168,3 +168,47 @@ def _mkldnn_rnn_layer(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
 def cpu_kernel_hooks() -> dict[Any, Any]:
     """Dispatch hooks (see `StepRecorder`) for CPU kernels whose fake rule misstates memory."""
     return {aten.mkldnn_rnn_layer.default: _mkldnn_rnn_layer}
+
+
+_NO_END = (1 << 63) - 1  # the end aten.slice gets for an open slice (`x[a:]`, `x[:]`)
+
+
+def _full_slice(start: Any, end: Any, step: Any) -> bool:
+    return (
+        (start is None or (isinstance(start, int) and start == 0))
+        and (end is None or (isinstance(end, int) and end >= _NO_END))
+        and step == 1
+    )
+
+
+def _slice(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    x, dim, start, end, step = (list(args) + [0, None, None, 1][len(args) - 1 :])[:5]
+    if not _full_slice(start, end, step):
+        out = func(*args, **kwargs)
+        rec.record_op("slice.Tensor", (args, kwargs), out)
+        return out
+    out = aten.alias.default(x)
+    rec.record_op("alias.default", ((x,), {}), out)
+    return out
+
+
+def _slice_backward(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    grad, _sizes, _dim, start, end, step = args
+    if _full_slice(start, end, step):
+        return grad  # the forward slice was no slice: its grad passes through
+    out = func(*args, **kwargs)
+    rec.record_op("slice_backward.default", (args, kwargs), out)
+    return out
+
+
+def eager_hooks() -> dict[Any, Any]:
+    """Dispatch hooks that keep what eager indexing skips out of a symbolic capture.
+
+    Python indexing with an open slice (`x[:, :]`, `x[:, 0:]`) returns the tensor itself in
+    eager mode when the sizes are concrete: no slice op, no SliceBackward, so no gradient
+    buffer in the backward. With symbolic sizes the same indexing dispatches
+    `aten.slice(x, d, 0, INT64_MAX)`, and its backward `slice_backward` allocates a
+    gradient-sized buffer eager never allocates (e.g. HF causal LMs' `logits_to_keep=0`).
+    Here an open slice becomes an alias and its backward passes the gradient through.
+    """
+    return {aten.slice.Tensor: _slice, aten.slice_backward.default: _slice_backward}

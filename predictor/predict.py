@@ -126,11 +126,16 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MEMGNN_CACHE", Path.home() / ".cache" / "memgnn"))
 
 
+# bumped whenever capture records a step differently, so cached graphs are captured anew
+CAPTURE_VERSION = 2  # 2: open slices elided as in eager; oneDNN LSTM workspace on the CPU
+
+
 def capture_key(
     bundle: ModelBundle, train: TrainSpec, target: str, sm: int, static: dict[str, int]
 ) -> str:
     blob = json.dumps(
         {
+            "capture": CAPTURE_VERSION,
             "model": bundle.name,
             "hparams": bundle.hparams,
             "dims": bundle.dims,

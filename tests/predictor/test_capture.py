@@ -17,6 +17,15 @@ def _bytes_equal(sym, conc, sizes):
     return sym.paths[0].nodes["op"] == conc.paths[0].nodes["op"] and list(a) == list(b)
 
 
+def _memory_equal(sym, conc, sizes):
+    """Same storages in the same order, same ops but for aliases: eager indexing skips an
+    open slice that a symbolic trace records as an alias (`predictor.kernels.eager_hooks`)."""
+    a = sym.storage_bytes(0, sym.resolve_sizes(sizes))
+    b = conc.storage_bytes(0, conc.resolve_sizes(sizes))
+    ops = [[op for op in g.paths[0].nodes["op"] if op != "alias.default"] for g in (sym, conc)]
+    return ops[0] == ops[1] and list(a) == list(b)
+
+
 @pytest.mark.parametrize("train", [TrainSpec(), TrainSpec(precision="amp-bf16", grad_accum=3)])
 def test_symbolic_capture_matches_concrete_captures(tiny_gpt, train):
     sym = capture(tiny_gpt, train)
@@ -149,6 +158,8 @@ def test_size_not_in_input_spec_is_named(tiny_mlp):
     [
         ("bert", {"dropout": 0.0}, [{"B": 2, "S": 16}, {"B": 5, "S": 128}, {"B": 9, "S": 300}]),
         ("resnet", {}, [{"B": 2}, {"B": 5}, {"B": 12}]),  # guard B < 16 (conv backend)
+        ("llama", {}, [{"B": 2, "S": 7}, {"B": 5, "S": 128}, {"B": 9, "S": 300}]),
+        ("t5", {"dropout": 0.0}, [{"B": 2, "S": 7, "T": 5}, {"B": 3, "S": 33, "T": 17}]),
     ],
 )
 def test_zoo_symbolic_capture_matches_concrete(name, hparams, points):
@@ -162,4 +173,4 @@ def test_zoo_symbolic_capture_matches_concrete(name, hparams, points):
         conc = capture(
             bundle, train, CaptureConfig(target="cpu", symbolic=False, sizes=sizes)
         )
-        assert _bytes_equal(sym, conc, sizes), (name, sizes)
+        assert _memory_equal(sym, conc, sizes), (name, sizes)
