@@ -32,8 +32,9 @@ def main() -> None:
     t0 = time.perf_counter()
     swept = sweep(graph, {"B": 8, "S": 1024})
     sweep_s = time.perf_counter() - t0
-    sim = profile(bundle, train, {"B": 8, "S": 1024}, ProfileConfig(backend="sim",
-                                                                     device="a100-80gb"))
+    sim = profile(
+        bundle, train, {"B": 8, "S": 1024}, ProfileConfig(backend="sim", device="a100-80gb")
+    )
     result = {
         "model": "gpt2-small (transformers GPT2LMHeadModel, from_config)",
         "parameters": n_params,
@@ -53,8 +54,9 @@ def main() -> None:
             "peak_allocated_bytes": sim.peak_allocated_bytes,
             "peak_reserved_bytes": sim.peak_reserved_bytes,
             "device_total_bytes": sim.device_total_bytes,
-            "breakdown": {k: sim.breakdown[k] for k in ("categories", "first_step",
-                                                         "steady_state", "phases")},
+            "breakdown": {
+                k: sim.breakdown[k] for k in ("categories", "first_step", "steady_state", "phases")
+            },
             "stats": sim.stats,
         },
     }

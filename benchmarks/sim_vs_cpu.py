@@ -71,8 +71,11 @@ def run() -> dict:
             "sim_seconds": round(t2 - t1, 2),
         }
         rows.append(row)
-        print(f"{name:8s} {train.optimizer:9s} {train.precision:8s} {train.checkpointing:5s} "
-              f"err {row['rel_error']:+.4%}", file=sys.stderr)
+        print(
+            f"{name:8s} {train.optimizer:9s} {train.precision:8s} {train.checkpointing:5s} "
+            f"err {row['rel_error']:+.4%}",
+            file=sys.stderr,
+        )
     done = [r for r in rows if "rel_error" in r]
     errs = [abs(r["rel_error"]) for r in done]
     return {
@@ -97,8 +100,10 @@ def markdown(result: dict) -> str:
     ]
     for r in result["rows"]:
         t = r["train"]
-        head = (f"| {r['model']} | {r['sizes']} | {t['optimizer']} | {t['precision']} | "
-                f"{t['checkpointing']} | {t['grad_accum']} | {t['steps']} |")
+        head = (
+            f"| {r['model']} | {r['sizes']} | {t['optimizer']} | {t['precision']} | "
+            f"{t['checkpointing']} | {t['grad_accum']} | {t['steps']} |"
+        )
         if "skipped" in r:
             lines.append(f"{head} skipped: {r['skipped']} | | | |")
         else:

@@ -172,9 +172,16 @@ def predict_cmd(args: argparse.Namespace) -> int:
         from serving.client import remote_predict
 
         out = remote_predict(
-            args.url, model=args.model, model_args=model_args(args), task=args.task,
-            train=train_spec(args), sizes=parse_sizes(args), device=args.device,
-            metric=args.metric, scenario=args.scenario, token=args.token,
+            args.url,
+            model=args.model,
+            model_args=model_args(args),
+            task=args.task,
+            train=train_spec(args),
+            sizes=parse_sizes(args),
+            device=args.device,
+            metric=args.metric,
+            scenario=args.scenario,
+            token=args.token,
         )
         print(json.dumps(out, indent=2, default=str))
         return 0

@@ -276,9 +276,13 @@ def test_max_split_large_request_rounding_limit():
     sim.malloc(45 * MiB)  # 60 < 45 + 20: taken whole (never split at/above max_split)
     st = sim.stats()
     assert (st.reserved_bytes, st.allocated_bytes, st.requested_bytes) == (
-        60 * MiB, 60 * MiB, 45 * MiB)
-    sim = CachingAllocatorSim(AllocatorConfig(max_split_size=32 * MiB,
-                                              max_non_split_rounding=30 * MiB))
+        60 * MiB,
+        60 * MiB,
+        45 * MiB,
+    )
+    sim = CachingAllocatorSim(
+        AllocatorConfig(max_split_size=32 * MiB, max_non_split_rounding=30 * MiB)
+    )
     sim.free(sim.malloc(60 * MiB))
     sim.malloc(40 * MiB)  # 60 < 40 + 30
     assert sim.stats().reserved_bytes == 60 * MiB
@@ -295,8 +299,9 @@ def test_max_split_releases_oversize_block_before_retry():
 
 # ---- garbage collection -----------------------------------------------------------------
 def _gc_trace(threshold):
-    cfg = AllocatorConfig(capacity_bytes=100 * MiB, memory_fraction=1.0,
-                          garbage_collection_threshold=threshold)
+    cfg = AllocatorConfig(
+        capacity_bytes=100 * MiB, memory_fraction=1.0, garbage_collection_threshold=threshold
+    )
     sim = CachingAllocatorSim(cfg)
     a = sim.malloc(22 * MiB, stream=0)  # large-pool call 1
     b = sim.malloc(22 * MiB, stream=1)  # call 2
@@ -487,10 +492,16 @@ def test_replay_20k_events_completes(expandable):
 
 def test_random_trace_invariants_with_limit():
     events = _random_trace(3_000, seed=1)
-    for cfg in (AllocatorConfig(capacity_bytes=2 << 30),
-                AllocatorConfig(capacity_bytes=2 << 30, expandable_segments=True),
-                AllocatorConfig(capacity_bytes=2 << 30, memory_fraction=0.9,
-                                max_split_size=64 * MiB, garbage_collection_threshold=0.6)):
+    for cfg in (
+        AllocatorConfig(capacity_bytes=2 << 30),
+        AllocatorConfig(capacity_bytes=2 << 30, expandable_segments=True),
+        AllocatorConfig(
+            capacity_bytes=2 << 30,
+            memory_fraction=0.9,
+            max_split_size=64 * MiB,
+            garbage_collection_threshold=0.6,
+        ),
+    ):
         sim = CachingAllocatorSim(cfg)
         handles = {}
         for i, (op, key, size, *rest) in enumerate(events):

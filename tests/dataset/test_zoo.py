@@ -121,9 +121,7 @@ def test_symbolic_fake_step(name: str) -> None:
     try:
         with mode:
             model = bundle.build()
-            sizes = {
-                k: v if k in bundle.static_dims else sym(k, v) for k, v in bundle.dims.items()
-            }
+            sizes = {k: v if k in bundle.static_dims else sym(k, v) for k, v in bundle.dims.items()}
             inputs = bundle.make_inputs(sizes, CPU, torch.float32)
             loss = bundle.loss(model, inputs)
             loss.backward()

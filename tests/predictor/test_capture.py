@@ -170,7 +170,5 @@ def test_zoo_symbolic_capture_matches_concrete(name, hparams, points):
     sym = capture(bundle, train, CaptureConfig(target="cpu"))
     for sizes in points:
         assert not sym.violated_guards(sym.resolve_sizes(sizes))
-        conc = capture(
-            bundle, train, CaptureConfig(target="cpu", symbolic=False, sizes=sizes)
-        )
+        conc = capture(bundle, train, CaptureConfig(target="cpu", symbolic=False, sizes=sizes))
         assert _memory_equal(sym, conc, sizes), (name, sizes)
