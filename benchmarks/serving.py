@@ -48,7 +48,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(state: Path, workers: int) -> tuple[subprocess.Popen, str]:
+def start_server(state: Path, workers: int, model: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [
         sys.executable,
@@ -57,7 +57,7 @@ def start_server(state: Path, workers: int) -> tuple[subprocess.Popen, str]:
         "--port",
         str(port),
         "--model",
-        "analytic",
+        model,
         "--state-dir",
         str(state),
         "--workers",
@@ -276,6 +276,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--throughput-requests", type=int, default=4000)
     ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument(
+        "--model", default="default", help="what the server answers with: default | analytic"
+    )
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     t0 = time.perf_counter()
@@ -292,14 +295,17 @@ def main() -> None:
             "python": platform.python_version(),
             "load_average_before": [round(x, 2) for x in os.getloadavg()],
         },
-        "model": "analytic-1 (EncodedAnalytic)",
+        "model": args.model,
     }
     with tempfile.TemporaryDirectory() as state:
-        proc, url = start_server(Path(state) / "one", 1)
+        proc, url = start_server(Path(state) / "one", 1, args.model)
         try:
             result["cold_upload"] = cold_uploads(url, data, 5)
             blob = gzip.compress(json.dumps(data).encode())
             gid = httpx.post(f"{url}/graphs", content=blob, timeout=60).json()["graph_id"]
+            body = {"graph_id": gid, "configs": CONFIGS}
+            first = httpx.post(f"{url}/predict", json=body, timeout=60).json()
+            result["model"] = f"{args.model}: {first['model_version']}"
             cpu0 = cpu_seconds(proc.pid)
             result["predict_latency"] = latency(url, gid, args.requests)
             served = 2 * (args.requests + 50)
@@ -308,7 +314,7 @@ def main() -> None:
             )
         finally:
             stop(proc)
-        proc, url = start_server(Path(state) / "two", 2)
+        proc, url = start_server(Path(state) / "two", 2, args.model)
         try:
             gid = httpx.post(f"{url}/graphs", content=blob, timeout=60).json()["graph_id"]
             cpu0 = cpu_seconds(proc.pid)

@@ -23,7 +23,6 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -99,8 +98,7 @@ def _run_jobs(jobs: list, cache_dir: str | None) -> Result:
         if graph_error:
             record.stats["graph_error"] = graph_error
         rows.append(record_row(job.job_id, record, graph_id))
-    # without its compiled expression table (closures do not pickle)
-    graphs = {gid: replace(g, _table=None) for g, gid, _ in captures.values() if g is not None}
+    graphs = {gid: g for g, gid, _ in captures.values() if g is not None}
     return {"rows": rows, "graphs": graphs}
 
 

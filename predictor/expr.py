@@ -232,6 +232,8 @@ class ExprTable:
             except (FloatingPointError, ZeroDivisionError) as exc:
                 raise ValueError(f"size expression cannot be evaluated: {exc}") from None
         shape = np.broadcast_shapes(*(a.shape for a in args))  # any number of symbols
+        if not shape:  # scalar sizes: one conversion for the whole table
+            return np.array(vals, dtype=np.int64)
         return np.stack([np.broadcast_to(np.asarray(v, dtype=np.int64), shape) for v in vals])
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from predictor.analytic import live_curve, round_bytes
+from predictor.analytic import live_curve, live_curves, live_index, round_bytes
 from predictor.graph import StepGraph
 from predictor.recorder import CATEGORIES, PHASES
 from predictor.vocab import cublas_workspaces
@@ -286,6 +286,9 @@ class PathContext:
     def __init__(self, graph: StepGraph, path: int = 0):
         self.graph, self.path = graph, path
         p = graph.paths[path]
+        self.index = live_index(p)
+        steps = p.array("nodes", "step")
+        self.step_nodes = {s: np.flatnonzero(steps == s) for s in (0, 1) if np.any(steps == s)}
         self.alloc = np.asarray(p.storages["alloc"], dtype=np.int64)
         self.free = np.asarray(p.storages["free"], dtype=np.int64)
         self.category = np.asarray(p.storages["category"], dtype=np.int64)
@@ -303,14 +306,54 @@ class PathContext:
 
     def query(self, sizes: dict[str, int], device: Any, scenario: str = "worst") -> QueryResult:
         """Query features at `sizes` on `device` (a `dataset.devices.DeviceProfile`)."""
+        return self.query_many([(sizes, device, scenario)])[0]
+
+    def query_many(self, queries: list[tuple[dict[str, int], Any, str]]) -> list[QueryResult]:
+        """`query` for (sizes, device, scenario) triples at once: the size expressions and
+        the live-byte curves of every query are computed in a few array operations."""
+        g, p = self.graph, self.graph.paths[self.path]
+        resolved = [g.resolve_sizes(sizes, scenario) for sizes, _, scenario in queries]
+        columns = {s: np.array([r[s] for r in resolved], dtype=np.int64) for s in resolved[0]}
+        per_expr = g.table().evaluate(columns).reshape(len(g.exprs), len(queries))
+        per_expr = np.ascontiguousarray(per_expr.T)  # [Q, exprs]
+        exact = np.take(per_expr, p.array("storages", "nbytes"), axis=1)  # [Q, storages]
+        scratch = np.take(per_expr, p.array("nodes", "scratch"), axis=1)  # [Q, nodes]
+        gpu = np.array([bool(d.is_gpu) for _, d, _ in queries])[:, None]
+        nbytes = np.where(gpu, round_bytes(exact, 512), exact)
+        scratch = np.where(gpu, round_bytes(scratch, 512), 0)
+        small, large = nbytes <= _MIB, nbytes >= 10 * _MIB
+        # a caching-allocator-shaped estimate: the max over the schedule of small blocks in
+        # 2 MiB segments + 1-10 MiB blocks (and the workspaces) in 20 MiB segments + large
+        # blocks rounded to 2 MiB (with the kernel scratch)
+        by_class = [np.where(small, nbytes, 0), np.where(~small & ~large, nbytes, 0),
+                    np.where(large, round_bytes(nbytes, 2 * _MIB), 0)]  # fmt: skip
+        zero = np.zeros_like(scratch)
+        initial, live = live_curves(
+            self.index,
+            np.concatenate([nbytes, *by_class]),
+            np.concatenate([scratch, zero, zero, scratch]),
+        )
+        q = len(queries)
+        ws = np.array([self._workspace(d) for _, d, _ in queries], dtype=np.float64)[:, None]
+        ls, lm, ll = live[q : 2 * q], live[2 * q : 3 * q], live[3 * q :]
+        seg = (np.ceil(ls / (2 * _MIB)) * 2 * _MIB + np.ceil((lm + ws) / (20 * _MIB)) * 20 * _MIB
+               + ll).max(axis=1, initial=0)  # fmt: skip
+        return [
+            self._features(
+                resolved[i], queries[i][1], exact[i], nbytes[i], scratch[i], int(initial[i]),
+                live[i], float(seg[i]), small[i],
+            )
+            for i in range(q)
+        ]  # fmt: skip
+
+    def _workspace(self, device: Any) -> int:
+        return self.workspace_handles * device.cublas_workspace_bytes if device.is_gpu else 0
+
+    def _features(
+        self, resolved, device, exact, nbytes, scratch, initial, live, seg: float, small
+    ) -> QueryResult:
         g = self.graph
-        resolved = g.resolve_sizes(sizes, scenario)
-        exact = g.storage_bytes(self.path, resolved)
-        scratch = g.scratch_bytes(self.path, resolved)
         gpu = bool(device.is_gpu)
-        nbytes = round_bytes(exact, 512) if gpu else exact
-        scratch = round_bytes(scratch, 512) if gpu else np.zeros_like(scratch)
-        initial, live = live_curve(g, self.path, nbytes, scratch)
         node = int(np.argmax(live)) if len(live) and live.max() > initial else -1
         peak = float(live[node]) if node >= 0 else float(initial)
         alive = (self.alloc < 0) if node < 0 else (
@@ -323,9 +366,10 @@ class PathContext:
         segments = (np.ceil(class_bytes[0] / (2 * _MIB)) * 2 * _MIB
                     + np.ceil(class_bytes[1] / (20 * _MIB)) * 20 * _MIB
                     + float(round_bytes(live_sizes[classes[2]], 2 * _MIB).sum()))  # fmt: skip
-        steps = {s: float(live[self.step == s].max()) for s in (0, 1) if np.any(self.step == s)}
-        ws = self.workspace_handles * device.cublas_workspace_bytes if gpu else 0
-        seg, churn, n_large, n_sizes = self._allocator_view(nbytes, scratch, ws, peak)
+        steps = {s: float(live[idx].max()) for s, idx in self.step_nodes.items()}
+        ws = self._workspace(device)
+        big = nbytes[~small & (self.alloc >= 0)]  # blocks of 1 MiB and more allocated in the step
+        churn, n_large, n_sizes = float(big.sum()) / max(peak, 1.0), big.size, np.unique(big).size
         est_alloc = peak + ws
         context = device.context_bytes or 0
         analytic = np.array([est_alloc, est_alloc, est_alloc + context])
@@ -361,23 +405,6 @@ class PathContext:
             "violated_guards": g.violated_guards(resolved),
         }
         return QueryResult(features=f, analytic=analytic, baseline=baseline, breakdown=breakdown)
-
-    def _allocator_view(self, nbytes, scratch, ws: int, peak: float):
-        """A caching-allocator-shaped estimate: max over the schedule of small bytes in 2 MiB
-        segments + 1-10 MiB blocks (and the workspaces) in 20 MiB segments + large blocks
-        rounded to 2 MiB; plus large-block churn (bytes allocated / peak), count and
-        distinct sizes."""
-        g, k = self.graph, self.path
-        small, large = nbytes <= _MIB, nbytes >= 10 * _MIB
-        mid = ~small & ~large
-        _, ls = live_curve(g, k, np.where(small, nbytes, 0))
-        _, lm = live_curve(g, k, np.where(mid, nbytes, 0))
-        _, ll = live_curve(g, k, np.where(large, round_bytes(nbytes, 2 * _MIB), 0), scratch)
-        seg = (np.ceil(ls / (2 * _MIB)) * 2 * _MIB + np.ceil((lm + ws) / (20 * _MIB)) * 20 * _MIB
-               + ll)  # fmt: skip
-        big = nbytes[~small & (self.alloc >= 0)]
-        churn = float(big.sum()) / max(peak, 1.0)
-        return float(seg.max(initial=0)), churn, big.size, np.unique(big).size
 
 
 def _ws_segment(ws: int) -> int:

@@ -44,6 +44,24 @@ class PathGraph:
     conditions: list[dict[str, Any]]
     nodes: dict[str, list]
     storages: dict[str, list]
+    _cache: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+
+    def array(self, table: str, column: str) -> np.ndarray:
+        """An integer column ("nodes" or "storages") as int64, converted once and cached
+        (per-query code reads these for every prediction; read-only)."""
+        key = f"{table}.{column}"
+        return self.cached(key, lambda: np.asarray(getattr(self, table)[column], dtype=np.int64))
+
+    def cached(self, key: str, make: Any) -> Any:
+        """`make()` once per path (derived arrays: the columns never change after load)."""
+        if self._cache is None:
+            self._cache = {}
+        value = self._cache.get(key)
+        if value is None:
+            value = self._cache[key] = make()
+            if isinstance(value, np.ndarray):
+                value.flags.writeable = False
+        return value
 
     @property
     def num_nodes(self) -> int:
@@ -81,7 +99,11 @@ class StepGraph:
     exprs: list[str]
     paths: list[PathGraph]
     meta: dict[str, Any] = field(default_factory=dict)
-    _table: ExprTable | None = None
+    _table: ExprTable | None = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> list[Any]:
+        """Pickle without the compiled expression table (its functions do not pickle)."""
+        return [None if f == "_table" else getattr(self, f) for f in self.__dataclass_fields__]
 
     # ---- identity and validation -------------------------------------------------------
     def content(self) -> dict[str, Any]:
@@ -160,17 +182,17 @@ class StepGraph:
 
     def storage_bytes(self, path: int, resolved: dict[str, int]) -> np.ndarray:
         """Bytes of every storage of a path at resolved sizes (int64)."""
-        return self._lookup(self.paths[path].storages["nbytes"], resolved)
+        return self._lookup(self.paths[path].array("storages", "nbytes"), resolved)
 
     def scratch_bytes(self, path: int, resolved: dict[str, int]) -> np.ndarray:
         """Kernel scratch bytes of every node of a path at resolved sizes (int64)."""
-        return self._lookup(self.paths[path].nodes["scratch"], resolved)
+        return self._lookup(self.paths[path].array("nodes", "scratch"), resolved)
 
-    def _lookup(self, expr_idx: list[int], resolved: dict[str, int]) -> np.ndarray:
-        if not expr_idx:
+    def _lookup(self, expr_idx: np.ndarray, resolved: dict[str, int]) -> np.ndarray:
+        if not len(expr_idx):
             return np.zeros(0, dtype=np.int64)
         per_expr = self.table().evaluate(resolved)
-        return per_expr[np.asarray(expr_idx, dtype=np.int64)]
+        return per_expr[expr_idx]
 
     # ---- files --------------------------------------------------------------------------
     def save(self, path: str | Path) -> str:

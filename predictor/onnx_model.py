@@ -150,11 +150,11 @@ class OnnxMemoryModel:
         if embedding.shape[0] != len(contexts):
             raise ValueError(f"embedding has {embedding.shape[0]} rows, graph has "
                              f"{len(contexts)} paths")  # fmt: skip
-        results, metrics = [], []
-        for q in queries:
-            device = get_profile(q.device)
-            metrics.append(METRICS.index(q.resolved_metric(device.is_gpu)))
-            results.append([c.query(q.sizes, device, q.scenario) for c in contexts])
+        devices = [get_profile(q.device) for q in queries]
+        metrics = [METRICS.index(q.resolved_metric(d.is_gpu)) for q, d in zip(queries, devices)]
+        asks = [(q.sizes, d, q.scenario) for q, d in zip(queries, devices)]
+        per_path = [c.query_many(asks) for c in contexts]
+        results = [list(per) for per in zip(*per_path)]  # [query][path]
         n_paths = len(contexts)
         feats = np.stack([r.features for per in results for r in per])
         emb = np.tile(embedding.astype(np.float32), (len(queries), 1))
