@@ -46,6 +46,14 @@ class PathGraph:
     storages: dict[str, list]
     _cache: dict[str, Any] | None = field(default=None, repr=False, compare=False)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the columns only (the cache is rebuilt on use)."""
+        return {f: None if f == "_cache" else getattr(self, f) for f in self.__dataclass_fields__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+
     def array(self, table: str, column: str) -> np.ndarray:
         """An integer column ("nodes" or "storages") as int64, converted once and cached
         (per-query code reads these for every prediction; read-only)."""
@@ -101,9 +109,13 @@ class StepGraph:
     meta: dict[str, Any] = field(default_factory=dict)
     _table: ExprTable | None = field(default=None, repr=False, compare=False)
 
-    def __getstate__(self) -> list[Any]:
+    def __getstate__(self) -> dict[str, Any]:
         """Pickle without the compiled expression table (its functions do not pickle)."""
-        return [None if f == "_table" else getattr(self, f) for f in self.__dataclass_fields__]
+        return {f: None if f == "_table" else getattr(self, f) for f in self.__dataclass_fields__}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
 
     # ---- identity and validation -------------------------------------------------------
     def content(self) -> dict[str, Any]:

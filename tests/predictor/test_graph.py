@@ -84,3 +84,15 @@ def test_resolve_sizes_validates(graph):
         graph.resolve_sizes({"B": 0})
     with pytest.raises(ValueError, match="unknown size symbols"):
         graph.resolve_sizes({"B": 2, "Q": 3})
+
+
+def test_a_used_graph_pickles_without_its_caches(graph):
+    import pickle
+
+    sizes = graph.resolve_sizes({"B": 3})
+    before = graph.storage_bytes(0, sizes).tolist()  # builds the expression table and caches
+    assert graph._table is not None and graph.paths[0]._cache
+    again = pickle.loads(pickle.dumps(graph))  # e.g. a corpus worker's result
+    assert again._table is None and again.paths[0]._cache is None
+    assert again.graph_id == graph.graph_id
+    assert again.storage_bytes(0, sizes).tolist() == before
