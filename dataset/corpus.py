@@ -115,7 +115,21 @@ class CorpusWriter:
         return path
 
     def done_job_ids(self) -> set[str]:
-        return set(Corpus(self.root).table().column("job_id").to_pylist())
+        """Jobs a resumed build skips: all with a row, but for transient failures."""
+        t = Corpus(self.root).table()
+        return {
+            job
+            for job, error in zip(t.column("job_id").to_pylist(), t.column("error").to_pylist())
+            if not is_transient(error)
+        }
+
+
+# errors of the machinery, not of the config: a resumed build profiles those jobs again
+TRANSIENT_ERRORS = ("worker process died", "worker failed:")
+
+
+def is_transient(error: str | None) -> bool:
+    return bool(error) and error.startswith(TRANSIENT_ERRORS)
 
 
 class Corpus:
@@ -132,28 +146,32 @@ class Corpus:
         return sorted((self.root / "parts").glob("part-*.parquet"))
 
     def table(self) -> pa.Table:
-        tables, seen = [], set()
+        """Every readable part's rows, one per job id: a job's row without a transient
+        error (`TRANSIENT_ERRORS`, retried by a resumed build) wins over one with it."""
+        tables: list[pa.Table] = []
         for part in self.parts():
             try:
-                t = pq.read_table(part, schema=SCHEMA)
+                tables.append(pq.read_table(part, schema=SCHEMA))
             except (pa.ArrowException, OSError) as exc:
                 bad = part.with_name(part.name + ".corrupt")
                 log.warning("corrupt corpus part %s (%s): moved to %s", part, exc, bad.name)
                 part.replace(bad)
-                continue
-            ids = t.column("job_id").to_pylist()
-            keep = []
-            for i, job in enumerate(ids):
-                if job not in seen:
-                    seen.add(job)
-                    keep.append(i)
-            if len(keep) == len(ids):
-                tables.append(t)
-            elif keep:
-                tables.append(t.take(pa.array(keep, type=pa.int64())))
-        if not tables:
-            return SCHEMA.empty_table()
-        return pa.concat_tables(tables)
+        chosen: dict[str, tuple[int, int, bool]] = {}  # job -> (table, row, transient)
+        for k, t in enumerate(tables):
+            errors = t.column("error").to_pylist()
+            for i, job in enumerate(t.column("job_id").to_pylist()):
+                transient = is_transient(errors[i])
+                if job not in chosen or (chosen[job][2] and not transient):
+                    chosen[job] = (k, i, transient)
+        keep: list[list[int]] = [[] for _ in tables]
+        for k, i, _ in chosen.values():
+            keep[k].append(i)
+        out = [
+            t if len(rows) == t.num_rows else t.take(pa.array(sorted(rows), type=pa.int64()))
+            for t, rows in zip(tables, keep, strict=True)
+            if rows
+        ]
+        return pa.concat_tables(out) if out else SCHEMA.empty_table()
 
     def records(self, *, ok_only: bool = True) -> list[dict[str, Any]]:
         rows = self.table().to_pylist()

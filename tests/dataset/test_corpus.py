@@ -58,3 +58,20 @@ def test_wrong_manifest_is_refused(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"format": "memgnn.corpus", "version": 99}))
     with pytest.raises(ValueError, match="version 99"):
         Corpus(tmp_path)
+
+
+@pytest.mark.parametrize("ok_first", [True, False])
+def test_a_transient_failure_is_redone_and_its_retry_wins(tmp_path, ok_first):
+    w = CorpusWriter(tmp_path)
+    died = record_row("a", _record(1), None) | {"error": "worker process died (killed)"}
+    w.write_rows([died, record_row("b", _record(2), "g1")])
+    assert w.done_job_ids() == {"b"}  # a resumed build profiles job a again
+    config_error = record_row("c", _record(3), None) | {"error": "ValueError: batch 0"}
+    w.write_rows([config_error])
+    assert w.done_job_ids() == {"b", "c"}  # a config's own error is final
+    part = w.write_rows([record_row("a", _record(1), "g1")])
+    # parts are read in name order: the retry may come first or last
+    part.rename(part.with_name("part-0000.parquet" if ok_first else "part-ffff.parquet"))
+    recs = Corpus(tmp_path).records(ok_only=False)
+    a = [r for r in recs if r["job_id"] == "a"]
+    assert len(a) == 1 and a[0]["error"] is None and a[0]["peak_allocated_bytes"] == 1001
