@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -286,9 +286,24 @@ class PathContext:
     def __init__(self, graph: StepGraph, path: int = 0):
         self.graph, self.path = graph, path
         p = graph.paths[path]
-        self.index = live_index(p)
+        # Live bytes only rise at a node that allocates or has kernel scratch: every maximum
+        # over the schedule (the peak, each step's peak, the segment estimate) is reached at
+        # such a node or at the first node of a step, so the curves are computed there only.
         steps = p.array("nodes", "step")
-        self.step_nodes = {s: np.flatnonzero(steps == s) for s in (0, 1) if np.any(steps == s)}
+        alloc = p.array("storages", "alloc")
+        zero = np.array([e.strip() == "0" for e in graph.exprs] or [True])
+        rises = ~zero[p.array("nodes", "scratch")] if p.num_nodes else np.zeros(0, dtype=bool)
+        rises[alloc[alloc >= 0]] = True
+        rises[np.flatnonzero(np.diff(steps, prepend=-1))] = True  # first node of each step
+        self.at = np.flatnonzero(rises)  # the nodes where curves are evaluated
+        full = live_index(p)
+        self.index = replace(
+            full, alloc_pos=full.alloc_pos[self.at], free_pos=full.free_pos[self.at]
+        )
+        self.scratch_at = p.array("nodes", "scratch")[self.at]
+        self.step_nodes = {
+            s: np.flatnonzero(steps[self.at] == s) for s in (0, 1) if np.any(steps == s)
+        }
         self.alloc = np.asarray(p.storages["alloc"], dtype=np.int64)
         self.free = np.asarray(p.storages["free"], dtype=np.int64)
         self.category = np.asarray(p.storages["category"], dtype=np.int64)
@@ -317,7 +332,7 @@ class PathContext:
         per_expr = g.table().evaluate(columns).reshape(len(g.exprs), len(queries))
         per_expr = np.ascontiguousarray(per_expr.T)  # [Q, exprs]
         exact = np.take(per_expr, p.array("storages", "nbytes"), axis=1)  # [Q, storages]
-        scratch = np.take(per_expr, p.array("nodes", "scratch"), axis=1)  # [Q, nodes]
+        scratch = np.take(per_expr, self.scratch_at, axis=1)  # [Q, nodes in self.at]
         gpu = np.array([bool(d.is_gpu) for _, d, _ in queries])[:, None]
         nbytes = np.where(gpu, round_bytes(exact, 512), exact)
         scratch = np.where(gpu, round_bytes(scratch, 512), 0)
@@ -354,8 +369,9 @@ class PathContext:
     ) -> QueryResult:
         g = self.graph
         gpu = bool(device.is_gpu)
-        node = int(np.argmax(live)) if len(live) and live.max() > initial else -1
-        peak = float(live[node]) if node >= 0 else float(initial)
+        at = int(np.argmax(live)) if len(live) and live.max() > initial else -1
+        peak = float(live[at]) if at >= 0 else float(initial)
+        node = int(self.at[at]) if at >= 0 else -1
         alive = (self.alloc < 0) if node < 0 else (
             (self.alloc <= node) & ((self.free < 0) | (self.free >= node)))  # fmt: skip
         cat = np.bincount(self.category[alive], weights=nbytes[alive], minlength=len(CATEGORIES))
