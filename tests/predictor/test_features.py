@@ -111,3 +111,33 @@ def test_unknown_ops_are_hashed_and_flagged(gpt_graph):
     gi = graph_inputs(graph, compact=False)
     assert gi.unknown_ops == ["mylib.custom_thing.default"]
     assert gi.x[3, 0] == k and gi.x[3, 1] == 1.0 and gi.x[:, 1].sum() == 1.0
+
+
+def test_query_many_equals_one_query_at_a_time(gpt_graph):
+    from dataset.devices import get_profile
+
+    ctx = PathContext(gpt_graph)
+    asks = [
+        ({"B": 2, "S": 9}, get_profile("a100-80gb"), "worst"),
+        ({"B": 7, "S": 130}, get_profile("cpu"), "worst"),
+        ({"B": 1, "S": 64}, get_profile("v100-16gb"), "balanced"),
+    ]
+    together = ctx.query_many(asks)
+    for ask, got in zip(asks, together, strict=True):
+        alone = PathContext(gpt_graph).query(*ask)
+        assert np.array_equal(got.features, alone.features)
+        assert np.array_equal(got.analytic, alone.analytic)
+        assert got.breakdown == alone.breakdown
+
+
+def test_peak_node_is_found_among_the_nodes_where_bytes_rise(gpt_graph):
+    """The curves are evaluated only where live bytes can rise; the peak, phase and step
+    peaks must equal those of the full per-node sweep."""
+    from dataset.devices import get_profile
+    from predictor.analytic import sweep
+
+    res = PathContext(gpt_graph).query({"B": 3, "S": 40}, get_profile("cpu"))
+    full = sweep(gpt_graph, {"B": 3, "S": 40}, scenario="worst")
+    assert res.breakdown["tensor_peak_bytes"] == full.peak_bytes
+    assert res.breakdown["phase"] == full.best.peak_phase
+    assert res.breakdown["step_peaks"] == full.best.step_peaks
