@@ -4,8 +4,8 @@
 
 1. builds (or finishes: it is resumable) the corpus in `runs/corpus` with
    `dataset.build` (all 14 zoo families): the same as
-   `memgnn dataset build --out runs/corpus --backend sim --size 3900 --sizes-per-config 12
-   --seed 1 --workers 2` then `... --backend cpu --size 360 --seed 1`;
+   `memgnn dataset build --out runs/corpus --backend sim --size 3960 --sizes-per-config 12
+   --seed 1 --workers 2` then `... --backend cpu --size 430 --seed 1`;
 2. trains on every family (`memgnn train --holdout-families none`: held-out-family
    accuracy is measured by `benchmarks/accuracy.py`, which cross-validates by family),
    tracked in `runs/default-model/mlflow.db` and registered as `memgnn@champion`;
@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads for training")
     p.add_argument("--seed", type=int, default=0, help="training seed")
     p.add_argument("--corpus-seed", type=int, default=1)
-    p.add_argument("--sim-size", type=int, default=3900, help="sim jobs (12 sizes per config)")
-    p.add_argument("--cpu-size", type=int, default=360, help="real cpu jobs")
+    p.add_argument("--sim-size", type=int, default=3960, help="sim jobs (12 sizes per config)")
+    p.add_argument("--cpu-size", type=int, default=430, help="real cpu jobs")
     p.add_argument("--skip-corpus", action="store_true", help="train on --corpus as it is")
     p.add_argument("--no-install", action="store_true", help="do not copy into the package")
     p.add_argument("--restart", action="store_true", help="discard a previous run in --out")
