@@ -8,8 +8,11 @@
    simulator against a real CPU run at a small size;
 4. predict with the shipped model (the analytic baseline where none ships) next to the
    simulated value;
-5. start the HTTP service on loopback, ask `/predict` and `/plan`, stop it;
-6. a short governed training run on a memory-capped emulated device with variable-length
+5. learn: build a small corpus, train a GNN tracked in mlflow (embedded SQLite store),
+   register it, export it to ONNX, and predict configs of a family it never saw next to
+   their measured labels (`memgnn/demo_learn.py`);
+6. start the HTTP service on loopback, ask `/predict` and `/plan`, stop it;
+7. a short governed training run on a memory-capped emulated device with variable-length
    batches: the decisions it made and the OOMs it avoided.
 """
 
@@ -19,6 +22,7 @@ import logging
 import time
 from pathlib import Path
 
+from memgnn.demo_learn import learn_step
 from memgnn.display import fmt_bytes, print_table
 
 log = logging.getLogger(__name__)
@@ -80,6 +84,7 @@ def run_demo(out: Path) -> int:
         f"sim: {simc.peak_allocated_bytes} B ({err:+.3%})"
     )
     _predict_step(graph, sizes, sim)
+    learn_step(out)
     _service_step(out)
     _governor_step(out)
     return 0
@@ -105,7 +110,7 @@ def _service_step(out: Path) -> None:
     from serving.client import service_round_trip
     from serving.config import ServeConfig
 
-    print("== 5. the HTTP service on loopback: /predict and /plan")
+    print("== 6. the HTTP service on loopback: /predict and /plan")
     res = service_round_trip(
         ServeConfig(state_dir=out / "service"),
         model=DEMO_MODEL,
@@ -130,7 +135,7 @@ def _service_step(out: Path) -> None:
 def _governor_step(out: Path) -> None:
     from serving.governor_demo import demo_governed_run
 
-    print("== 6. governed training run, variable lengths, emulated memory-capped device")
+    print("== 7. governed training run, variable lengths, emulated memory-capped device")
     res = demo_governed_run(out / "governor", steps=120)
     for d in res["decisions"][:8]:
         print(
