@@ -21,20 +21,7 @@ MiB = 1 << 20
 SCALE = 64  # the emulated device counts every byte 64 times (tiny model, GPU-like sizes)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny kernels: one thread is faster than two on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    path = tmp_path_factory.getbasetemp() / "governor-graphs"
-    path.mkdir(exist_ok=True)
-    return path
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def governor(cache, *, capacity_mib=512, train=None, predictor=None, bundle=None, **cfg):

@@ -15,19 +15,7 @@ from serving.governor_device import EmulatedDevice
 MiB = 1 << 20
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    path = tmp_path_factory.getbasetemp() / "governor-graphs"
-    path.mkdir(exist_ok=True)
-    return path
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_lightning_callback_plans_predicts_and_logs(cache):
