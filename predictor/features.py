@@ -304,11 +304,9 @@ class PathContext:
         self.step_nodes = {
             s: np.flatnonzero(steps[self.at] == s) for s in (0, 1) if np.any(steps == s)
         }
-        self.alloc = np.asarray(p.storages["alloc"], dtype=np.int64)
-        self.free = np.asarray(p.storages["free"], dtype=np.int64)
-        self.category = np.asarray(p.storages["category"], dtype=np.int64)
-        self.phase = np.asarray(p.nodes["phase"], dtype=np.int64)
-        self.step = np.asarray(p.nodes["step"], dtype=np.int64)
+        self.alloc, self.free = alloc, p.array("storages", "free")
+        self.category = p.array("storages", "category")
+        self.phase, self.step = p.array("nodes", "phase"), steps
         n = max(p.num_nodes, 1)
         unknown = sum(op_id(op)[1] for op in p.nodes["op"])
         self.workspace_handles = cublas_workspaces(p.nodes["op"], p.nodes["phase"])

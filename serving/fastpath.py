@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from predictor.analytic import STEP_NAMES
+from predictor.analytic import STEP_NAMES, live_index
 from predictor.expr import ExprTable
 from predictor.graph import StepGraph
 from predictor.predict import AnalyticModel, Prediction, Query
@@ -36,7 +36,6 @@ class _PathArrays:
     alloc: np.ndarray
     free: np.ndarray
     category: np.ndarray
-    initial: np.ndarray  # storages alive before the step (mask)
     alloc_expr: np.ndarray  # expression of each storage allocated in the step, by node
     alloc_pos: np.ndarray  # [nodes] how many of them are allocated at nodes <= i
     free_expr: np.ndarray  # expression of each storage freed in the step, by node
@@ -86,16 +85,11 @@ def _counts(
 def _encode_path(graph: StepGraph, k: int) -> _PathArrays:
     p = graph.paths[k]
     n = p.num_nodes
-    alloc = np.asarray(p.storages["alloc"], dtype=np.int64)
-    free = np.asarray(p.storages["free"], dtype=np.int64)
-    nodes = np.arange(n, dtype=np.int64)
-    alloc_order = np.flatnonzero(alloc >= 0)
-    alloc_order = alloc_order[np.argsort(alloc[alloc_order], kind="stable")]
-    free_order = np.flatnonzero(free >= 0)
-    free_order = free_order[np.argsort(free[free_order], kind="stable")]
-    steps = np.asarray(p.nodes["step"], dtype=np.int64)
-    nbytes_expr = np.asarray(p.storages["nbytes"], dtype=np.int64)
-    scratch_expr = np.asarray(p.nodes["scratch"], dtype=np.int64)
+    alloc, free = p.array("storages", "alloc"), p.array("storages", "free")
+    index = live_index(p)  # the schedule in allocation / free order, as the features use it
+    steps = p.array("nodes", "step")
+    nbytes_expr = p.array("storages", "nbytes")
+    scratch_expr = p.array("nodes", "scratch")
     counts = _counts(n, len(graph.exprs), alloc, free, nbytes_expr, scratch_expr)
     return _PathArrays(
         n=n,
@@ -103,13 +97,12 @@ def _encode_path(graph: StepGraph, k: int) -> _PathArrays:
         scratch_expr=scratch_expr,
         alloc=alloc,
         free=free,
-        category=np.asarray(p.storages["category"], dtype=np.int64),
-        initial=alloc < 0,
-        alloc_expr=nbytes_expr[alloc_order],
-        alloc_pos=np.searchsorted(alloc[alloc_order], nodes, side="right"),
-        free_expr=nbytes_expr[free_order],
-        free_pos=np.searchsorted(free[free_order], nodes, side="left"),
-        initial_expr=nbytes_expr[alloc < 0],
+        category=p.array("storages", "category"),
+        alloc_expr=nbytes_expr[index.alloc_order],
+        alloc_pos=index.alloc_pos,
+        free_expr=nbytes_expr[index.free_order],
+        free_pos=index.free_pos,
+        initial_expr=nbytes_expr[index.initial_order],
         counts=counts,
         count_bound=None if counts is None else np.abs(counts).max(axis=0),
         uses=(
