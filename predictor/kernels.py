@@ -182,7 +182,8 @@ def _full_slice(start: Any, end: Any, step: Any) -> bool:
 
 
 def _slice(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
-    x, dim, start, end, step = (list(args) + [0, None, None, 1][len(args) - 1 :])[:5]
+    # aten.slice.Tensor(self, dim=0, start=None, end=None, step=1): trailing defaults omitted
+    x, _dim, start, end, step = (*args, *(None, 0, None, None, 1)[len(args) :])
     if not _full_slice(start, end, step):
         out = func(*args, **kwargs)
         rec.record_op("slice.Tensor", (args, kwargs), out)
