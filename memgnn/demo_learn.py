@@ -34,7 +34,6 @@ def learn_step(out: Path, *, jobs: int = 72, rows: int = 5) -> None:
     from dataset.corpus import Corpus
     from predictor.gnn import GNNConfig
     from predictor.onnx_model import OnnxMemoryModel
-    from predictor.predict import Query
     from training.fit import FitConfig
     from training.train import TrainConfig, run_training
 
@@ -77,13 +76,13 @@ def learn_step(out: Path, *, jobs: int = 72, rows: int = 5) -> None:
     )
     model = OnnxMemoryModel.load(Path(cfg.out) / "model")
     print(f"   ONNX encoder + head loaded from {Path(cfg.out) / 'model'} (onnxruntime)")
-    _held_out_table(Corpus(corpus), records, model, Query, rows)
+    _held_out_table(Corpus(corpus), records, model, rows)
 
 
-def _held_out_table(corpus, records, model, query_cls, rows: int) -> None:
+def _held_out_table(corpus, records, model, rows: int) -> None:
     """Measured reserved bytes of held-out configs next to the demo model, the shipped
     model (trained on thousands of records, this family included) and the analytic sweep."""
-    from predictor.predict import AnalyticModel, default_model
+    from predictor.predict import AnalyticModel, Query, default_model
 
     others = {"shipped": default_model(), "analytic": AnalyticModel()}
     held = [r for r in records if r["family"] == HELD_OUT and r["peak_reserved_bytes"]]
@@ -92,7 +91,7 @@ def _held_out_table(corpus, records, model, query_cls, rows: int) -> None:
     table = []
     for r in held[::step][:rows]:
         graph = corpus.graph(r["graph_id"])
-        q = [query_cls(sizes=r["sizes"], device=r["device"])]
+        q = [Query(sizes=r["sizes"], device=r["device"])]
         measured = r["peak_reserved_bytes"]
         cells = []
         for m in (model, *others.values()):
