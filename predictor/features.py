@@ -8,10 +8,8 @@
   live bytes / peak from `analytic.live_curve`; all evaluated at two fixed reference sizes
   (the trace sizes, and those scaled up) so the features never depend on a query. Edges
   are the data dependencies, sorted by destination.
-- **Query level** (`PathContext.query`, per (sizes, device) and fed to the head): log
-  sizes, training config, device profile, the analytic liveness-sweep estimate of each
-  metric, and a few size-dependent aggregates at the analytic peak (category shares,
-  storage size classes the caching allocator treats differently, segment-rounded bytes).
+- **Query level** (`query_features.PathContext`, per (sizes, device) and fed to the head):
+  the columns are `QUERY_COLUMNS` here; `predictor.query_features` computes them.
 
 Bump FEATURE_SCHEMA_VERSION whenever a column changes meaning: shipped models record it
 and refuse to load under another version.
@@ -21,16 +19,15 @@ from __future__ import annotations
 
 import logging
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-from predictor.analytic import live_curve, live_curves, live_index, round_bytes
+from predictor.analytic import live_curve
 from predictor.graph import StepGraph
 from predictor.recorder import CATEGORIES, PHASES
-from predictor.vocab import cublas_workspaces
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +76,6 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")
 IMPLS = ("foreach", "fused", "for-loop")
 SCALE_UP = {"B": 16}  # the second reference point multiplies B by 16, other symbols by 4
 SCALE_OTHER = 4
-_MIB = 1 << 20
 _VOCAB_INDEX = {name: k for k, name in enumerate(OP_VOCAB)}
 
 NODE_COLUMNS: tuple[str, ...] = (
@@ -117,7 +113,7 @@ def op_id(op: str) -> tuple[int, bool]:
     return len(OP_VOCAB) + zlib.crc32(base.encode()) % HASH_BUCKETS, True
 
 
-def _log(v: Any, scale: float = 40.0) -> np.ndarray:
+def log_scale(v: Any, scale: float = 40.0) -> np.ndarray:
     return np.log2(1.0 + np.maximum(np.asarray(v, dtype=np.float64), 0.0)) / scale
 
 
@@ -195,16 +191,16 @@ def graph_inputs(graph: StepGraph, path: int = 0, *, compact: bool = True) -> Gr
     x[:, col["position"]] = np.arange(n) / max(n - 1, 1)
     ok = alloc >= 0
     new = [np.bincount(alloc[ok], weights=s[ok], minlength=n) for s in sizes]
-    x[:, col["log_new"]] = _log(new[0])
-    x[:, col["log_new_big"]] = _log(new[1])
-    x[:, col["log_scratch"]] = _log(scratch)
-    x[:, col["log_freed"]] = _log(np.bincount(free[free >= 0], weights=sizes[0][free >= 0],
+    x[:, col["log_new"]] = log_scale(new[0])
+    x[:, col["log_new_big"]] = log_scale(new[1])
+    x[:, col["log_scratch"]] = log_scale(scratch)
+    x[:, col["log_freed"]] = log_scale(np.bincount(free[free >= 0], weights=sizes[0][free >= 0],
                                               minlength=n))  # fmt: skip
     n_new = np.bincount(alloc[ok], minlength=n)
-    x[:, col["n_new"]] = _log(n_new, 4)
-    x[:, col["n_in"]] = _log([len(v) for v in p.nodes["inputs"]], 4)
+    x[:, col["n_new"]] = log_scale(n_new, 4)
+    x[:, col["n_in"]] = log_scale([len(v) for v in p.nodes["inputs"]], 4)
     n_out = np.array([len(v) for v in p.nodes["outputs"]])
-    x[:, col["n_out"]] = _log(n_out, 4)
+    x[:, col["n_out"]] = log_scale(n_out, 4)
     x[:, col["alias_only"]] = (n_out > 0) & (n_new == 0)
     x[:, col["b_exponent"]], x[:, col["other_exponent"]] = _exponents(graph, path, refs, alloc)
     for k, name in ((0, ""), (1, "_big")):
@@ -221,7 +217,7 @@ def graph_inputs(graph: StepGraph, path: int = 0, *, compact: bool = True) -> Gr
     keep[0] = True
     kept = np.flatnonzero(keep)
     skipped = np.diff(np.concatenate([[-1], kept])) - 1
-    x[kept, col["log_skipped"]] = _log(skipped, 8)
+    x[kept, col["log_skipped"]] = log_scale(skipped, 8)
     return GraphInputs(
         x=x[kept].astype(np.float32),
         edge_index=_kept_edges(p, keep),
@@ -270,163 +266,7 @@ def _exponents(graph: StepGraph, path: int, refs: list[dict[str, int]], alloc: n
     return out
 
 
-@dataclass(kw_only=True, slots=True)
-class QueryResult:
-    """Query features of one path plus the analytic numbers they were built from."""
-
-    features: np.ndarray  # float32 [NUM_QUERY_FEATURES]
-    analytic: np.ndarray  # float64 [3]: allocated, reserved, device_total estimates (bytes)
-    baseline: np.ndarray  # float64 [3]: what `predict.AnalyticModel` answers
-    breakdown: dict[str, Any]
-
-
-class PathContext:
-    """Per (graph, path) arrays reused by every query (built once, cached by the caller)."""
-
-    def __init__(self, graph: StepGraph, path: int = 0):
-        self.graph, self.path = graph, path
-        p = graph.paths[path]
-        # Live bytes only rise at a node that allocates or has kernel scratch: every maximum
-        # over the schedule (the peak, each step's peak, the segment estimate) is reached at
-        # such a node or at the first node of a step, so the curves are computed there only.
-        steps = p.array("nodes", "step")
-        alloc = p.array("storages", "alloc")
-        zero = np.array([e.strip() == "0" for e in graph.exprs] or [True])
-        rises = ~zero[p.array("nodes", "scratch")] if p.num_nodes else np.zeros(0, dtype=bool)
-        rises[alloc[alloc >= 0]] = True
-        rises[np.flatnonzero(np.diff(steps, prepend=-1))] = True  # first node of each step
-        self.at = np.flatnonzero(rises)  # the nodes where curves are evaluated
-        full = live_index(p)
-        self.index = replace(
-            full, alloc_pos=full.alloc_pos[self.at], free_pos=full.free_pos[self.at]
-        )
-        self.scratch_at = p.array("nodes", "scratch")[self.at]
-        self.step_nodes = {
-            s: np.flatnonzero(steps[self.at] == s) for s in (0, 1) if np.any(steps == s)
-        }
-        self.alloc, self.free = alloc, p.array("storages", "free")
-        self.category = p.array("storages", "category")
-        self.phase, self.step = p.array("nodes", "phase"), steps
-        n = max(p.num_nodes, 1)
-        unknown = sum(op_id(op)[1] for op in p.nodes["op"])
-        self.workspace_handles = cublas_workspaces(p.nodes["op"], p.nodes["phase"])
-        self.static = np.concatenate([
-            _config_features(graph.train, graph.meta.get("target", "cuda")),
-            [_log(p.num_nodes, 16), _log(p.num_storages, 16),
-             float(np.mean(self.phase == PHASES.index("backward"))) if p.num_nodes else 0.0,
-             unknown / n],
-        ]).astype(np.float64)  # fmt: skip
-
-    def query(self, sizes: dict[str, int], device: Any, scenario: str = "worst") -> QueryResult:
-        """Query features at `sizes` on `device` (a `dataset.devices.DeviceProfile`)."""
-        return self.query_many([(sizes, device, scenario)])[0]
-
-    def query_many(self, queries: list[tuple[dict[str, int], Any, str]]) -> list[QueryResult]:
-        """`query` for (sizes, device, scenario) triples at once: the size expressions and
-        the live-byte curves of every query are computed in a few array operations."""
-        g, p = self.graph, self.graph.paths[self.path]
-        resolved = [g.resolve_sizes(sizes, scenario) for sizes, _, scenario in queries]
-        columns = {s: np.array([r[s] for r in resolved], dtype=np.int64) for s in resolved[0]}
-        per_expr = g.table().evaluate(columns).reshape(len(g.exprs), len(queries))
-        per_expr = np.ascontiguousarray(per_expr.T)  # [Q, exprs]
-        exact = np.take(per_expr, p.array("storages", "nbytes"), axis=1)  # [Q, storages]
-        scratch = np.take(per_expr, self.scratch_at, axis=1)  # [Q, nodes in self.at]
-        gpu = np.array([bool(d.is_gpu) for _, d, _ in queries])[:, None]
-        nbytes = np.where(gpu, round_bytes(exact, 512), exact)
-        scratch = np.where(gpu, round_bytes(scratch, 512), 0)
-        small, large = nbytes <= _MIB, nbytes >= 10 * _MIB
-        # a caching-allocator-shaped estimate: the max over the schedule of small blocks in
-        # 2 MiB segments + 1-10 MiB blocks (and the workspaces) in 20 MiB segments + large
-        # blocks rounded to 2 MiB (with the kernel scratch)
-        by_class = [np.where(small, nbytes, 0), np.where(~small & ~large, nbytes, 0),
-                    np.where(large, round_bytes(nbytes, 2 * _MIB), 0)]  # fmt: skip
-        zero = np.zeros_like(scratch)
-        initial, live = live_curves(
-            self.index,
-            np.concatenate([nbytes, *by_class]),
-            np.concatenate([scratch, zero, zero, scratch]),
-        )
-        q = len(queries)
-        ws = np.array([self._workspace(d) for _, d, _ in queries], dtype=np.float64)[:, None]
-        ls, lm, ll = live[q : 2 * q], live[2 * q : 3 * q], live[3 * q :]
-        seg = (np.ceil(ls / (2 * _MIB)) * 2 * _MIB + np.ceil((lm + ws) / (20 * _MIB)) * 20 * _MIB
-               + ll).max(axis=1, initial=0)  # fmt: skip
-        return [
-            self._features(
-                resolved[i], queries[i][1], exact[i], nbytes[i], scratch[i], int(initial[i]),
-                live[i], float(seg[i]), small[i],
-            )
-            for i in range(q)
-        ]  # fmt: skip
-
-    def _workspace(self, device: Any) -> int:
-        return self.workspace_handles * device.cublas_workspace_bytes if device.is_gpu else 0
-
-    def _features(
-        self, resolved, device, exact, nbytes, scratch, initial, live, seg: float, small
-    ) -> QueryResult:
-        g = self.graph
-        gpu = bool(device.is_gpu)
-        at = int(np.argmax(live)) if len(live) and live.max() > initial else -1
-        peak = float(live[at]) if at >= 0 else float(initial)
-        node = int(self.at[at]) if at >= 0 else -1
-        alive = (self.alloc < 0) if node < 0 else (
-            (self.alloc <= node) & ((self.free < 0) | (self.free >= node)))  # fmt: skip
-        cat = np.bincount(self.category[alive], weights=nbytes[alive], minlength=len(CATEGORIES))
-        live_sizes = nbytes[alive]
-        classes = [live_sizes <= _MIB, (live_sizes > _MIB) & (live_sizes < 10 * _MIB),
-                   live_sizes >= 10 * _MIB]  # fmt: skip
-        class_bytes = [float(live_sizes[c].sum()) for c in classes]
-        segments = (np.ceil(class_bytes[0] / (2 * _MIB)) * 2 * _MIB
-                    + np.ceil(class_bytes[1] / (20 * _MIB)) * 20 * _MIB
-                    + float(round_bytes(live_sizes[classes[2]], 2 * _MIB).sum()))  # fmt: skip
-        steps = {s: float(live[idx].max()) for s, idx in self.step_nodes.items()}
-        ws = self._workspace(device)
-        big = nbytes[~small & (self.alloc >= 0)]  # blocks of 1 MiB and more allocated in the step
-        churn, n_large, n_sizes = float(big.sum()) / max(peak, 1.0), big.size, np.unique(big).size
-        est_alloc = peak + ws
-        context = device.context_bytes or 0
-        analytic = np.array([est_alloc, est_alloc, est_alloc + context])
-        baseline = analytic.copy()  # what `predict.AnalyticModel` answers
-        safe = max(peak, 1.0)
-        dims = {s: v for s, v in resolved.items() if s in g.symbols}
-        other = [v for s, v in dims.items() if s != "B"]
-        phase = self.phase[node] if node >= 0 else 0
-        f = np.concatenate([
-            [_log(dims.get("B", 1), 16), _log(max(other, default=1), 16),
-             _log(np.prod([float(v) for v in dims.values()]), 40), _log(est_alloc),
-             (peak - float(exact[alive].sum())) / safe],
-            cat / safe, np.eye(len(PHASES))[phase],
-            [float(self.step[node] if node >= 0 else 0),
-             np.clip(np.log2(max(steps.get(0, peak), 1.0) / max(steps.get(1, peak), 1.0)), -4, 4)],
-            np.array(class_bytes) / safe, _log([c.sum() for c in classes], 16),
-            [_log(live_sizes.max() if live_sizes.size else 0), (live_sizes.max(initial=0)) / safe,
-             _log(float(nbytes.sum()) / safe, 8), segments / safe - 1.0,
-             float(scratch.max(initial=0)) / safe,
-             np.log2(max(seg, 1.0) / safe), _log(churn, 8), _log(n_large, 16), _log(n_sizes, 16),
-             _log(_ws_segment(device.cublas_workspace_bytes) * 2 / safe if gpu else 0.0, 4)],
-            [float(gpu), _log(device.total_bytes or 0), (device.sm or 0) / 100, _log(ws, 30),
-             _log(ws / safe, 4), est_alloc / device.total_bytes if device.total_bytes else 0.0],
-            self.static,
-        ]).astype(np.float32)  # fmt: skip
-        breakdown = {
-            "categories": {c: int(v) for c, v in zip(CATEGORIES, cat)},
-            "phase": PHASES[phase] if node >= 0 else "setup",
-            "step_peaks": {("first", "steady")[s]: int(v) for s, v in steps.items()},
-            "tensor_peak_bytes": int(peak),
-            "workspace_bytes": int(ws),
-            "context_bytes": int(context) if gpu else 0,
-            "violated_guards": g.violated_guards(resolved),
-        }
-        return QueryResult(features=f, analytic=analytic, baseline=baseline, breakdown=breakdown)
-
-
-def _ws_segment(ws: int) -> int:
-    """Bytes the caching allocator reserves for one cuBLAS workspace allocation."""
-    return 20 * _MIB if 0 < ws < 10 * _MIB else ws
-
-
-def _config_features(train: dict[str, Any], target: str) -> np.ndarray:
+def config_features(train: dict[str, Any], target: str) -> np.ndarray:
     from predictor.spec import TrainSpec
     from predictor.step import resolve_optimizer_impl
 
@@ -436,6 +276,6 @@ def _config_features(train: dict[str, Any], target: str) -> np.ndarray:
     return np.concatenate([
         [spec.precision == p for p in PRECISIONS], [spec.optimizer == o for o in OPTIMIZERS],
         [impl == i for i in IMPLS],
-        [blocks is None, blocks == -1, 0.0 if blocks in (None, -1) else _log(blocks, 4)],
-        [_log(spec.grad_accum, 4), float(spec.set_to_none)],
+        [blocks is None, blocks == -1, 0.0 if blocks in (None, -1) else log_scale(blocks, 4)],
+        [log_scale(spec.grad_accum, 4), float(spec.set_to_none)],
     ]).astype(np.float64)  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,11 +27,11 @@ from predictor.features import (
     FEATURE_SCHEMA_VERSION,
     NUM_NODE_FEATURES,
     NUM_QUERY_FEATURES,
-    PathContext,
     graph_inputs,
 )
 from predictor.graph import StepGraph
 from predictor.predict import METRICS, AnalyticModel, MemoryModel, Prediction, Query
+from predictor.query_features import PathContext
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,13 @@ def _session(path: Path):
 
 
 class OnnxMemoryModel:
-    """A `MemoryModel` backed by onnxruntime (CPU execution provider)."""
+    """A `MemoryModel` backed by onnxruntime (CPU execution provider).
+
+    Thread-safe: onnxruntime sessions may run concurrently, the caches are guarded by a
+    lock, and the work behind a cache miss runs outside it (two threads missing at once
+    both compute the same value; one is kept)."""
+
+    thread_safe = True
 
     def __init__(self, directory: Path, card: dict[str, Any]):
         self.directory = directory
@@ -89,6 +96,21 @@ class OnnxMemoryModel:
         self._contexts: OrderedDict[str, list[PathContext]] = OrderedDict()
         self._ids: OrderedDict[int, tuple[StepGraph, str]] = OrderedDict()
         self._unknown: OrderedDict[str, list[str]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _get(self, cache: OrderedDict, key: Any) -> Any:
+        with self._lock:
+            hit = cache.get(key)
+            if hit is not None:
+                cache.move_to_end(key)
+            return hit
+
+    def _put(self, cache: OrderedDict, key: Any, value: Any) -> None:
+        with self._lock:
+            cache[key] = value
+            cache.move_to_end(key)
+            while len(cache) > CACHE_SIZE:
+                cache.popitem(last=False)
 
     @classmethod
     def load(cls, directory: str | Path) -> OnnxMemoryModel:
@@ -97,19 +119,19 @@ class OnnxMemoryModel:
 
     def graph_id(self, graph: StepGraph) -> str:
         """The graph's content id, remembered per graph object (hashing is not free)."""
-        hit = self._ids.get(id(graph))
+        hit = self._get(self._ids, id(graph))
         if hit is not None and hit[0] is graph:
             return hit[1]
         gid = graph.graph_id
-        _put(self._ids, id(graph), (graph, gid))
+        self._put(self._ids, id(graph), (graph, gid))
         return gid
 
     def encode(self, graph: StepGraph) -> np.ndarray:
         """Embeddings [paths, dim] of a graph, cached by graph id."""
         gid = self.graph_id(graph)
-        if gid in self._embeddings:
-            self._embeddings.move_to_end(gid)
-            return self._embeddings[gid]
+        hit = self._get(self._embeddings, gid)
+        if hit is not None:
+            return hit
         rows, unknown = [], set()
         for k in range(len(graph.paths)):
             inputs = graph_inputs(graph, k)
@@ -119,16 +141,16 @@ class OnnxMemoryModel:
         emb = np.concatenate(rows).astype(np.float32)
         if unknown:
             log.info("graph %s: ops outside the vocabulary (hashed): %s", gid[:8], sorted(unknown))
-        _put(self._unknown, gid, sorted(unknown))
-        _put(self._embeddings, gid, emb)
+        self._put(self._unknown, gid, sorted(unknown))
+        self._put(self._embeddings, gid, emb)
         return emb
 
     def _path_contexts(self, graph: StepGraph) -> list[PathContext]:
         gid = self.graph_id(graph)
-        ctx = self._contexts.get(gid)
+        ctx = self._get(self._contexts, gid)
         if ctx is None:
             ctx = [PathContext(graph, k) for k in range(len(graph.paths))]
-            _put(self._contexts, gid, ctx)
+            self._put(self._contexts, gid, ctx)
         return ctx
 
     def head(self, embedding: np.ndarray, query: np.ndarray) -> np.ndarray:
@@ -159,6 +181,7 @@ class OnnxMemoryModel:
         feats = np.stack([r.features for per in results for r in per])
         emb = np.tile(embedding.astype(np.float32), (len(queries), 1))
         out = self.head(emb, feats).astype(np.float64).reshape(len(queries), n_paths, 6)
+        unknown = self._get(self._unknown, self.graph_id(graph)) or []
         preds = []
         for qi, per in enumerate(results):
             m = metrics[qi]
@@ -170,7 +193,7 @@ class OnnxMemoryModel:
             extra = breakdown["workspace_bytes"] + (breakdown["context_bytes"] if m == 2 else 0)
             breakdown.update(workspace_and_context_bytes=extra, analytic_bytes=int(analytic[worst]),
                              correction=float(np.exp(out[qi, worst, m])),
-                             unknown_ops=self._unknown.get(self.graph_id(graph), []))  # fmt: skip
+                             unknown_ops=unknown)  # fmt: skip
             paths = [
                 {"conditions": c.graph.paths[c.path].conditions,
                  "predicted_peak_bytes": int(v), "upper_bound_bytes": int(u)}
@@ -187,13 +210,6 @@ class OnnxMemoryModel:
                 )
             )
         return preds
-
-
-def _put(cache: OrderedDict, key: Any, value: Any) -> None:
-    cache[key] = value
-    cache.move_to_end(key)
-    while len(cache) > CACHE_SIZE:
-        cache.popitem(last=False)
 
 
 def load_default_model(directory: str | Path | None = None) -> MemoryModel:

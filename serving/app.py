@@ -20,6 +20,7 @@ from fastapi.exceptions import HTTPException
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from threadpoolctl import threadpool_limits
 
 from dataset.devices import PROFILES
 from predictor.predict import MemoryModel
@@ -165,6 +166,7 @@ def create_app(config: ServeConfig, *, model: MemoryModel | None = None) -> Fast
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        blas = threadpool_limits(limits=config.blas_threads, user_api="blas")
         store = await run_in_threadpool(Store, config.db_url, window=config.correction_window)
         try:
             loaded = await run_in_threadpool(configured_model)
@@ -174,6 +176,7 @@ def create_app(config: ServeConfig, *, model: MemoryModel | None = None) -> Fast
         finally:
             app.state.engine = None
             store.close()
+            blas.restore_original_limits()
 
     app = FastAPI(
         title="memgnn",

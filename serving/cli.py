@@ -43,6 +43,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-request-bytes", type=int, default=None)
     g.add_argument("--max-nodes", type=int, default=None)
     g.add_argument("--graph-cache", type=int, default=None, help="graphs kept in memory")
+    g.add_argument("--blas-threads", type=int, default=None, help="BLAS threads per worker (1)")
     g.add_argument(
         "--allow-local-specs",
         action="store_true",
@@ -67,6 +68,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         ("max_request_bytes", "max_request_bytes"),
         ("max_nodes", "max_nodes"),
         ("graph_cache", "graph_cache_size"),
+        ("blas_threads", "blas_threads"),
     ):
         value = getattr(args, arg)
         if value is not None:

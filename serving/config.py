@@ -34,6 +34,8 @@ class ServeConfig:
     - `token`: bearer token required on write endpoints (`/samples`, `/admin/reload`).
     - `allow_local_specs`: accept `hf:PATH` and `py:module:factory` model specs (they read
       server files and import code: only for trusted clients). Zoo names always work.
+    - `blas_threads`: BLAS threads per server process (numpy's live-byte curves). Requests
+      are small; extra BLAS threads only spin and take the CPU other workers need.
     """
 
     model: str | None = None
@@ -48,6 +50,7 @@ class ServeConfig:
     correction_window: int = 32
     correction_ttl_s: float = 1.0
     allow_local_specs: bool = False
+    blas_threads: int = 1
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser()
@@ -58,6 +61,8 @@ class ServeConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_decompressed_bytes < self.max_request_bytes:
             raise ValueError("max_decompressed_bytes must be >= max_request_bytes")
+        if self.blas_threads < 1:
+            raise ValueError(f"blas_threads must be >= 1, got {self.blas_threads}")
         if self.graph_cache_size < 1:
             raise ValueError(f"graph_cache_size must be >= 1, got {self.graph_cache_size}")
         if not 1 <= self.correction_window <= 10_000:

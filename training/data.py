@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from predictor.features import METRICS, GraphInputs, PathContext, graph_inputs
+from predictor.features import METRICS, GraphInputs, graph_inputs
+from predictor.query_features import PathContext
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from predictor.capture import CaptureConfig, capture
-from predictor.features import FEATURE_SCHEMA_VERSION, PathContext, graph_inputs
+from predictor.features import FEATURE_SCHEMA_VERSION, graph_inputs
 from predictor.gnn import GNNConfig, MemoryGNN
 from predictor.onnx_model import OnnxMemoryModel, load_default_model, read_card
 from predictor.predict import AnalyticModel, Prediction, Query
+from predictor.query_features import PathContext
 from predictor.spec import TrainSpec
 from training.export import export_onnx, write_card
 
@@ -105,6 +106,31 @@ def test_predict_returns_bounded_predictions(model_dir, graphs):
     assert model.encode(graphs["gpt"]) is emb  # cached by graph id
     again = model.predict_encoded(emb, graphs["gpt"], queries)
     assert [p.to_dict() for p in again] == [p.to_dict() for p in preds]
+
+
+def test_concurrent_predictions_equal_sequential_ones(model_dir, graphs):
+    """The model says it is thread-safe (the server then calls it without a lock): threads
+    sharing one fresh model (cold caches) get what one thread gets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    queries = [Query(sizes={"B": b, "S": 8 * b}, device="a100-80gb") for b in (1, 3, 9)]
+    names = ["gpt", "mlp", "cond"] * 8
+    sizes = {"mlp": lambda q: Query(sizes={"B": q.sizes["B"]}, device=q.device)}
+    want = {
+        n: [p.to_dict() for p in OnnxMemoryModel.load(model_dir[0]).predict(
+            graphs[n], [sizes.get(n, lambda q: q)(q) for q in queries])]
+        for n in set(names)
+    }  # fmt: skip
+    model = OnnxMemoryModel.load(model_dir[0])
+    assert model.thread_safe
+
+    def one(n: str) -> list[dict]:
+        return [p.to_dict() for p in model.predict(graphs[n], [sizes.get(n, lambda q: q)(q)
+                                                                for q in queries])]  # fmt: skip
+
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(one, names))
+    assert got == [want[n] for n in names]
 
 
 def test_multi_path_graph_reports_every_path(model_dir, graphs):

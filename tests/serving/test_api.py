@@ -60,6 +60,29 @@ def test_health_ready_docs(client):
         assert p in paths
 
 
+def test_lifespan_limits_blas_threads_and_restores_them(tmp_path, monkeypatch):
+    """The limit is process-wide; OpenBLAS applies it unreliably once other threads have
+    set one (as the fuzz module's import does), so the call itself is what is checked here
+    (`benchmarks/serving.py` measures its effect: server CPU per request)."""
+    import serving.app as app_module
+
+    calls = []
+
+    class Limiter:
+        def __init__(self, **kwargs):
+            calls.append(kwargs)
+
+        def restore_original_limits(self):
+            calls.append("restored")
+
+    monkeypatch.setattr(app_module, "threadpool_limits", Limiter)
+    app = create_app(ServeConfig(model="analytic", state_dir=tmp_path, blas_threads=3))
+    with TestClient(app) as c:
+        assert c.get("/readyz").status_code == 200
+        assert calls == [{"limits": 3, "user_api": "blas"}]
+    assert calls[-1] == "restored"
+
+
 def test_not_ready_before_lifespan(tmp_path):
     app = create_app(ServeConfig(model="analytic", state_dir=tmp_path))
     c = TestClient(app)  # no context manager: lifespan never ran, no model

@@ -147,6 +147,7 @@ def test_config_validation_and_env_round_trip(tmp_path):
         {"token": " "},
         {"database_url": "samples.db"},
         {"graph_cache_size": 0},
+        {"blas_threads": 0},
         {"max_decompressed_bytes": 1},
     ):
         with pytest.raises(ValueError):
