@@ -31,7 +31,7 @@ from predictor.recorder import CATEGORIES, PHASES
 
 log = logging.getLogger(__name__)
 
-FEATURE_SCHEMA_VERSION = 1
+FEATURE_SCHEMA_VERSION = 2
 OP_VOCAB: tuple[str, ...] = (
     "view", "t", "detach", "zeros_like", "mm", "mul", "lift_fresh", "add", "sum",
     "transpose", "addmm", "slice", "_unsafe_view", "pow", "native_layer_norm",
@@ -66,7 +66,7 @@ OP_VOCAB: tuple[str, ...] = (
     "profiler._record_function_enter_new", "profiler._record_function_exit", "remainder",
     "bitwise_and", "bitwise_not", "bitwise_or", "floor_divide", "cos", "sin", "masked_fill_",
     "nll_loss2d_forward", "nll_loss2d_backward", "new_empty_strided", "new_empty", "rsub",
-    "fill", "ones", "full", "to", "_unsafe_index", "_unsafe_index_put",
+    "fill", "ones", "full", "to", "_unsafe_index", "_unsafe_index_put", "alias",
 )  # fmt: skip
 HASH_BUCKETS = 16
 NUM_OPS = len(OP_VOCAB) + HASH_BUCKETS

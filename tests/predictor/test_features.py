@@ -59,3 +59,12 @@ def test_unknown_ops_are_hashed_and_flagged(gpt_graph):
     gi = graph_inputs(graph, compact=False)
     assert gi.unknown_ops == ["mylib.custom_thing.default"]
     assert gi.x[3, 0] == k and gi.x[3, 1] == 1.0 and gi.x[:, 1].sum() == 1.0
+
+
+def test_alias_is_in_the_vocabulary(gpt_graph):
+    """Open slices are captured as `alias` (`predictor.kernels.eager_hooks`; HF causal LMs
+    have them): graphs with it must not be reported as having unknown ops."""
+    assert op_id("alias.default") == (OP_VOCAB.index("alias"), False)
+    data = gpt_graph.content() | {"meta": gpt_graph.meta}
+    data["paths"][0]["nodes"]["op"][3] = "alias.default"
+    assert graph_inputs(StepGraph.from_dict(data), compact=False).unknown_ops == []
