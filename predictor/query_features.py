@@ -162,20 +162,9 @@ class PathContext:
         mid = ~small & ~large
         large_rounded = np.where(large, round_bytes(values, 2 * _MIB), 0).astype(np.float64)
         values = values.astype(np.float64)
-        # a caching-allocator-shaped estimate: the max over the schedule of small blocks in
-        # 2 MiB segments + 1-10 MiB blocks (and the workspaces) in 20 MiB segments + large
-        # blocks rounded to 2 MiB (with the kernel scratch)
-        initial, live = self._curves(np.concatenate(
-            [values, np.where(small, values, 0), np.where(mid, values, 0), large_rounded]
-        ))  # fmt: skip
         scratch = np.where(gpu[:, None], np.take(rounded, self.scratch_at, axis=1), 0)
-        live[:q] += scratch
-        live[3 * q :] += scratch
         ws = np.array([self._workspace(d) for d in devices], dtype=np.float64)
-        seg = (np.ceil(live[q : 2 * q] / (2 * _MIB)) * 2 * _MIB
-               + np.ceil((live[2 * q : 3 * q] + ws[:, None]) / (20 * _MIB)) * 20 * _MIB
-               + live[3 * q :]).max(axis=1, initial=0)  # fmt: skip
-        live, initial = live[:q], initial[:q]
+        initial, live, seg = self._schedule(values, small, mid, large_rounded, scratch, ws)
         col = live.argmax(axis=1) if live.shape[1] else np.zeros(q, dtype=np.int64)
         top = live.max(axis=1, initial=-np.inf)
         rose = top > initial
@@ -202,7 +191,29 @@ class PathContext:
             log_scale(big.sum(axis=1), 16), log_scale(_distinct(values, big > 0), 16),
             _device_features(devices, est, ws, safe), np.tile(self.static, (q, 1)),
         ]).astype(np.float32)  # fmt: skip
-        results = []
+        breakdown = {"peak": peak, "node": node, "phase": phase, "steps": steps, "cat": cat}
+        return self._results(resolved, devices, f, est, ws, breakdown)
+
+    def _schedule(self, values, small, mid, large_rounded, scratch, ws):
+        """(bytes alive before the step [Q], live bytes at the curve nodes [Q, A], and a
+        caching-allocator-shaped estimate [Q]: the max over the schedule of small blocks in
+        2 MiB segments + 1-10 MiB blocks (and the workspaces) in 20 MiB segments + large
+        blocks rounded to 2 MiB (with the kernel scratch))."""
+        q = len(values)
+        initial, live = self._curves(np.concatenate(
+            [values, np.where(small, values, 0), np.where(mid, values, 0), large_rounded]
+        ))  # fmt: skip
+        live[:q] += scratch
+        live[3 * q :] += scratch
+        seg = (np.ceil(live[q : 2 * q] / (2 * _MIB)) * 2 * _MIB
+               + np.ceil((live[2 * q : 3 * q] + ws[:, None]) / (20 * _MIB)) * 20 * _MIB
+               + live[3 * q :]).max(axis=1, initial=0)  # fmt: skip
+        return initial[:q], live[:q], seg
+
+    def _results(self, resolved, devices, f, est, ws, at) -> list[QueryResult]:
+        """Per query: features, the analytic estimates and the breakdown at the peak."""
+        g, results = self.graph, []
+        peak, node, phase, steps, cat = (at[k] for k in ("peak", "node", "phase", "steps", "cat"))
         for i, device in enumerate(devices):
             context = device.context_bytes or 0
             analytic = np.array([est[i], est[i], est[i] + context])
@@ -212,7 +223,7 @@ class PathContext:
                 "step_peaks": {("first", "steady")[s]: int(v[i]) for s, v in steps.items()},
                 "tensor_peak_bytes": int(peak[i]),
                 "workspace_bytes": int(ws[i]),
-                "context_bytes": int(context) if gpu[i] else 0,
+                "context_bytes": int(context) if device.is_gpu else 0,
                 "violated_guards": g.violated_guards(resolved[i]),
             }
             results.append(QueryResult(features=f[i], analytic=analytic,
