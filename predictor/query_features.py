@@ -43,6 +43,18 @@ class QueryResult:
 
 
 @dataclass(frozen=True, slots=True)
+class PeakState:
+    """Per query [Q]: the analytic peak, its node (-1: before the step) and phase, each
+    step's peak, and the bytes alive there by category [Q, len(CATEGORIES)]."""
+
+    peak: np.ndarray
+    node: np.ndarray
+    phase: np.ndarray
+    steps: dict[int, np.ndarray]
+    categories: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
 class Pairs:
     """A path's storages grouped by (byte-size expression, category)."""
 
@@ -191,8 +203,8 @@ class PathContext:
             log_scale(big.sum(axis=1), 16), log_scale(_distinct(values, big > 0), 16),
             _device_features(devices, est, ws, safe), np.tile(self.static, (q, 1)),
         ]).astype(np.float32)  # fmt: skip
-        breakdown = {"peak": peak, "node": node, "phase": phase, "steps": steps, "cat": cat}
-        return self._results(resolved, devices, f, est, ws, breakdown)
+        at = PeakState(peak=peak, node=node, phase=phase, steps=steps, categories=cat)
+        return self._results(resolved, devices, f, est, ws, at)
 
     def _schedule(self, values, small, mid, large_rounded, scratch, ws):
         """(bytes alive before the step [Q], live bytes at the curve nodes [Q, A], and a
@@ -210,10 +222,10 @@ class PathContext:
                + live[3 * q :]).max(axis=1, initial=0)  # fmt: skip
         return initial[:q], live[:q], seg
 
-    def _results(self, resolved, devices, f, est, ws, at) -> list[QueryResult]:
+    def _results(self, resolved, devices, f, est, ws, at: PeakState) -> list[QueryResult]:
         """Per query: features, the analytic estimates and the breakdown at the peak."""
         g, results = self.graph, []
-        peak, node, phase, steps, cat = (at[k] for k in ("peak", "node", "phase", "steps", "cat"))
+        peak, node, phase, steps, cat = at.peak, at.node, at.phase, at.steps, at.categories
         for i, device in enumerate(devices):
             context = device.context_bytes or 0
             analytic = np.array([est[i], est[i], est[i] + context])
