@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from tiny_models import (
     CondModel,
     EarlyExit,
@@ -13,6 +14,16 @@ from tiny_models import (
 )
 
 from predictor.spec import ModelBundle
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Opted into per module: tiny kernels run faster on one torch thread than on two on a
+    small shared machine, and avoid oversubscription."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -11,14 +11,7 @@ from predictor.features import NUM_QUERY_FEATURES, graph_inputs
 from predictor.gnn import GNNConfig, MemoryGNN, memory_loss
 from predictor.spec import TrainSpec
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread avoids oversubscription on small shared machines."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
