@@ -194,8 +194,8 @@ def graph_inputs(graph: StepGraph, path: int = 0, *, compact: bool = True) -> Gr
     x[:, col["log_new"]] = log_scale(new[0])
     x[:, col["log_new_big"]] = log_scale(new[1])
     x[:, col["log_scratch"]] = log_scale(scratch)
-    x[:, col["log_freed"]] = log_scale(np.bincount(free[free >= 0], weights=sizes[0][free >= 0],
-                                              minlength=n))  # fmt: skip
+    freed_bytes = np.bincount(free[free >= 0], weights=sizes[0][free >= 0], minlength=n)
+    x[:, col["log_freed"]] = log_scale(freed_bytes)
     n_new = np.bincount(alloc[ok], minlength=n)
     x[:, col["n_new"]] = log_scale(n_new, 4)
     x[:, col["n_in"]] = log_scale([len(v) for v in p.nodes["inputs"]], 4)

@@ -113,11 +113,13 @@ class PathContext:
         rises[alloc[alloc >= 0]] = True
         rises[np.flatnonzero(np.diff(steps, prepend=-1))] = True  # first node of each step
         self.at = np.flatnonzero(rises)  # the nodes where curves are evaluated
-        full = live_index(p)
-        self.index = replace(
-            full, alloc_pos=full.alloc_pos[self.at], free_pos=full.free_pos[self.at]
-        )
         self.pairs = path_pairs(graph, path, self.at)
+        self.index = None  # the schedule for per-storage curves, where no count matrix is
+        if self.pairs.alive_at is None:
+            full = live_index(p)
+            self.index = replace(
+                full, alloc_pos=full.alloc_pos[self.at], free_pos=full.free_pos[self.at]
+            )
         self.scratch_at = p.array("nodes", "scratch")[self.at]
         self.step_nodes = {
             s: np.flatnonzero(steps[self.at] == s) for s in (0, 1) if np.any(steps == s)
