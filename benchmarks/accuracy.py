@@ -18,7 +18,7 @@ next to baselines on the same records:
   (16-bit activations; x2 in fp32; checkpointed layers keep only their 2*s*b*h input).
 "gnn + k live" rows: the same predictions after the residual correction of k live
 samples of the same model and config at other sizes (`with_live_samples`), what the
-service and the runtime governor apply once a training run reports its measured peaks.
+service applies once a training run sends its measured peaks to /samples.
 `--split random` instead trains one model on a seeded random 80% of the records (families
 seen) and scores the other 20%: the reference for how much of the held-out error is about
 unseen families and how much the query features cannot explain at all.
@@ -147,8 +147,8 @@ def with_live_samples(
     """What /predict answers after k live samples: each record's k samples are other
     records of its (graph, device) (the same model and training config at other sizes,
     drawn seeded), sent through `serving.store.correction_from` and applied with
-    `serving.engine.corrected`, as the service and the governor do. Records whose group has
-    fewer than k others are not scored (NaN)."""
+    `serving.engine.corrected`, as the service does. Records whose group has fewer than k
+    others are not scored (NaN)."""
     from predictor.predict import Prediction
     from serving.engine import corrected
     from serving.store import correction_from, ratio
