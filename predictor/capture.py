@@ -26,7 +26,13 @@ from predictor.branches import (
 )
 from predictor.expr import sympy_to_source
 from predictor.graph import StepGraph
-from predictor.kernels import cpu_kernel_hooks, cuda_scratch, cuda_sdpa, eager_hooks
+from predictor.kernels import (
+    cpu_kernel_hooks,
+    cuda_scratch,
+    cuda_sdpa,
+    eager_hooks,
+    symbolic_hooks,
+)
 from predictor.pathgraph import ExprInterner, path_from_recorder
 from predictor.recorder import ModuleTracker, RecorderObserver, StepRecorder, register_state
 from predictor.spec import ModelBundle, TrainSpec
@@ -112,7 +118,7 @@ class _Run:
             sizes, names = self._symbolic_sizes()
             modules = {name or "<root>": m for name, m in step.model.named_modules()}
             hooks = DataHooks(state, modules, shape_env=self.env, scenario=self.cfg.scenario)
-            table = hooks.table() | eager_hooks()
+            table = hooks.table() | eager_hooks() | symbolic_hooks()
             if self.cfg.target == "cpu":
                 table |= cpu_kernel_hooks()
             with ModuleTracker(step.model) as tracker, patched_cond(state), self._kernels():

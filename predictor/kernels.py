@@ -213,3 +213,24 @@ def eager_hooks() -> dict[Any, Any]:
     Here an open slice becomes an alias and its backward passes the gradient through.
     """
     return {aten.slice.Tensor: _slice, aten.slice_backward.default: _slice_backward}
+
+
+def _baddbmm(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    # the meta rule expands a broadcast `self` with a call that needs concrete sizes; the
+    # kernel broadcasts the same way (a view), so expand first and dispatch the same op
+    self_, batch1, batch2 = args
+    full = self_.expand(batch1.shape[0], batch1.shape[1], batch2.shape[2])
+    out = func(full, batch1, batch2, **kwargs)
+    rec.record_op("baddbmm.default", (args, kwargs), out)
+    return out
+
+
+def symbolic_hooks() -> dict[Any, Any]:
+    """Dispatch hooks for ops whose fake-tensor rule fails on symbolic sizes.
+
+    `aten.baddbmm` with a broadcast input (BLOOM's ALiBi bias, `(B*H, 1, S)` against
+    `(B*H, S, S)` scores) fails in torch 2.13's `meta_baddbmm`, which expands the input
+    through a kernel that takes concrete sizes only. The hook expands it first (a view, as
+    the real kernel's broadcast is) and records one `baddbmm` with the original inputs.
+    """
+    return {aten.baddbmm.default: _baddbmm}

@@ -54,16 +54,43 @@ def require_transformers() -> Any:
     return transformers
 
 
-def build_hf(config: Any, task: str, experts_impl: str | None = None) -> nn.Module:
-    """`AutoModelFor<task>.from_config(config)` with SDPA attention where the model has it.
+def model_class(config: Any, task: str) -> type:
+    """The transformers class `AutoModelFor<task>` builds for `config`; a ValueError names
+    the tasks the config does support when it has none for `task`."""
+    tf = require_transformers()
+    mapping = getattr(tf, AUTO_CLASSES[task])._model_mapping
+    if type(config) not in mapping:
+        valid = [
+            t
+            for t, name in AUTO_CLASSES.items()
+            if type(config) in getattr(tf, name)._model_mapping
+        ]
+        raise ValueError(
+            f"{type(config).__name__} has no {AUTO_CLASSES[task]} class (task {task!r}); "
+            f"tasks it supports: {', '.join(valid) or 'none of ' + ', '.join(HF_TASKS)}"
+        )
+    return mapping[type(config)]
 
+
+def attention_for(config: Any, task: str) -> str:
+    """SDPA where the model class declares support for it (`_supports_sdpa`), else eager."""
+    return "sdpa" if getattr(model_class(config, task), "_supports_sdpa", False) else "eager"
+
+
+def build_hf(config: Any, task: str, experts_impl: str | None = None) -> nn.Module:
+    """`AutoModelFor<task>.from_config(config)` with SDPA attention where the class has it.
+
+    Parameters are built in the default dtype the caller set (the training spec's, see
+    `predictor.step`), never in the config's own `torch_dtype`/`dtype`: a Hub config
+    records the dtype its checkpoint was saved in, not how it is trained.
     Under a fake-tensor mode the weights are not initialized (values are meaningless
     there, and torch 2.13's trunc_normal_ branches on data); tied weights stay tied.
     """
     tf = require_transformers()
     auto = getattr(tf, AUTO_CLASSES[task])
     config = copy.deepcopy(config)
-    kwargs: dict[str, Any] = {"attn_implementation": "sdpa"}
+    attention = attention_for(config, task)
+    kwargs: dict[str, Any] = {"attn_implementation": attention, "dtype": torch.get_default_dtype()}
     if experts_impl is not None:
         kwargs["experts_implementation"] = experts_impl
     fake = fake_mode_active()
@@ -74,14 +101,8 @@ def build_hf(config: Any, task: str, experts_impl: str | None = None) -> nn.Modu
     else:
         ctx = nullcontext()
     with ctx:
-        try:
-            model = auto.from_config(config, **kwargs)
-        except ValueError as exc:
-            if "sdpa" not in str(exc).lower():
-                raise
-            logger.info("%s has no SDPA attention, using its default", type(config).__name__)
-            kwargs.pop("attn_implementation")
-            model = auto.from_config(config, **kwargs)
+        model = auto.from_config(config, **kwargs)
+    logger.debug("built %s with %s attention", type(model).__name__, attention)
     if fake:
         model.tie_weights()
     model.train()
@@ -204,6 +225,7 @@ def bundle_from_config_file(
             )
         setattr(config, key, coerce_like(getattr(config, key), raw, key))
     task = task or infer_task(config)
+    model_class(config, task)  # the config has a model for this task (else: which tasks)
     if task == "seq-cls" and getattr(config, "pad_token_id", None) is None:
         # Sequence classifiers pool the last non-pad token and need a pad id for batches > 1.
         config.pad_token_id = getattr(config, "eos_token_id", None) or 0

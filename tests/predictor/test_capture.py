@@ -174,3 +174,40 @@ def test_zoo_symbolic_capture_matches_concrete(name, hparams, points):
         assert not sym.violated_guards(sym.resolve_sizes(sizes))
         conc = capture(bundle, train, CaptureConfig(target="cpu", symbolic=False, sizes=sizes))
         assert _memory_equal(sym, conc, sizes), (name, sizes)
+
+
+@pytest.mark.parametrize(
+    "model_type, task, kwargs",
+    [
+        # ALiBi: baddbmm of a broadcast bias, whose fake rule fails on symbolic sizes
+        ("bloom", "causal-lm", dict(n_layer=2, hidden_size=32, n_head=2, vocab_size=64)),
+        # no SDPA attention: built with eager attention
+        (
+            "deberta-v2",
+            "masked-lm",
+            dict(
+                num_hidden_layers=2,
+                hidden_size=32,
+                num_attention_heads=2,
+                intermediate_size=64,
+                vocab_size=64,
+                max_position_embeddings=64,
+                hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0,
+            ),
+        ),
+    ],
+)
+def test_hf_architectures_without_sdpa_capture_symbolically(tmp_path, model_type, task, kwargs):
+    transformers = pytest.importorskip("transformers")
+    from dataset.zoo import resolve
+
+    folder = tmp_path / model_type
+    transformers.AutoConfig.for_model(model_type, **kwargs).save_pretrained(str(folder))
+    bundle = resolve(f"hf:{folder}", task=task)
+    train = TrainSpec(steps="first")
+    sym = capture(bundle, train, CaptureConfig(target="cpu"))
+    for sizes in ({"B": 2, "S": 7}, {"B": 3, "S": 40}):
+        assert not sym.violated_guards(sym.resolve_sizes(sizes))
+        conc = capture(bundle, train, CaptureConfig(target="cpu", symbolic=False, sizes=sizes))
+        assert _memory_equal(sym, conc, sizes), (model_type, sizes)
