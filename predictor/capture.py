@@ -33,6 +33,7 @@ from predictor.kernels import (
     eager_hooks,
     symbolic_hooks,
 )
+from predictor.model_info import ModelInfo, describe
 from predictor.pathgraph import ExprInterner, path_from_recorder
 from predictor.recorder import ModuleTracker, RecorderObserver, StepRecorder, register_state
 from predictor.spec import ModelBundle, TrainSpec
@@ -87,6 +88,7 @@ class _Run:
         self.bundle, self.train, self.cfg, self.sizes = bundle, train, cfg, sizes
         self.env = ShapeEnv(duck_shape=False) if cfg.symbolic else None
         self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        self.info: ModelInfo | None = None
 
     def _symbolic_sizes(self) -> tuple[dict[str, Any], dict[Any, str]]:
         if self.env is None:
@@ -115,6 +117,7 @@ class _Run:
                 target=self.cfg.target,
                 fake=True,
             )
+            self.info = describe(step.model, self.bundle, self.train)
             sizes, names = self._symbolic_sizes()
             modules = {name or "<root>": m for name, m in step.model.named_modules()}
             hooks = DataHooks(state, modules, shape_env=self.env, scenario=self.cfg.scenario)
@@ -170,9 +173,12 @@ def capture(
     t0 = time.perf_counter()
     todo: list[list[bool]] = [[]]
     runs = []
+    info: ModelInfo | None = None
     while todo:
         prefix = todo.pop()
-        run = _Run(bundle, train, cfg, sizes).run(prefix)
+        runner = _Run(bundle, train, cfg, sizes)
+        run = runner.run(prefix)
+        info = info or runner.info
         runs.append(run)
         state = run[1]
         todo.extend(reversed(alternatives(state)))
@@ -189,6 +195,7 @@ def capture(
         target=cfg.target,
         symbolic=cfg.symbolic,
         scenario=None if cfg.symbolic else cfg.scenario,
+        model_info=info.to_dict() if info is not None else None,
     )
     log.info(
         "captured %s: %d path(s), %d nodes in %.1fs",

@@ -7,24 +7,20 @@ sweep with the CUDA allocator's 512-byte block rounding, plus the device's cuBLA
 workspaces (allocated) and CUDA context (device total); it models no caching or
 fragmentation, so its reserved estimate equals its allocated one.
 
-`capture_cached` captures a model's step once per (model, hparams, training config, target)
-and keeps it on disk, so repeated predictions skip the capture.
+`capture_cached` (re-exported from `predictor.capture_cache`) captures a model's step once
+and keeps it on disk, keyed on everything that decides the graph.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from predictor.analytic import sweep
+from predictor.capture_cache import cache_dir, capture_cached, capture_key  # noqa: F401
 from predictor.graph import StepGraph
-from predictor.spec import ModelBundle, TrainSpec
 from predictor.vocab import cublas_workspaces
 
 log = logging.getLogger(__name__)
@@ -119,66 +115,6 @@ def _extra_bytes(graph: StepGraph, path: int, device: Any, metric: str) -> int:
     p = graph.paths[path]
     extra = cublas_workspaces(p.nodes["op"], p.nodes["phase"]) * device.cublas_workspace_bytes
     return extra + (device.context_bytes if metric == "device_total" else 0)
-
-
-def cache_dir() -> Path:
-    """Where captured graphs are kept: $MEMGNN_CACHE, else ~/.cache/memgnn."""
-    return Path(os.environ.get("MEMGNN_CACHE", Path.home() / ".cache" / "memgnn"))
-
-
-# bumped whenever capture records a step differently, so cached graphs are captured anew
-CAPTURE_VERSION = 2  # 2: open slices elided as in eager; oneDNN LSTM workspace on the CPU
-
-
-def capture_key(
-    bundle: ModelBundle, train: TrainSpec, target: str, sm: int, static: dict[str, int]
-) -> str:
-    blob = json.dumps(
-        {
-            "capture": CAPTURE_VERSION,
-            "model": bundle.name,
-            "hparams": bundle.hparams,
-            "dims": bundle.dims,
-            "train": train.to_dict(),
-            "target": target,
-            "sm": sm,
-            "static": static,
-        },
-        sort_keys=True,
-        default=str,
-    )
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
-
-
-def capture_cached(
-    bundle: ModelBundle,
-    train: TrainSpec,
-    *,
-    target: str = "cuda",
-    sm: int = 80,
-    sizes: dict[str, int] | None = None,
-    directory: Path | None = None,
-) -> StepGraph:
-    """A symbolic capture of the step, from the on-disk cache when it was made before.
-
-    Dims the bundle declares static are captured at `sizes` (default: the example dims),
-    so each such size has its own cached graph."""
-    from predictor.capture import CaptureConfig, capture
-
-    wanted = sizes or {}
-    trace = bundle.sizes({d: wanted[d] for d in bundle.static_dims if d in wanted})
-    static = {d: trace[d] for d in bundle.static_dims}
-    folder = (directory or cache_dir()) / "graphs"
-    path = folder / f"{capture_key(bundle, train, target, sm, static)}.json.gz"
-    if path.is_file():
-        try:
-            return StepGraph.load(path)
-        except ValueError as exc:  # corrupt or old: capture again
-            log.warning("ignoring cached graph %s: %s", path, exc)
-    graph = capture(bundle, train, CaptureConfig(target=target, sm=sm, sizes=trace))
-    folder.mkdir(parents=True, exist_ok=True)
-    graph.save(path)
-    return graph
 
 
 def default_model() -> MemoryModel:

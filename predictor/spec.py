@@ -112,6 +112,9 @@ class ModelBundle:
     # Dims the model's code cannot keep symbolic (e.g. nn.LSTM under fake tensors): a
     # capture fixes them to their trace values and records a guard for each.
     static_dims: tuple[str, ...] = ()
+    # Everything that decides the model besides name and hparams, when the bundle knows it
+    # (an hf: config's contents); else the capture cache keys on the built model itself.
+    fingerprint: str = ""
 
     def __post_init__(self) -> None:
         if not self.dims:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import json
 import logging
 from collections.abc import Mapping
 from contextlib import nullcontext
@@ -235,6 +236,11 @@ def bundle_from_config_file(
     build = partial(build_hf, config, task)
     name = f"hf:{path}"
     family = str(getattr(config, "model_type", "") or "hf")
+    common = dict(name=name, family=family, build=build, loss=hf_step, hparams=hparams)
+    # what was read, overrides applied: an edited config.json is a different model
+    common["fingerprint"] = json.dumps(
+        {"task": task, "config": config.to_dict()}, sort_keys=True, default=str
+    )
     if task == "image-cls":
         image = getattr(config, "image_size", 224)
         image = image if isinstance(image, int) else int(image[0])
@@ -244,15 +250,7 @@ def bundle_from_config_file(
             image=image,
             classes=int(config.num_labels),
         )
-        return ModelBundle(
-            name=name,
-            family=family,
-            build=build,
-            make_inputs=inputs,
-            loss=hf_step,
-            dims={"B": 4},
-            hparams=hparams,
-        )
+        return ModelBundle(make_inputs=inputs, dims={"B": 4}, **common)
     vocab = getattr(config, "vocab_size", None)
     if not isinstance(vocab, int) or vocab < 1:
         raise ValueError(f"hf config {path} has no vocab_size; cannot make token inputs")
@@ -267,12 +265,4 @@ def bundle_from_config_file(
     else:
         inputs = partial(seq2seq_inputs, vocab=vocab)
         dims["T"] = max(1, seq // 2)
-    return ModelBundle(
-        name=name,
-        family=family,
-        build=build,
-        make_inputs=inputs,
-        loss=hf_step,
-        dims=dims,
-        hparams=hparams,
-    )
+    return ModelBundle(make_inputs=inputs, dims=dims, **common)
