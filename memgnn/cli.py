@@ -55,6 +55,14 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_cache_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="capture anew, store nothing (the cache: $MEMGNN_CACHE, default ~/.cache/memgnn)",
+    )
+
+
 def _int_value(key: str, value: str) -> int:
     try:
         return int(value)
@@ -133,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=None, help="ask a running `memgnn serve` instead")
     p.add_argument("--token", default=None, help="bearer token for --url")
     p.add_argument("--json", action="store_true")
+    add_cache_arg(p)
     p.set_defaults(func=commands.predict_cmd)
 
     p = sub.add_parser("plan", help="the best config that fits a memory budget")
@@ -149,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("power", "binsearch"), default="binsearch")
     p.add_argument("--any-batch", action="store_true", help="not only powers of two")
     p.add_argument("--json", action="store_true")
+    add_cache_arg(p)
     p.set_defaults(func=commands.plan_cmd)
 
     from dataset.build import add_build_arguments, build_cmd

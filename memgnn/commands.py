@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from memgnn.cli import model_args, parse_sizes, train_spec
-from memgnn.display import fmt_bytes, print_table
+from memgnn.display import fmt_bytes, model_line, print_table
 
 
 def resolve_bundle(args: argparse.Namespace):
@@ -121,11 +122,14 @@ def profile_cmd(args: argparse.Namespace) -> int:
 
     bundle = resolve_bundle(args)
     cfg = ProfileConfig(backend=args.backend, device=args.device)
-    record = profile(bundle, train_spec(args), parse_sizes(args), cfg)
+    train = train_spec(args)
+    record = profile(bundle, train, parse_sizes(args), cfg)
+    info = _model_info(None, bundle, train, "cuda" if args.backend != "cpu" else "cpu")
     if args.json:
-        print(json.dumps(record.contract(), indent=2, default=str))
+        print(json.dumps(record.contract() | {"model": info}, indent=2, default=str))
         return 0
     print(f"{record.model} {record.sizes} on {record.device} ({record.backend} backend)")
+    print(model_line(info))
     print_table(
         ["metric", "bytes", ""],
         [
@@ -155,13 +159,32 @@ def demo_cmd(args: argparse.Namespace) -> int:
     return run_demo(Path(args.out))
 
 
-def _graph_for(bundle, device, sizes):
+def _graph_for(bundle, device, sizes, use_cache: bool = True):
+    """train -> the captured graph, each training config captured (or loaded) once."""
     from predictor.predict import capture_cached
 
     target = "cuda" if device.is_gpu else "cpu"
-    return lambda train: capture_cached(
-        bundle, train, target=target, sm=device.sm or 80, sizes=sizes
-    )
+    graphs: dict[str, Any] = {}
+
+    def graph_for(train):
+        key = json.dumps(train.to_dict(), sort_keys=True)
+        if key not in graphs:
+            graphs[key] = capture_cached(
+                bundle, train, target=target, sm=device.sm or 80, sizes=sizes, use_cache=use_cache
+            )
+        return graphs[key]
+
+    return graph_for
+
+
+def _model_info(graph, bundle, train, target: str) -> dict[str, Any]:
+    """What model the answer is about: from the graph's capture, else built on fake tensors."""
+    info = graph.meta.get("model_info") if graph is not None else None
+    if info is None:
+        from predictor.model_info import describe_bundle
+
+        info = describe_bundle(bundle, train, target).to_dict()
+    return info
 
 
 def predict_cmd(args: argparse.Namespace) -> int:
@@ -192,7 +215,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
     sizes = bundle.sizes(parse_sizes(args))
     query = Query(sizes=sizes, device=device.name, metric=args.metric, scenario=args.scenario)
     query.resolved_metric(device.is_gpu)
-    graph = _graph_for(bundle, device, sizes)(train)
+    graph = _graph_for(bundle, device, sizes, not args.no_cache)(train)
+    info = _model_info(graph, bundle, train, "cuda" if device.is_gpu else "cpu")
     model = default_model()
     t0 = time.perf_counter()
     pred = model.predict(graph, [query])[0]
@@ -201,6 +225,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
         "device": device.name,
         "graph_id": graph.graph_id,
         "predict_seconds": round(time.perf_counter() - t0, 6),
+        "model": info,
     }
     if args.json:
         print(json.dumps(out, indent=2, default=str))
@@ -210,6 +235,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
         f"{fmt_bytes(pred.predicted_peak_bytes)} (bound {fmt_bytes(pred.upper_bound_bytes)}),"
         f" model {pred.model_version}"
     )
+    print(model_line(info))
     return 0
 
 
@@ -238,7 +264,6 @@ def plan_cmd(args: argparse.Namespace) -> int:
     from dataset.devices import get_profile
     from predictor.plan import PlanConfig, SearchSpace, plan
     from predictor.predict import default_model
-    from predictor.spec import default_blocks
 
     bundle = resolve_bundle(args)
     device = get_profile(args.device)
@@ -265,13 +290,19 @@ def plan_cmd(args: argparse.Namespace) -> int:
     )
     if "B" not in bundle.dims:
         raise ValueError(f"model {bundle.name!r} has no batch dim B to plan")
-    n_blocks = len((bundle.blocks or default_blocks)(bundle.build()))
-    res = plan(
-        default_model(), _graph_for(bundle, device, sizes), base, space, cfg, n_blocks=n_blocks
+    graph_for = _graph_for(bundle, device, sizes, not args.no_cache)
+    # blocks counted on the first graph the search captures (fake tensors: no weights built)
+    g0 = 1 if space.effective_batch is not None else min(space.grad_accum)
+    first = replace(
+        base, precision=precisions[0], checkpointing=space.checkpointing[0], grad_accum=g0
     )
+    target = "cuda" if device.is_gpu else "cpu"
+    info = _model_info(graph_for(first), bundle, first, target)
+    res = plan(default_model(), graph_for, base, space, cfg, n_blocks=info["blocks"])
     if res.best is None:
         raise ValueError(res.reason)
     best = res.best
+    chosen = replace(first, precision=best.precision)  # captured by the search already
     out = {
         "batch_size": best.batch_size,
         "grad_accum": best.grad_accum,
@@ -282,6 +313,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
         "limit_bytes": cfg.limit,
         "runners_up": [c.to_dict() for c in res.runners_up],
         "queries": res.queries,
+        "model": _model_info(graph_for(chosen), bundle, chosen, target),
     }
     if args.json:
         print(json.dumps(out, indent=2, default=str))
@@ -291,6 +323,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
         f"precision={best.precision}: bound {fmt_bytes(best.bound_bytes)} of "
         f"{fmt_bytes(cfg.limit)}"
     )
+    print(model_line(out["model"]))
     for c in res.runners_up:
         print(
             f"  then B={c.batch_size} G={c.grad_accum} {c.checkpointing} {c.precision}: "

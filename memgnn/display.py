@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -52,3 +53,34 @@ def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     print("  ".join("-" * w for w in widths))
     for row in rows:
         print("  ".join(str(x).ljust(w) for x, w in zip(row, widths)))
+
+
+def fmt_count(n: int) -> str:
+    """124439808 -> '124.4 M'; 6738415616 -> '6.74 B'."""
+    for div, unit, digits in ((10**9, "B", 2), (10**6, "M", 1), (10**3, "K", 1)):
+        if abs(n) >= div:
+            return f"{n / div:.{digits}f} {unit}"
+    return str(n)
+
+
+def model_line(info: Mapping[str, Any]) -> str:
+    """One line naming the model an answer is about: spec, class, size and dtypes."""
+    parts = [str(info["module_class"])]
+    if info.get("layers"):
+        parts.append(f"{info['layers']} layers")
+    elif info.get("blocks"):
+        parts.append(f"{info['blocks']} blocks")
+    if info.get("hidden"):
+        parts.append(f"hidden {info['hidden']}")
+    n = int(info["parameters"])
+    parts.append(f"{fmt_count(n)} parameters ({n:,})")
+    if info.get("trainable_parameters", n) != n:
+        parts.append(f"{fmt_count(int(info['trainable_parameters']))} trainable")
+    dtype = info.get("param_dtype", "?")
+    compute = info.get("compute_dtype", dtype)
+    if compute != dtype:
+        parts.append(f"params {dtype} (master weights), compute {compute} ({info['precision']})")
+    else:
+        parts.append(f"params {dtype} ({info['precision']})")
+    kind = {"zoo": " (zoo config: small by default, size it with --model-arg)"}
+    return f"model {info['spec']}{kind.get(info.get('kind', ''), '')}: {', '.join(parts)}"
