@@ -1,0 +1,270 @@
+"""Which architectures the installed transformers ships does memgnn capture symbolically?
+
+Every model type with a causal-LM, masked-LM or sequence-classification class (first of
+those it has) gets a tiny config built offline (`AutoConfig.for_model` with 2 layers,
+hidden 64, 4 heads, vocab 256, 4 experts where it has experts), written as config.json
+and captured as a user's `hf:PATH` would be: `resolve` then a symbolic capture (cpu
+target, AdamW, first step). Each architecture has a time bound; a worker process runs
+them one by one, so a crash or a hang costs one architecture, not the sweep.
+
+    .venv/bin/python benchmarks/hf_architectures.py [--workers 2] [--timeout 90] [--only a,b]
+        -> benchmarks/results/hf_architectures.{json,md}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).parent / "results"
+TASK_MAPS = (  # task -> transformers' name table for it, in the order tried
+    ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    ("seq-cls", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+)
+TINY: dict[str, Any] = {
+    **dict.fromkeys(
+        ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers"), 2
+    ),
+    **dict.fromkeys(("encoder_layers", "num_decoder_layers"), 2),
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "embed_dim"), 64),
+    **dict.fromkeys(("num_attention_heads", "n_head", "num_heads"), 4),
+    **dict.fromkeys(("encoder_attention_heads", "decoder_attention_heads"), 4),
+    **dict.fromkeys(("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), 2),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "d_ff"), 128),
+    **dict.fromkeys(("encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size"), 128),
+    **dict.fromkeys(("shared_expert_intermediate_size",), 128),
+    "head_dim": 16,
+    "vocab_size": 256,
+    **dict.fromkeys(("max_position_embeddings", "n_positions"), 128),
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 4),
+    **dict.fromkeys(("num_experts_per_tok", "moe_topk"), 2),
+}
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+# swept first (a sweep cut short by its time budget still covers what users train most)
+COMMON = (
+    "gpt2 llama mistral qwen2 qwen3 gemma gemma2 phi phi3 opt gpt_neox bloom falcon bert "
+    "roberta deberta-v2 distilbert electra xlm-roberta mpt gptj gpt_bigcode starcoder2 mixtral "
+    "qwen2_moe qwen3_moe olmo olmo2 cohere stablelm gpt_neo codegen granite deepseek_v3"
+).split()
+
+
+def architectures() -> list[tuple[str, str]]:
+    """(model type, task) for every model type with one of the swept tasks, common first."""
+    from transformers.models.auto import modeling_auto
+
+    out: dict[str, str] = {}
+    for task, table in TASK_MAPS:
+        for model_type in getattr(modeling_auto, table):
+            out.setdefault(model_type, task)
+    rank = {m: k for k, m in enumerate(COMMON)}
+    return sorted(out.items(), key=lambda a: (rank.get(a[0], len(rank)), a[0]))
+
+
+def tiny_config(model_type: str) -> Any:
+    import transformers
+
+    default = transformers.AutoConfig.for_model(model_type)
+    kwargs = {k: v for k, v in TINY.items() if hasattr(default, k)}
+    for key in TOKEN_IDS:
+        value = getattr(default, key, None)
+        if isinstance(value, int) and value >= TINY["vocab_size"]:
+            kwargs[key] = 1
+    config = transformers.AutoConfig.for_model(model_type, **kwargs)
+    layers = getattr(config, "num_hidden_layers", None)
+    types = getattr(config, "layer_types", None)
+    if isinstance(types, list) and isinstance(layers, int) and len(types) != layers:
+        config = transformers.AutoConfig.for_model(model_type, **kwargs, layer_types=types[:layers])
+    return config
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout
+
+
+def run_one(model_type: str, task: str, folder: Path, timeout: int) -> dict[str, Any]:
+    """Build the tiny config, resolve it as hf:PATH and capture it symbolically."""
+    from dataset.zoo import resolve
+    from predictor.capture import CaptureConfig, capture
+    from predictor.spec import TrainSpec
+
+    row: dict[str, Any] = {"model_type": model_type, "task": task, "stage": "config"}
+    t0 = time.perf_counter()
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(timeout)
+    try:
+        path = folder / model_type
+        tiny_config(model_type).save_pretrained(str(path))
+        row["stage"] = "resolve"
+        bundle = resolve(f"hf:{path}", task=task)
+        row["stage"] = "capture"
+        graph = capture(bundle, TrainSpec(steps="first"), CaptureConfig(target="cpu"))
+        info = graph.meta["model_info"]
+        row |= {
+            "status": "ok",
+            "stage": "done",
+            "class": info["module_class"],
+            "attention": info["attention"],
+            "parameters": info["parameters"],
+            "nodes": sum(p.num_nodes for p in graph.paths),
+            "paths": len(graph.paths),
+            "guards": len(graph.guards),
+        }
+    except _Timeout:
+        row |= {"status": "timeout", "error": f"over the {timeout} s bound"}
+    except Exception as exc:  # the sweep records every failure with its reason
+        text = str(exc).strip().splitlines()
+        row |= {"status": "fail", "error": f"{type(exc).__name__}: {text[0] if text else ''}"}
+    finally:
+        signal.alarm(0)
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
+
+
+def worker(names: list[str], timeout: int) -> None:
+    """Run architectures (model_type:task) one by one, one JSON line each on stdout."""
+    logging.disable(logging.WARNING)
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(1)  # one core per worker
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            model_type, task = name.split(":")
+            print(json.dumps({"start": model_type}), flush=True)
+            print(json.dumps(run_one(model_type, task, Path(tmp), timeout)), flush=True)
+
+
+def _run_shard(todo: list[tuple[str, str]], timeout: int) -> subprocess.Popen:
+    names = [f"{m}:{t}" for m, t in todo]
+    cmd = [sys.executable, __file__, "--worker", "--timeout", str(timeout), *names]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+
+def sweep(
+    archs: list[tuple[str, str]], workers: int, timeout: int, on_row: Any = None
+) -> list[dict[str, Any]]:
+    """Shards over worker processes; a worker that dies loses its current architecture
+    (recorded as crashed) and a new one takes the rest of its shard."""
+    rows: dict[str, dict[str, Any]] = {}
+    shards = [archs[k::workers] for k in range(workers)]
+    tasks = dict(archs)
+    while any(shards):
+        procs = [(_run_shard(s, timeout), s) for s in shards if s]
+        shards = []
+        for proc, shard in procs:
+            current = None
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                msg = json.loads(line)
+                if "start" in msg:
+                    current = msg["start"]
+                    continue
+                rows[msg["model_type"]] = msg
+                if on_row is not None:
+                    on_row(list(rows.values()))
+                print(
+                    f"{msg['model_type']:32s} {msg['status']:8s} {msg['seconds']:6.1f}s "
+                    f"{msg.get('error', '')[:100]}",
+                    flush=True,
+                )
+                current = None
+            code = proc.wait()
+            if current is not None:  # died inside one architecture
+                rows[current] = {
+                    "model_type": current,
+                    "task": tasks[current],
+                    "status": "crash",
+                    "error": f"worker exit code {code}",
+                    "stage": "capture",
+                    "seconds": None,
+                }
+                print(f"{current:32s} crash    exit {code}", flush=True)
+            shards.append([a for a in shard if a[0] not in rows])
+    return [rows[m] for m, _ in archs]
+
+
+def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    ok = [r for r in rows if r["status"] == "ok"]
+    lines = [
+        "# transformers architectures: symbolic capture",
+        "",
+        f"`python benchmarks/hf_architectures.py --workers {meta['workers']} --timeout "
+        f"{meta['timeout']}`: transformers {meta['transformers']}, torch {meta['torch']}; "
+        f"{len(rows)} of {meta['architectures']} architectures "
+        f"{'' if meta['complete'] else '(sweep interrupted) '}"
+        "(tiny configs, cpu target, AdamW, first step); "
+        f"{len(ok)} capture symbolically, {len(rows) - len(ok)} do not; "
+        f"{meta['seconds']:.0f} s wall.",
+        "",
+        "| model type | task | status | class | attention | parameters | nodes | seconds "
+        "| why not |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["status"] != "ok", r["model_type"])):
+        why = "" if r["status"] == "ok" else f"{r['stage']}: {r.get('error', '')}"
+        lines.append(
+            f"| {r['model_type']} | {r['task']} | {r['status']} | {r.get('class', '')} | "
+            f"{r.get('attention') or ''} | {r.get('parameters', '')} | {r.get('nodes', '')} | "
+            f"{r.get('seconds') or ''} | "
+            f"{why.replace('|', '/')[:160]} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--timeout", type=int, default=90, help="seconds per architecture")
+    parser.add_argument("--only", default=None, help="comma list of model types")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("names", nargs="*", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.names, args.timeout)
+        return 0
+    import torch
+    import transformers
+
+    archs = architectures()
+    if args.only:
+        wanted = set(args.only.split(","))
+        archs = [a for a in archs if a[0] in wanted]
+    t0 = time.perf_counter()
+    name = "hf_architectures" if not args.only else "hf_architectures_subset"
+    OUT.mkdir(exist_ok=True)
+
+    def write(rows: list[dict[str, Any]], done: bool = False) -> None:
+        meta = {
+            "transformers": transformers.__version__,
+            "torch": torch.__version__,
+            "workers": args.workers,
+            "timeout": args.timeout,
+            "seconds": time.perf_counter() - t0,
+            "complete": done,
+            "architectures": len(archs),
+        }
+        (OUT / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        (OUT / f"{name}.md").write_text(_markdown(rows, meta))
+
+    write(sweep(archs, args.workers, args.timeout, on_row=write), done=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
