@@ -43,11 +43,13 @@ TINY: dict[str, Any] = {
     **dict.fromkeys(("encoder_ffn_dim", "decoder_ffn_dim", "moe_intermediate_size"), 128),
     **dict.fromkeys(("shared_expert_intermediate_size",), 128),
     "head_dim": 16,
+    "rotary_dim": 16,
     "vocab_size": 256,
     **dict.fromkeys(("max_position_embeddings", "n_positions"), 128),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 4),
     **dict.fromkeys(("num_experts_per_tok", "moe_topk"), 2),
 }
+EXTRA = {"gpt_neo": {"attention_types": [[["global", "local"], 1]]}}  # per-layer lists
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
@@ -75,12 +77,22 @@ def tiny_config(model_type: str) -> Any:
     import transformers
 
     default = transformers.AutoConfig.for_model(model_type)
-    kwargs = {k: v for k, v in TINY.items() if hasattr(default, k)}
+    kwargs = {k: v for k, v in TINY.items() if hasattr(default, k)} | EXTRA.get(model_type, {})
     for key in TOKEN_IDS:
         value = getattr(default, key, None)
         if isinstance(value, int) and value >= TINY["vocab_size"]:
             kwargs[key] = 1
-    config = transformers.AutoConfig.for_model(model_type, **kwargs)
+    for _ in range(3):  # a key the config cannot take (a read-only property): without it
+        try:
+            config = transformers.AutoConfig.for_model(model_type, **kwargs)
+            break
+        except (AttributeError, TypeError, ValueError) as exc:
+            bad = [k for k in kwargs if f"'{k}'" in str(exc)]
+            if not bad:
+                raise
+            kwargs.pop(bad[0])
+    else:
+        config = transformers.AutoConfig.for_model(model_type, **kwargs)
     layers = getattr(config, "num_hidden_layers", None)
     types = getattr(config, "layer_types", None)
     if isinstance(types, list) and isinstance(layers, int) and len(types) != layers:
@@ -210,7 +222,13 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"{'' if meta['complete'] else '(sweep interrupted) '}"
         "(tiny configs, cpu target, AdamW, first step); "
         f"{len(ok)} capture symbolically, {len(rows) - len(ok)} do not; "
-        f"{meta['seconds']:.0f} s wall.",
+        f"{meta['seconds']:.0f} s wall."
+        + (
+            f" Rerun after fixing the sweep's config shrinking (`--only`): "
+            f"{', '.join(meta['reran'])}."
+            if meta.get("reran")
+            else ""
+        ),
         "",
         "| model type | task | status | class | attention | parameters | nodes | seconds "
         "| why not |",
@@ -246,10 +264,21 @@ def main() -> int:
         wanted = set(args.only.split(","))
         archs = [a for a in archs if a[0] in wanted]
     t0 = time.perf_counter()
-    name = "hf_architectures" if not args.only else "hf_architectures_subset"
+    name = "hf_architectures"
     OUT.mkdir(exist_ok=True)
+    earlier: dict[str, Any] = {}
+    if args.only:  # rerun some: their rows replace the ones of the last full sweep
+        earlier = json.loads((OUT / f"{name}.json").read_text())
 
     def write(rows: list[dict[str, Any]], done: bool = False) -> None:
+        if earlier:
+            new = {r["model_type"]: r for r in rows}
+            rows = [new.get(r["model_type"], r) for r in earlier["rows"]]
+            reran = sorted(new)
+            meta = earlier["meta"] | {"reran": reran, "reran_seconds": time.perf_counter() - t0}
+            (OUT / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+            (OUT / f"{name}.md").write_text(_markdown(rows, meta))
+            return
         meta = {
             "transformers": transformers.__version__,
             "torch": torch.__version__,
