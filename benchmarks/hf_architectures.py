@@ -273,9 +273,14 @@ def main() -> int:
     def write(rows: list[dict[str, Any]], done: bool = False) -> None:
         if earlier:
             new = {r["model_type"]: r for r in rows}
+            seen = {r["model_type"] for r in earlier["rows"]}
             rows = [new.get(r["model_type"], r) for r in earlier["rows"]]
+            rows += [r for m, r in new.items() if m not in seen]
             reran = sorted(new)
-            meta = earlier["meta"] | {"reran": reran, "reran_seconds": time.perf_counter() - t0}
+            meta = earlier["meta"] | {
+                "reran": sorted(set(earlier["meta"].get("reran", [])) | set(reran)),
+                "reran_seconds": time.perf_counter() - t0,
+            }
             (OUT / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
             (OUT / f"{name}.md").write_text(_markdown(rows, meta))
             return
