@@ -224,7 +224,7 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"{len(ok)} capture symbolically, {len(rows) - len(ok)} do not; "
         f"{meta['seconds']:.0f} s wall."
         + (
-            f" Rerun after fixing the sweep's config shrinking (`--only`): "
+            f" Rerun or added with `--only` (after fixes to the sweep's config shrinking): "
             f"{', '.join(meta['reran'])}."
             if meta.get("reran")
             else ""

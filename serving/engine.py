@@ -296,7 +296,7 @@ class Engine:
         """The captured graph of a model spec (memo, then disk cache, then a capture)."""
         static = {d: sizes[d] for d in bundle.static_dims if d in sizes}
         key = json.dumps(
-            [bundle.name, bundle.hparams, train.to_dict(), target, sm, static],
+            [bundle.name, bundle.hparams, bundle.fingerprint, train.to_dict(), target, sm, static],
             sort_keys=True,
             default=str,
         )
