@@ -1,0 +1,302 @@
+"""Replay a snapshot's requests through :class:`dataset.allocator.CachingAllocatorSim`.
+
+Two passes over the trace, both from the state when recording began
+(:mod:`dataset.snapshot.state`):
+
+* **recorded**: a simulator that takes the recorded placement of every request
+  (``malloc_at``) and the recorded ``segment_alloc`` / ``segment_free``: the recorded
+  reserved and allocated bytes (block sizes by the rounding and split rules) per event.
+* **simulated**: the simulator's own decisions for the same ``alloc`` /
+  ``free_completed`` requests. With the recorded settings, a ``segment_free`` in the
+  trace (``empty_cache`` or the OOM retry's release) frees the simulated segment that
+  corresponds to the recorded one; under other settings (a what-if) the first
+  ``segment_free`` of a run is an ``empty_cache()``.
+
+The simulated segment allocations are compared with the recorded ones in order and size,
+and every request's address with the recorded one (through the segment map):
+``first_divergence`` is the first event where either differs.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
+from dataset.snapshot.loader import Snapshot
+from dataset.snapshot.state import InitialState, initial_state, seed, seed_live_blocks
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RecordedTimeline", "SimulatedRun", "recorded_timeline", "simulate_snapshot"]
+
+
+@dataclass(kw_only=True, slots=True)
+class RecordedTimeline:
+    """The recorded run, event by event (block sizes by the allocator's rules)."""
+
+    allocated: list[int]  # allocated bytes after each event
+    reserved: list[int]
+    segment_allocs: list[int]  # sizes, in order
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    peak_allocated_event: int  # first event at the allocated peak (-1: the initial state)
+    fragmentation_at_peak: float  # largest free block / free reserved, at the reserved peak
+    model_error: dict[str, Any] | None  # first recorded step the rules cannot reproduce
+
+
+@dataclass(kw_only=True, slots=True)
+class SimulatedRun:
+    initial_state: str  # "recorded" (segments and blocks) or "live_blocks" (empty cache)
+    allocated: list[int]
+    reserved: list[int]
+    segment_allocs: list[int]
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    fragmentation_at_peak: float
+    largest_free_at_peak_bytes: int
+    free_reserved_at_peak_bytes: int
+    first_divergence: dict[str, Any] | None
+    addresses_matched: int  # requests placed at the recorded address
+    requests: int
+    oom: dict[str, Any] | None
+    seconds: float
+
+
+def _largest_free(sim: CachingAllocatorSim) -> int:
+    return max((k[1] for p in (sim._small, sim._large) for k in p.keys), default=0)
+
+
+def _fragmentation(sim: CachingAllocatorSim) -> tuple[float, int, int]:
+    free = sim.reserved - sim.allocated
+    largest = _largest_free(sim)
+    return (largest / free if free > 0 else 1.0), largest, free
+
+
+def recorded_timeline(snap: Snapshot, state: InitialState | None = None) -> RecordedTimeline:
+    """Follow the recorded placements; stops following at the first impossible step."""
+    state = state or initial_state(snap)
+    sim = CachingAllocatorSim()
+    handles = seed(sim, state)
+    allocated, reserved, seg_allocs = [], [], []
+    error = None
+    peak_a, peak_a_at, peak_r, frag = sim.allocated, -1, sim.reserved, _fragmentation(sim)[0]
+    for i, ev in enumerate(snap.trace):
+        act = ev["action"]
+        try:
+            if error is not None:
+                pass
+            elif act == "alloc":
+                handles[ev["addr"]] = sim.malloc_at(ev["addr"], ev["size"], ev.get("stream", 0))
+            elif act == "free_completed":
+                h = handles.pop(ev["addr"], None)
+                if h is not None:
+                    sim.free(h)
+            elif act == "segment_alloc":
+                sim.add_segment(ev["addr"], ev["size"], stream=ev.get("stream", 0))
+            elif act == "segment_free":
+                sim.release_segment(ev["addr"])
+        except ValueError as exc:
+            error = {"event": i, "action": act, "addr": ev.get("addr"), "reason": str(exc)}
+            logger.warning("recorded event %d cannot be reproduced: %s", i, exc)
+        if act == "segment_alloc":
+            seg_allocs.append(ev["size"])
+        allocated.append(sim.allocated)
+        reserved.append(sim.reserved)
+        if sim.allocated > peak_a:
+            peak_a, peak_a_at = sim.allocated, i
+        if sim.reserved > peak_r:
+            peak_r, frag = sim.reserved, _fragmentation(sim)[0]
+    return RecordedTimeline(
+        allocated=allocated,
+        reserved=reserved,
+        segment_allocs=seg_allocs,
+        peak_allocated_bytes=peak_a,
+        peak_reserved_bytes=peak_r,
+        peak_allocated_event=peak_a_at,
+        fragmentation_at_peak=frag,
+        model_error=error,
+    )
+
+
+class _SegmentMap:
+    """Recorded segment base -> simulated base, and the recorded segment of an address."""
+
+    def __init__(self, state: InitialState, identity: bool) -> None:
+        self.sim_of: dict[int, int] = {s.address: s.address for s in state.segments}
+        if not identity:
+            self.sim_of.clear()
+        self.bases = sorted(s.address for s in state.segments)
+        self.size = {s.address: s.size for s in state.segments}
+
+    def add(self, rec: int, size: int) -> None:
+        bisect.insort(self.bases, rec)
+        self.size[rec] = size
+
+    def remove(self, rec: int) -> None:
+        k = bisect.bisect_left(self.bases, rec)
+        if k < len(self.bases) and self.bases[k] == rec:
+            del self.bases[k]
+
+    def expected(self, addr: int) -> int | None:
+        k = bisect.bisect_right(self.bases, addr) - 1
+        if k < 0:
+            return None
+        base = self.bases[k]
+        sim = self.sim_of.get(base)
+        if sim is None or addr >= base + self.size[base]:
+            return None
+        return sim + addr - base
+
+
+def simulate_snapshot(
+    snap: Snapshot,
+    config: AllocatorConfig | None = None,
+    *,
+    recorded_settings: bool = True,
+    state: InitialState | None = None,
+) -> SimulatedRun:
+    """The simulator's own run of the snapshot's requests (module docstring).
+
+    ``recorded_settings`` says ``config`` is what the recording ran with (segment frees
+    follow the recorded ones); otherwise it is a what-if. Stops at a simulated OOM.
+    """
+    cfg = config or AllocatorConfig()
+    state = state or initial_state(snap)
+    sim = CachingAllocatorSim(cfg)
+    t0 = time.perf_counter()
+    if cfg.expandable_segments:
+        mode, handles = "live_blocks", seed_live_blocks(sim, state)
+    else:
+        mode, handles = "recorded", seed(sim, state)
+    segmap = _SegmentMap(state, identity=mode == "recorded")
+    sim_new: list[tuple[str, int, int]] = []
+    sim.segment_observer = lambda act, addr, size, stream: sim_new.append((act, addr, size))
+    rec_pending: list[tuple[int, int]] = []
+    if mode == "recorded" and recorded_settings:
+        sim.segment_address_hint = _RecordedAddresses(sim, rec_pending, sim_new)
+    allocated, reserved, seg_allocs = [], [], []
+    divergence, matched, requests, oom = None, 0, 0, None
+    peak_r = sim.reserved
+    frag = _fragmentation(sim)
+    prev_act = None
+    for i, ev in enumerate(snap.trace):
+        act = ev["action"]
+        if act == "alloc":
+            requests += 1
+            sim_new.clear()
+            try:
+                h = sim.malloc(ev["size"], ev.get("stream", 0))
+            except SimulatedOOM as exc:
+                oom = _oom_record(sim, i, ev, exc)
+                allocated.append(sim.allocated)
+                reserved.append(sim.reserved)
+                break
+            handles[ev["addr"]] = h
+            new = [(a, s) for act2, a, s in sim_new if act2 == "segment_alloc"]
+            seg_allocs.extend(s for _, s in new)
+            if [s for _, s in rec_pending] == [s for _, s in new]:
+                for (rec, _), (got, _) in zip(rec_pending, new):
+                    segmap.sim_of[rec] = got
+            elif divergence is None:
+                divergence = _diverged(i, ev, "segment allocation", rec_pending, new)
+            rec_pending.clear()
+            want = segmap.expected(ev["addr"])
+            if want == h:
+                matched += 1
+            elif divergence is None and mode == "recorded":
+                divergence = _diverged(i, ev, "placement", ev["addr"], h)
+        elif act == "free_completed":
+            h = handles.pop(ev["addr"], None)
+            if h is not None:
+                sim.free(h)
+        elif act == "segment_alloc":
+            rec_pending.append((ev["addr"], ev["size"]))
+            segmap.add(ev["addr"], ev["size"])
+        elif act == "segment_free":
+            segmap.remove(ev["addr"])
+            if recorded_settings and mode == "recorded":
+                got = segmap.sim_of.pop(ev["addr"], None)
+                try:
+                    if got is None:
+                        raise ValueError("no simulated segment corresponds")
+                    sim.release_segment(got)
+                except ValueError as exc:
+                    if divergence is None:
+                        divergence = _diverged(i, ev, f"segment free ({exc})", ev["addr"], None)
+            elif prev_act != "segment_free":
+                sim.empty_cache()
+        prev_act = act
+        allocated.append(sim.allocated)
+        reserved.append(sim.reserved)
+        if sim.reserved > peak_r:
+            peak_r, frag = sim.reserved, _fragmentation(sim)
+    return SimulatedRun(
+        initial_state=mode,
+        allocated=allocated,
+        reserved=reserved,
+        segment_allocs=seg_allocs,
+        peak_allocated_bytes=sim.peak_allocated,
+        peak_reserved_bytes=sim.peak_reserved,
+        fragmentation_at_peak=frag[0],
+        largest_free_at_peak_bytes=frag[1],
+        free_reserved_at_peak_bytes=frag[2],
+        first_divergence=divergence,
+        addresses_matched=matched,
+        requests=requests,
+        oom=oom,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+class _RecordedAddresses:
+    """Segment address hint: the recorded ``segment_alloc`` address for this request,
+    when its size matches and it overlaps no simulated segment."""
+
+    def __init__(
+        self, sim: CachingAllocatorSim, pending: list[tuple[int, int]], new: list[tuple]
+    ) -> None:
+        self.sim, self.pending, self.new = sim, pending, new
+
+    def __call__(self, size: int, stream: int) -> int | None:
+        k = sum(1 for e in self.new if e[0] == "segment_alloc")  # given out this request
+        if k >= len(self.pending) or self.pending[k][1] != size:
+            return None
+        addr = self.pending[k][0]
+        end = addr + size
+        for base, length in self.sim.segment_bases().items():
+            if base < end and addr < base + length:
+                return None
+        return addr
+
+
+def _diverged(i: int, ev: dict, what: str, recorded: Any, simulated: Any) -> dict[str, Any]:
+    return {
+        "event": i,
+        "action": ev["action"],
+        "size": ev.get("size"),
+        "what": what,
+        "recorded": recorded,
+        "simulated": simulated,
+    }
+
+
+def _oom_record(sim: CachingAllocatorSim, i: int, ev: dict, exc: SimulatedOOM) -> dict:
+    free = sim.reserved - sim.allocated
+    return {
+        "event": i,
+        "request_bytes": ev["size"],
+        "reserved_bytes": sim.reserved,
+        "allocated_bytes": sim.allocated,
+        "free_reserved_bytes": free,  # reserved but unallocated: free-but-fragmented
+        "largest_free_block_bytes": _largest_free(sim),
+        "message": str(exc),
+    }
+
+
+def config_with(cfg: AllocatorConfig, **changes: Any) -> AllocatorConfig:
+    return dataclasses.replace(cfg, **changes)
