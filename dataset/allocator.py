@@ -237,6 +237,7 @@ class CachingAllocatorSim:
         self._small, self._large = BlockPool(True), BlockPool(False)
         self._active: dict[int, Block] = {}
         self._segments: dict[int, int] = {}  # base address -> size (non-expandable)
+        self._bases: list[int] = []  # sorted keys of _segments (seeding, overlap checks)
         self.exp_segments: list = []
         self._next_addr = _BASE_ADDR
         self.allocated = self.reserved = self.requested = 0
@@ -329,12 +330,13 @@ class CachingAllocatorSim:
         if size <= 0 or size % K_MIN_BLOCK or address <= 0 or address % K_MIN_BLOCK:
             raise ValueError(f"bad segment {size} B at {address:#x} (need multiples of 512)")
         end = address + size
-        for base, length in self._segments.items():
-            if base < end and address < base + length:
-                raise ValueError(f"segment at {address:#x} overlaps the one at {base:#x}")
+        other = self.overlapping_segment(address, size)
+        if other is not None:
+            raise ValueError(f"segment at {address:#x} overlaps the one at {other:#x}")
         small = size == K_SMALL_BUFFER if small is None else small
         block = Block(address, size, stream, small)
         self._segments[address] = size
+        bisect.insort(self._bases, address)
         (self._small if small else self._large).insert(block)
         self.add_reserved(size)
         self._next_addr = max(self._next_addr, -(-end // K_ROUND_LARGE) * K_ROUND_LARGE)
@@ -391,8 +393,8 @@ class CachingAllocatorSim:
     def release_segment(self, address: int) -> None:
         """cudaFree the whole free segment at ``address`` (a recorded ``segment_free``)."""
         size = self._segments.get(address)
-        block = None if size is None else self._free_block_containing(address)
-        if block is None or block.addr != address or block.size != size:
+        block = self._small.blocks.get(address) or self._large.blocks.get(address)
+        if size is None or block is None or block.size != size:
             raise ValueError(f"no whole free segment at {address:#x}")
         self._release_block(block, self._pool_of(block))
 
@@ -400,14 +402,22 @@ class CachingAllocatorSim:
         """Native segments: base address -> size."""
         return dict(self._segments)
 
-    def _free_block_containing(self, address: int) -> Block | None:
-        for base, length in self._segments.items():
-            if base <= address < base + length:
-                b: Block | None = self.block_at(base)
-                while b is not None and b.addr + b.size <= address:
-                    b = b.next
-                return None if b is None or b.allocated else b
+    def overlapping_segment(self, address: int, size: int) -> int | None:
+        """Base of a native segment overlapping ``[address, address + size)``, or None."""
+        bases = self._bases
+        k = bisect.bisect_left(bases, address + size) - 1
+        if k >= 0 and bases[k] + self._segments[bases[k]] > address:
+            return bases[k]
         return None
+
+    def _free_block_containing(self, address: int) -> Block | None:
+        base = self.overlapping_segment(address, 1)
+        if base is None:
+            return None
+        b: Block | None = self.block_at(base)
+        while b is not None and b.addr + b.size <= address:
+            b = b.next
+        return None if b is None or b.allocated else b
 
     # ---- helpers shared with allocator_expandable -------------------------------
     def block_at(self, addr: int) -> Block:
@@ -533,6 +543,7 @@ class CachingAllocatorSim:
             addr = self.reserve_address_space(alloc_size)
         block = Block(addr, alloc_size, stream, pool.small)
         self._segments[block.addr] = alloc_size
+        bisect.insort(self._bases, block.addr)
         self.add_reserved(alloc_size)
         if self.segment_observer is not None:
             self.segment_observer("segment_alloc", block.addr, alloc_size, stream)
@@ -560,6 +571,7 @@ class CachingAllocatorSim:
     def _release_block(self, block: Block, pool: BlockPool) -> None:
         pool.remove(block)
         del self._segments[block.addr]
+        del self._bases[bisect.bisect_left(self._bases, block.addr)]
         self.add_reserved(-block.size)
         if self.segment_observer is not None:
             self.segment_observer("segment_free", block.addr, block.size, block.stream)

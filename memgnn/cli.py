@@ -122,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p), add_size_args(p), add_train_args(p)
     p.add_argument("--backend", choices=("sim", "cpu", "cuda"), default="sim")
     p.add_argument("--device", default=None, help="device profile (default: h100-80gb for sim)")
+    p.add_argument("--snapshot", default=None, help="write a _dump_snapshot pickle of the step")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.profile_cmd)
 
@@ -180,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(p)
     p.set_defaults(func=validate_gpu_cmd)
+
+    from memgnn.snapshot_cli import add_snapshot_parser
+
+    add_snapshot_parser(sub)
 
     p = sub.add_parser("devices", help="list device profiles")
     p.add_argument("--json", action="store_true")

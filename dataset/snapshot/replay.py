@@ -109,7 +109,7 @@ def recorded_timeline(snap: Snapshot, state: InitialState | None = None) -> Reco
         reserved.append(sim.reserved)
         if sim.allocated > peak_a:
             peak_a, peak_a_at = sim.allocated, i
-        if sim.reserved > peak_r:
+        if act == "alloc" and sim.reserved > peak_r:  # as the simulated pass measures it
             peak_r, frag = sim.reserved, _fragmentation(sim)[0]
     return RecordedTimeline(
         allocated=allocated,
@@ -158,12 +158,16 @@ def simulate_snapshot(
     config: AllocatorConfig | None = None,
     *,
     recorded_settings: bool = True,
+    recorded_addresses: bool = True,
     state: InitialState | None = None,
 ) -> SimulatedRun:
     """The simulator's own run of the snapshot's requests (module docstring).
 
     ``recorded_settings`` says ``config`` is what the recording ran with (segment frees
-    follow the recorded ones); otherwise it is a what-if. Stops at a simulated OOM.
+    follow the recorded ones); otherwise it is a what-if. With ``recorded_addresses`` (and
+    the recorded settings) a new segment gets the address the recorded ``cudaMalloc``
+    returned for it, which decides best-fit ties (lowest address first); without, the
+    simulator's own addresses, above every earlier segment. Stops at a simulated OOM.
     """
     cfg = config or AllocatorConfig()
     state = state or initial_state(snap)
@@ -177,7 +181,7 @@ def simulate_snapshot(
     sim_new: list[tuple[str, int, int]] = []
     sim.segment_observer = lambda act, addr, size, stream: sim_new.append((act, addr, size))
     rec_pending: list[tuple[int, int]] = []
-    if mode == "recorded" and recorded_settings:
+    if mode == "recorded" and recorded_settings and recorded_addresses:
         sim.segment_address_hint = _RecordedAddresses(sim, rec_pending, sim_new)
     allocated, reserved, seg_allocs = [], [], []
     divergence, matched, requests, oom = None, 0, 0, None
@@ -189,6 +193,7 @@ def simulate_snapshot(
         if act == "alloc":
             requests += 1
             sim_new.clear()
+            before = sim.reserved
             try:
                 h = sim.malloc(ev["size"], ev.get("stream", 0))
             except SimulatedOOM as exc:
@@ -198,6 +203,8 @@ def simulate_snapshot(
                 break
             handles[ev["addr"]] = h
             new = [(a, s) for act2, a, s in sim_new if act2 == "segment_alloc"]
+            if not sim_new and sim.reserved > before:  # expandable: pages mapped
+                new = [(0, sim.reserved - before)]
             seg_allocs.extend(s for _, s in new)
             if [s for _, s in rec_pending] == [s for _, s in new]:
                 for (rec, _), (got, _) in zip(rec_pending, new):
@@ -233,7 +240,7 @@ def simulate_snapshot(
         prev_act = act
         allocated.append(sim.allocated)
         reserved.append(sim.reserved)
-        if sim.reserved > peak_r:
+        if act == "alloc" and sim.reserved > peak_r:
             peak_r, frag = sim.reserved, _fragmentation(sim)
     return SimulatedRun(
         initial_state=mode,
@@ -267,11 +274,7 @@ class _RecordedAddresses:
         if k >= len(self.pending) or self.pending[k][1] != size:
             return None
         addr = self.pending[k][0]
-        end = addr + size
-        for base, length in self.sim.segment_bases().items():
-            if base < end and addr < base + length:
-                return None
-        return addr
+        return None if self.sim.overlapping_segment(addr, size) is not None else addr
 
 
 def _diverged(i: int, ev: dict, what: str, recorded: Any, simulated: Any) -> dict[str, Any]:
@@ -280,8 +283,8 @@ def _diverged(i: int, ev: dict, what: str, recorded: Any, simulated: Any) -> dic
         "action": ev["action"],
         "size": ev.get("size"),
         "what": what,
-        "recorded": recorded,
-        "simulated": simulated,
+        "recorded": list(recorded) if isinstance(recorded, list) else recorded,
+        "simulated": list(simulated) if isinstance(simulated, list) else simulated,
     }
 
 

@@ -1,0 +1,136 @@
+"""`memgnn snapshot replay|plot`: real CUDA snapshots through the allocator simulator."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from memgnn.display import fmt_bytes, parse_bytes, print_table
+
+__all__ = ["add_snapshot_parser"]
+
+
+def add_snapshot_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("snapshot", help="replay / plot torch.cuda.memory._dump_snapshot files")
+    ssub = p.add_subparsers(dest="snapshot_command", required=True)
+    q = ssub.add_parser("replay", help="replay a snapshot's requests through the simulator")
+    q.add_argument("file", help="a _dump_snapshot pickle (plain or .gz)")
+    q.add_argument(
+        "--alloc-conf",
+        default=None,
+        help="what-if PYTORCH_CUDA_ALLOC_CONF (e.g. expandable_segments:True); "
+        "default: the recorded settings",
+    )
+    q.add_argument("--capacity", default=None, help="device bytes for the allocator (80GiB, 8e10)")
+    q.add_argument("--device", type=int, default=None, help="trace of this device (default: first)")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=replay_cmd)
+    q = ssub.add_parser("plot", help="memory timeline of a snapshot (PNG or SVG)")
+    q.add_argument("file")
+    q.add_argument("-o", "--output", required=True, help="OUT.png or OUT.svg")
+    q.add_argument("--alloc-conf", default=None, help="overlay this what-if's simulated reserved")
+    q.add_argument("--capacity", default=None, help="draw the device capacity (bytes, 80GiB)")
+    q.add_argument("--device", type=int, default=None)
+    q.add_argument("--top", type=int, default=5, help="allocations to label at the peak")
+    q.set_defaults(func=plot_cmd)
+
+
+def replay_cmd(args: argparse.Namespace) -> int:
+    from dataset.snapshot.loader import load_snapshot
+    from dataset.snapshot.whatif import replay_report
+
+    capacity = None if args.capacity is None else parse_bytes(args.capacity)
+    snap = load_snapshot(args.file, device=args.device)
+    out = replay_report(snap, alloc_conf=args.alloc_conf, capacity_bytes=capacity)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    _print_report(args.file, out)
+    return 0
+
+
+def _row(name: str, rec: Any, sim: Any) -> list[str]:
+    def show(v: Any) -> str:
+        return f"{v} ({fmt_bytes(v)})" if isinstance(v, int) and "bytes" in name else str(v)
+
+    return [name, show(rec), show(sim)]
+
+
+def _print_report(path: str, r: dict[str, Any]) -> None:
+    conf = r["alloc_conf"] or "(PyTorch defaults)"
+    kind = "as recorded" if r["as_recorded"] else "what-if"
+    print(f"{path}: {r['events']} events, {r['requests']} requests; alloc conf {conf} ({kind})")
+    print(
+        f"initial state: {r['initial_segments']} segments, "
+        f"{fmt_bytes(r['initial_reserved_bytes'])} reserved, "
+        f"{fmt_bytes(r['initial_allocated_bytes'])} allocated ({r['initial_state']})"
+    )
+    print_table(
+        ["", "recorded", "simulated"],
+        [
+            _row(
+                "peak reserved bytes",
+                r["recorded_peak_reserved_bytes"],
+                r["simulated_peak_reserved_bytes"],
+            ),
+            _row(
+                "peak allocated bytes",
+                r["recorded_peak_allocated_bytes"],
+                r["simulated_peak_allocated_bytes"],
+            ),
+            _row("segment allocs", r["recorded_segment_allocs"], r["simulated_segment_allocs"]),
+            _row(
+                "fragmentation at peak",
+                r["recorded_fragmentation_at_peak"],
+                r["fragmentation_at_peak"],
+            ),
+        ],
+    )
+    print(
+        f"segment allocs matched in order and size: {r['segment_allocs_matched']}; "
+        f"requests at the recorded address: {r['requests_at_recorded_address']}"
+    )
+    d = r["first_divergence"]
+    print("first divergence: " + ("none" if d is None else json.dumps(d)))
+    print(f"replay: {r['simulated_replay_seconds']:.3f} s, {r['events_per_second']} events/s")
+    if r["would_oom"] is None:
+        return
+    cap = fmt_bytes(r["capacity_bytes"])
+    if not r["would_oom"]:
+        print(f"fits in {cap}: no simulated OOM")
+        return
+    o = r["oom"]
+    print(
+        f"OOM in {cap} at event {o['event']}: request {fmt_bytes(o['request_bytes'])}, "
+        f"reserved {fmt_bytes(o['reserved_bytes'])}, allocated "
+        f"{fmt_bytes(o['allocated_bytes'])}, free but fragmented "
+        f"{fmt_bytes(o['free_reserved_bytes'])} (largest free block "
+        f"{fmt_bytes(o['largest_free_block_bytes'])})"
+    )
+    if not o["avoided_by"]:
+        print("none of the alternative settings avoids it")
+    for alt in o["avoided_by"]:
+        print(
+            f"  avoided by --alloc-conf {alt['alloc_conf']}: peak reserved "
+            f"{fmt_bytes(alt['simulated_peak_reserved_bytes'])}"
+        )
+
+
+def plot_cmd(args: argparse.Namespace) -> int:
+    from dataset.snapshot.conf import allocator_config
+    from dataset.snapshot.loader import load_snapshot
+    from dataset.snapshot.plot import PlotConfig, plot_snapshot
+
+    capacity = None if args.capacity is None else parse_bytes(args.capacity)
+    cfg = PlotConfig(
+        top=args.top,
+        what_if=None if args.alloc_conf is None else allocator_config(args.alloc_conf),
+        what_if_label=args.alloc_conf or "",
+        hlines=[] if capacity is None else [(capacity, f"capacity {fmt_bytes(capacity)}")],
+    )
+    if cfg.what_if is not None and capacity is not None:
+        cfg.what_if = allocator_config(args.alloc_conf, capacity_bytes=capacity)
+    out = plot_snapshot(load_snapshot(args.file, device=args.device), args.output, cfg)
+    print(f"wrote {out}")
+    return 0
