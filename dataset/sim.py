@@ -143,8 +143,12 @@ def simulate(
     *,
     scenario: str = "balanced",
     allocator: AllocatorConfig | None = None,
+    snapshot_path: str | None = None,
 ) -> SimResult:
-    """Simulate every path of `graph` at `sizes` on `device`; the result is the worst path."""
+    """Simulate every path of `graph` at `sizes` on `device`; the result is the worst path.
+
+    `snapshot_path`: also write the worst path's step as a `_dump_snapshot` pickle
+    (`dataset.snapshot.export`; gzip if it ends in .gz). GPU devices only."""
     swept = sweep(graph, sizes, scenario=scenario)
     breakdown: dict[str, Any] = {
         "categories": swept.best.breakdown,
@@ -157,6 +161,8 @@ def simulate(
     }
     stats: dict[str, Any] = {"scenario": scenario, "violated_guards": swept.violated_guards}
     if not device.is_gpu:
+        if snapshot_path:
+            raise ValueError("a snapshot needs a GPU device profile (the CUDA allocator)")
         return SimResult(
             peak_allocated_bytes=swept.peak_bytes,
             peak_reserved_bytes=None,
@@ -173,6 +179,12 @@ def simulate(
     ]
     worst = max(range(len(results)), key=lambda k: results[k]["peak_reserved_bytes"])
     r = results[worst]
+    if snapshot_path:
+        from dataset.snapshot.export import step_snapshot, write_snapshot
+
+        snap = step_snapshot(graph, swept.sizes, device, cfg, path=worst)
+        write_snapshot(snap, snapshot_path)
+        stats["snapshot_path"] = str(snapshot_path)
     breakdown.update(
         phases=r["phase_peaks"],
         first_step=r["step_peaks"].get("first"),

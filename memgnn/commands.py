@@ -120,7 +120,7 @@ def profile_cmd(args: argparse.Namespace) -> int:
     from dataset.profile import ProfileConfig, profile
 
     bundle = resolve_bundle(args)
-    cfg = ProfileConfig(backend=args.backend, device=args.device)
+    cfg = ProfileConfig(backend=args.backend, device=args.device, snapshot_path=args.snapshot)
     record = profile(bundle, train_spec(args), parse_sizes(args), cfg)
     if args.json:
         print(json.dumps(record.contract(), indent=2, default=str))
