@@ -133,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", choices=("min", "balanced", "worst"), default="worst")
     p.add_argument("--url", default=None, help="ask a running `memgnn serve` instead")
     p.add_argument("--token", default=None, help="bearer token for --url")
+    p.add_argument("--plot", default=None, help="also draw the simulated step (OUT.png|svg)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.predict_cmd)
 

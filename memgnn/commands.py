@@ -168,6 +168,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
     from dataset.devices import get_profile
     from predictor.predict import Query, default_model
 
+    if args.url and args.plot:
+        raise ValueError("--plot draws a local simulation; it cannot be used with --url")
     if args.url:
         from serving.client import remote_predict
 
@@ -202,6 +204,14 @@ def predict_cmd(args: argparse.Namespace) -> int:
         "graph_id": graph.graph_id,
         "predict_seconds": round(time.perf_counter() - t0, 6),
     }
+    if args.plot:
+        from memgnn.snapshot_cli import plot_prediction
+
+        title = (
+            f"{bundle.name} {sizes} on {device.name}: predicted {pred.metric} peak "
+            f"{fmt_bytes(pred.predicted_peak_bytes)} ({pred.model_version})"
+        )
+        plot_prediction(args.plot, graph, sizes, device, pred, scenario=args.scenario, title=title)
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0

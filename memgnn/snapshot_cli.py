@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from memgnn.display import fmt_bytes, parse_bytes, print_table
 
-__all__ = ["add_snapshot_parser"]
+__all__ = ["add_snapshot_parser", "plot_prediction"]
 
 
 def add_snapshot_parser(sub: argparse._SubParsersAction) -> None:
@@ -134,3 +135,27 @@ def plot_cmd(args: argparse.Namespace) -> int:
     out = plot_snapshot(load_snapshot(args.file, device=args.device), args.output, cfg)
     print(f"wrote {out}")
     return 0
+
+
+def plot_prediction(
+    path: str, graph, sizes: dict[str, int], device, pred, *, scenario: str, title: str
+) -> None:
+    """`memgnn predict --plot`: the simulated step's timeline with the prediction drawn."""
+    from dataset.snapshot.export import simulated_step_snapshot
+    from dataset.snapshot.loader import snapshot_from_dict
+    from dataset.snapshot.plot import PlotConfig, plot_snapshot
+
+    snap = snapshot_from_dict(
+        simulated_step_snapshot(graph, sizes, device, scenario=scenario), what="simulated step"
+    )
+    hlines = []
+    if pred.metric in ("allocated", "reserved"):  # device_total adds the context
+        hlines += [
+            (pred.predicted_peak_bytes, f"predicted {pred.metric} peak"),
+            (pred.upper_bound_bytes, f"upper bound ({pred.metric})"),
+        ]
+    if device.total_bytes is not None:
+        usable = device.total_bytes - device.context_bytes
+        hlines.append((usable, f"{device.name} minus context"))
+    plot_snapshot(snap, path, PlotConfig(title=title, hlines=hlines))
+    print(f"wrote {path}", file=sys.stderr)

@@ -23,14 +23,14 @@ from typing import Any
 
 from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
 from dataset.devices import DeviceProfile
-from dataset.sim import build_trace
-from predictor.analytic import STEP_NAMES
+from dataset.sim import build_trace, replay_trace
+from predictor.analytic import STEP_NAMES, sweep
 from predictor.graph import StepGraph
 from predictor.vocab import CATEGORIES, PHASES
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SnapshotRecorder", "step_snapshot", "write_snapshot"]
+__all__ = ["SnapshotRecorder", "simulated_step_snapshot", "step_snapshot", "write_snapshot"]
 
 
 class SnapshotRecorder:
@@ -172,6 +172,32 @@ def step_snapshot(
             logger.info("export: simulated OOM at a %d-byte request; trace ends there", ev[2])
             break
     return rec.snapshot()
+
+
+def simulated_step_snapshot(
+    graph: StepGraph,
+    sizes: dict[str, int],
+    device: DeviceProfile,
+    *,
+    scenario: str = "balanced",
+    allocator: AllocatorConfig | None = None,
+) -> dict[str, Any]:
+    """The snapshot of the path :func:`dataset.sim.simulate` reports (highest reserved
+    peak), at ``sizes`` on a GPU ``device`` (capacity: the device minus its context)."""
+    if not device.is_gpu:
+        raise ValueError("a snapshot needs a GPU device profile (the CUDA allocator)")
+    swept = sweep(graph, sizes, scenario=scenario)
+    cfg = allocator or AllocatorConfig(
+        capacity_bytes=None
+        if device.total_bytes is None
+        else device.total_bytes - device.context_bytes
+    )
+    peaks = [
+        replay_trace(build_trace(graph, k, swept.sizes, device), cfg)["peak_reserved_bytes"]
+        for k in range(len(graph.paths))
+    ]
+    worst = max(range(len(peaks)), key=peaks.__getitem__)
+    return step_snapshot(graph, swept.sizes, device, cfg, path=worst)
 
 
 def write_snapshot(snapshot: dict[str, Any], path: str | Path) -> Path:

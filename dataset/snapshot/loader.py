@@ -26,6 +26,7 @@ __all__ = [
     "SnapshotError",
     "load_snapshot",
     "loads_snapshot",
+    "snapshot_from_dict",
 ]
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -175,6 +176,11 @@ def loads_snapshot(
     what = what or "snapshot"
     obj = _unpickle(_decompress(raw, limits.max_bytes, what), limits, what)
     return _as_snapshot(obj, device, what)
+
+
+def snapshot_from_dict(obj: Any, *, device: int | None = None, what: str = "") -> Snapshot:
+    """Check an in-memory snapshot dict (e.g. from :mod:`dataset.snapshot.export`)."""
+    return _as_snapshot(obj, device, what or "snapshot")
 
 
 def load_snapshot(

@@ -136,7 +136,11 @@ def plot_snapshot(snap: Snapshot, out: str | Path, config: PlotConfig | None = N
     if not snap.trace:
         raise ValueError(f"{snap.source or 'snapshot'} has no trace events to plot")
     rec = recorded_timeline(snap)
-    peak_all = max([rec.peak_reserved_bytes, *(v for v, _ in cfg.hlines)])
+    # A line far above the run (a big device for a small model) would flatten the plot:
+    # it is named in the text box instead.
+    hlines = [(v, t) for v, t in cfg.hlines if v <= 4 * max(rec.peak_reserved_bytes, 1)]
+    far = [(v, t) for v, t in cfg.hlines if (v, t) not in hlines]
+    peak_all = max([rec.peak_reserved_bytes, *(v for v, _ in hlines)])
     scale, unit = _unit(peak_all)
     x = range(len(snap.trace))
     fig, ax = plt.subplots(figsize=(12, 6.5), dpi=110)
@@ -160,10 +164,11 @@ def plot_snapshot(snap: Snapshot, out: str | Path, config: PlotConfig | None = N
         if run.oom is not None:
             ax.plot([run.oom["event"]], [run.oom["reserved_bytes"] / scale], "rx", ms=12,
                     mew=2, label=f"what-if OOM at event {run.oom['event']}")  # fmt: skip
-    for value, label in cfg.hlines:
+    for k, (value, label) in enumerate(sorted(hlines)):
         ax.axhline(value / scale, color="#d62728", ls=":", lw=1.2)
-        ax.annotate(label, (0, value / scale), xytext=(4, 3), textcoords="offset points",
-                    color="#d62728", fontsize=8)  # fmt: skip
+        ax.annotate(label, (len(snap.trace) * (0.02 + 0.3 * (k % 3)), value / scale),
+                    xytext=(0, 3), textcoords="offset points", color="#d62728",
+                    fontsize=8)  # fmt: skip
     acts = [ev["action"] for ev in snap.trace]
     for i, act in enumerate(acts):
         if act == "oom":
@@ -177,7 +182,11 @@ def plot_snapshot(snap: Snapshot, out: str | Path, config: PlotConfig | None = N
     at = max(rec.peak_allocated_event, 0)
     ax.axvline(at, color="black", ls="--", lw=0.8)
     ax.plot([at], [rec.peak_allocated_bytes / scale], "kv", ms=8)
-    lines = [f"peak allocated {format_size(rec.peak_allocated_bytes)} at event {at}; largest live:"]
+    lines = [f"peak reserved {format_size(rec.peak_reserved_bytes)}"]
+    lines += [f"{t}: {format_size(v)} (off the scale)" for v, t in far]
+    lines += [
+        f"peak allocated {format_size(rec.peak_allocated_bytes)} at event {at}; largest live:"
+    ]
     for a in peak_allocations(snap, rec.peak_allocated_event, cfg.top):
         where = a["frame"] or a["category"] or "(no frames in file)"
         lines.append(f"{format_size(a['size']):>11}  {where[:70]}")

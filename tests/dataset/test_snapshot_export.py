@@ -7,8 +7,8 @@ import pytest
 from dataset.allocator import MiB
 from dataset.devices import get_profile
 from dataset.sim import simulate
-from dataset.snapshot.export import SnapshotRecorder, write_snapshot
-from dataset.snapshot.loader import load_snapshot, loads_snapshot
+from dataset.snapshot.export import SnapshotRecorder, simulated_step_snapshot, write_snapshot
+from dataset.snapshot.loader import load_snapshot, loads_snapshot, snapshot_from_dict
 from dataset.snapshot.plot import PlotConfig, peak_allocations, plot_snapshot
 from dataset.snapshot.whatif import replay_report
 from predictor.predict import capture_cached
@@ -61,6 +61,10 @@ def test_step_export_round_trips_with_the_same_peaks(tmp_path, tiny_gpt):
     assert r["first_divergence"] is None
     png = plot_snapshot(snap, tmp_path / "step.png", PlotConfig(title="tiny"))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The in-memory snapshot behind `predict --plot` is the same step.
+    again = replay_report(snapshot_from_dict(simulated_step_snapshot(graph, sizes, device)))
+    assert again["recorded_peak_reserved_bytes"] == res.peak_reserved_bytes
+    assert again["events"] == r["events"]
 
 
 def test_peak_allocations_lists_the_largest_live_ones():
