@@ -122,10 +122,12 @@ def _unpickle(data: bytes, limits: LoadLimits, what: str) -> Any:
         obj = _DataOnlyUnpickler(io.BytesIO(data)).load()
     except SnapshotError:
         raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as exc:
-        raise SnapshotError(f"{what} is not a readable pickle: {exc}") from None
     except RecursionError:
         raise SnapshotError(f"{what} nests too deeply to load") from None
+    except MemoryError:
+        raise SnapshotError(f"{what} asks for more memory than is available") from None
+    except Exception as exc:  # any malformed pickle (UnpicklingError, EOF, KeyError, ...)
+        raise SnapshotError(f"{what} is not a readable pickle: {exc!r}") from None
     _check_depth(obj, limits.max_depth, what)
     return obj
 
@@ -155,8 +157,9 @@ def _as_snapshot(obj: Any, device: int | None, what: str) -> Snapshot:
         raise SnapshotError(f"{what}: no trace for device {device} ({len(traces)} devices)")
     trace = traces[device] if traces else []
     for i, ev in enumerate(trace):
-        if not isinstance(ev, dict) or "action" not in ev:
-            raise SnapshotError(f"{what}: trace event {i} is not a dict with an 'action'")
+        _check_event(ev, i, what)
+    for k, seg in enumerate(segments):
+        _check_segment(seg, k, what)
     settings = obj.get("allocator_settings")
     return Snapshot(
         segments=[s for s in segments if s.get("device", device) == device],
@@ -166,6 +169,36 @@ def _as_snapshot(obj: Any, device: int | None, what: str) -> Snapshot:
         source=what,
         other_devices=[d for d in used if d != device],
     )
+
+
+_MEMORY_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_event(ev: Any, i: int, what: str) -> None:
+    if not isinstance(ev, dict) or not isinstance(ev.get("action"), str):
+        raise SnapshotError(f"{what}: trace event {i} is not a dict with an 'action'")
+    if ev["action"] in _MEMORY_ACTIONS:
+        if not (_is_count(ev.get("addr")) and _is_count(ev.get("size"))):
+            raise SnapshotError(
+                f"{what}: trace event {i} ({ev['action']}) needs non-negative int addr and size"
+            )
+        if not isinstance(ev.get("stream", 0), int):
+            raise SnapshotError(f"{what}: trace event {i} has a non-int stream")
+
+
+def _check_segment(seg: dict, k: int, what: str) -> None:
+    if not (_is_count(seg.get("address")) and _is_count(seg.get("total_size"))):
+        raise SnapshotError(f"{what}: segment {k} needs int address and total_size")
+    blocks = seg.get("blocks", [])
+    if not isinstance(blocks, list) or not all(
+        isinstance(b, dict) and _is_count(b.get("address")) and _is_count(b.get("size"))
+        for b in blocks
+    ):
+        raise SnapshotError(f"{what}: segment {k} blocks need int address and size")
 
 
 def loads_snapshot(

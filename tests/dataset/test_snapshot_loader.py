@@ -93,3 +93,18 @@ def test_depth_limit_and_shared_references():
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(SnapshotError, match="cannot read snapshot"):
         load_snapshot(tmp_path / "nope.pickle")
+
+
+def test_malformed_events_and_segments_are_clear_errors():
+    bad_event = {"action": "alloc", "addr": "0x10", "size": 4}
+    with pytest.raises(SnapshotError, match="trace event 0 .alloc. needs non-negative int"):
+        loads_snapshot(pickle.dumps({"segments": [], "device_traces": [[bad_event]]}))
+    with pytest.raises(SnapshotError, match="segment 0 needs int address"):
+        loads_snapshot(pickle.dumps({"segments": [{"address": -1}], "device_traces": [[]]}))
+    with pytest.raises(SnapshotError, match="not a readable pickle"):
+        loads_snapshot(pickle.dumps(_snap())[:-5])  # truncated
+    # markers without addresses are fine
+    snap = loads_snapshot(
+        pickle.dumps({"segments": [], "device_traces": [[{"action": "snapshot"}]]})
+    )
+    assert snap.trace == [{"action": "snapshot"}]
