@@ -119,20 +119,24 @@ def _print_report(path: str, r: dict[str, Any]) -> None:
 
 
 def plot_cmd(args: argparse.Namespace) -> int:
-    from dataset.snapshot.conf import allocator_config
+    from dataset.snapshot.conf import allocator_config, recorded_alloc_conf
     from dataset.snapshot.loader import load_snapshot
     from dataset.snapshot.plot import PlotConfig, plot_snapshot
 
+    snap = load_snapshot(args.file, device=args.device)
     capacity = None if args.capacity is None else parse_bytes(args.capacity)
     cfg = PlotConfig(
         top=args.top,
-        what_if=None if args.alloc_conf is None else allocator_config(args.alloc_conf),
-        what_if_label=args.alloc_conf or "",
         hlines=[] if capacity is None else [(capacity, f"capacity {fmt_bytes(capacity)}")],
     )
-    if cfg.what_if is not None and capacity is not None:
+    if args.alloc_conf is not None:  # the what-if, at the capacity if one is given
         cfg.what_if = allocator_config(args.alloc_conf, capacity_bytes=capacity)
-    out = plot_snapshot(load_snapshot(args.file, device=args.device), args.output, cfg)
+        cfg.what_if_label = args.alloc_conf
+    elif capacity is not None:  # the recorded settings, limited to the capacity
+        conf = recorded_alloc_conf(snap.allocator_settings)
+        cfg.what_if = allocator_config(conf, capacity_bytes=capacity)
+        cfg.what_if_label, cfg.what_if_as_recorded = "at the capacity", True
+    out = plot_snapshot(snap, args.output, cfg)
     print(f"wrote {out}")
     return 0
 

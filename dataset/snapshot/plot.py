@@ -49,6 +49,7 @@ class PlotConfig:
     top: int = 5  # allocations labelled at the peak
     what_if: AllocatorConfig | None = None  # overlay this setting's simulated reserved
     what_if_label: str = ""
+    what_if_as_recorded: bool = False  # what_if is the recorded setting (e.g. + a capacity)
     hlines: list[tuple[int, str]] = field(default_factory=list)  # (bytes, label)
 
     def __post_init__(self) -> None:
@@ -157,13 +158,14 @@ def plot_snapshot(snap: Snapshot, out: str | Path, config: PlotConfig | None = N
     ax.plot(x, [v / scale for v in rec.allocated], color="black", lw=1.2, label="allocated")
     ax.plot(x, [v / scale for v in rec.reserved], color="#1f77b4", lw=1.6, label="reserved")
     if cfg.what_if is not None:
-        run = simulate_snapshot(snap, cfg.what_if, recorded_settings=False)
-        label = f"reserved, what-if {cfg.what_if_label}".strip()
+        run = simulate_snapshot(snap, cfg.what_if, recorded_settings=cfg.what_if_as_recorded)
+        kind = "simulated" if cfg.what_if_as_recorded else "what-if"
+        label = f"reserved, {kind} {cfg.what_if_label}".strip()
         ax.plot(range(len(run.reserved)), [v / scale for v in run.reserved], "--",
                 color="#2ca02c", lw=1.4, label=label)  # fmt: skip
         if run.oom is not None:
             ax.plot([run.oom["event"]], [run.oom["reserved_bytes"] / scale], "rx", ms=12,
-                    mew=2, label=f"what-if OOM at event {run.oom['event']}")  # fmt: skip
+                    mew=2, label=f"{kind} OOM at event {run.oom['event']}")  # fmt: skip
     for k, (value, label) in enumerate(sorted(hlines)):
         ax.axhline(value / scale, color="#d62728", ls=":", lw=1.2)
         ax.annotate(label, (len(snap.trace) * (0.02 + 0.3 * (k % 3)), value / scale),

@@ -165,9 +165,10 @@ def simulate_snapshot(
 
     ``recorded_settings`` says ``config`` is what the recording ran with (segment frees
     follow the recorded ones); otherwise it is a what-if. With ``recorded_addresses`` (and
-    the recorded settings) a new segment gets the address the recorded ``cudaMalloc``
-    returned for it, which decides best-fit ties (lowest address first); without, the
-    simulator's own addresses, above every earlier segment. Stops at a simulated OOM.
+    native segments) a new segment gets the address the recorded ``cudaMalloc`` returned
+    for the same request, when the size is the same and the range is free in the
+    simulation (it decides best-fit ties: lowest address first); otherwise, and without,
+    the simulator's own address above every earlier segment. Stops at a simulated OOM.
     """
     cfg = config or AllocatorConfig()
     state = state or initial_state(snap)
@@ -181,7 +182,7 @@ def simulate_snapshot(
     sim_new: list[tuple[str, int, int]] = []
     sim.segment_observer = lambda act, addr, size, stream: sim_new.append((act, addr, size))
     rec_pending: list[tuple[int, int]] = []
-    if mode == "recorded" and recorded_settings and recorded_addresses:
+    if mode == "recorded" and recorded_addresses:
         sim.segment_address_hint = _RecordedAddresses(sim, rec_pending, sim_new)
     allocated, reserved, seg_allocs = [], [], []
     divergence, matched, requests, oom = None, 0, 0, None
@@ -202,6 +203,10 @@ def simulate_snapshot(
                 reserved.append(sim.reserved)
                 break
             handles[ev["addr"]] = h
+            if divergence is None and any(e[0] == "segment_free" for e in sim_new):
+                freed = [s for act2, _, s in sim_new if act2 == "segment_free"]
+                summary = {"segments_freed": len(freed), "bytes_freed": sum(freed)}
+                divergence = _diverged(i, ev, "cache release (OOM retry or gc)", None, summary)
             new = [(a, s) for act2, a, s in sim_new if act2 == "segment_alloc"]
             if not sim_new and sim.reserved > before:  # expandable: pages mapped
                 new = [(0, sim.reserved - before)]

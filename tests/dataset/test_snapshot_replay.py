@@ -1,10 +1,13 @@
 """Replaying snapshot traces: hand-built traces with known answers."""
 
+import pickle
+
 import pytest
 
 from dataset.allocator import MiB
 from dataset.snapshot.conf import allocator_config, parse_alloc_conf, recorded_alloc_conf
-from dataset.snapshot.loader import Snapshot
+from dataset.snapshot.export import SnapshotRecorder
+from dataset.snapshot.loader import Snapshot, loads_snapshot
 from dataset.snapshot.replay import recorded_timeline, simulate_snapshot
 from dataset.snapshot.whatif import CONTRACT_FIELDS, replay_report
 
@@ -195,3 +198,20 @@ def test_recorded_alloc_conf_from_settings():
         recorded_alloc_conf(default | {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
         == "expandable_segments:True"
     )
+
+
+def test_capacity_flushes_the_cache_instead_of_failing():
+    """The OOM retry: at the capacity, cached whole free segments go back and the request
+    is retried; the run fits, and the replay names the first release the recording lacks."""
+    rec = SnapshotRecorder()
+    rec.free(rec.malloc(30 * MiB))
+    rec.malloc(35 * MiB)  # a 36 MiB segment; the free 30 MiB one stays cached
+    snap = loads_snapshot(pickle.dumps(rec.snapshot()))
+    r = replay_report(snap, capacity_bytes=40 * MiB)
+    assert r["recorded_peak_reserved_bytes"] == 66 * MiB
+    assert r["would_oom"] is False
+    assert r["simulated_peak_reserved_bytes"] == 36 * MiB
+    d = r["first_divergence"]
+    assert (d["event"], d["what"]) == (5, "cache release (OOM retry or gc)")
+    assert d["simulated"] == {"segments_freed": 1, "bytes_freed": 30 * MiB}
+    assert replay_report(snap, capacity_bytes=35 * MiB)["would_oom"] is True
