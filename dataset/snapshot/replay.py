@@ -68,7 +68,18 @@ class SimulatedRun:
 
 
 def _largest_free(sim: CachingAllocatorSim) -> int:
-    return max((k[1] for p in (sim._small, sim._large) for k in p.keys), default=0)
+    """Largest free block: pool keys sort by (stream, size, addr), so with one stream in a
+    pool it is the last key; with several, the largest over the pool."""
+    best = 0
+    for pool in (sim._small, sim._large):
+        keys = pool.keys
+        if not keys:
+            continue
+        if keys[0][0] == keys[-1][0]:
+            best = max(best, keys[-1][1])
+        else:
+            best = max(best, max(k[1] for k in keys))
+    return best
 
 
 def _fragmentation(sim: CachingAllocatorSim) -> tuple[float, int, int]:
@@ -189,43 +200,33 @@ def simulate_snapshot(
     peak_r = sim.reserved
     frag = _fragmentation(sim)
     prev_act = None
+    malloc, free, expected = sim.malloc, sim.free, segmap.expected
+    add_allocated, add_reserved = allocated.append, reserved.append
     for i, ev in enumerate(snap.trace):
         act = ev["action"]
         if act == "alloc":
             requests += 1
-            sim_new.clear()
             before = sim.reserved
+            addr = ev["addr"]
             try:
-                h = sim.malloc(ev["size"], ev.get("stream", 0))
+                h = malloc(ev["size"], ev.get("stream", 0))
             except SimulatedOOM as exc:
                 oom = _oom_record(sim, i, ev, exc)
-                allocated.append(sim.allocated)
-                reserved.append(sim.reserved)
+                add_allocated(sim.allocated)
+                add_reserved(sim.reserved)
                 break
-            handles[ev["addr"]] = h
-            if divergence is None and any(e[0] == "segment_free" for e in sim_new):
-                freed = [s for act2, _, s in sim_new if act2 == "segment_free"]
-                summary = {"segments_freed": len(freed), "bytes_freed": sum(freed)}
-                divergence = _diverged(i, ev, "cache release (OOM retry or gc)", None, summary)
-            new = [(a, s) for act2, a, s in sim_new if act2 == "segment_alloc"]
-            if not sim_new and sim.reserved > before:  # expandable: pages mapped
-                new = [(0, sim.reserved - before)]
-            seg_allocs.extend(s for _, s in new)
-            if [s for _, s in rec_pending] == [s for _, s in new]:
-                for (rec, _), (got, _) in zip(rec_pending, new):
-                    segmap.sim_of[rec] = got
-            elif divergence is None:
-                divergence = _diverged(i, ev, "segment allocation", rec_pending, new)
-            rec_pending.clear()
-            want = segmap.expected(ev["addr"])
-            if want == h:
+            handles[addr] = h
+            if sim_new or rec_pending or sim.reserved != before:  # segments changed
+                divergence = _segment_step(i, ev, sim, before, sim_new, rec_pending, segmap,
+                                           seg_allocs, divergence)  # fmt: skip
+            if expected(addr) == h:
                 matched += 1
             elif divergence is None and mode == "recorded":
-                divergence = _diverged(i, ev, "placement", ev["addr"], h)
+                divergence = _diverged(i, ev, "placement", addr, h)
         elif act == "free_completed":
             h = handles.pop(ev["addr"], None)
             if h is not None:
-                sim.free(h)
+                free(h)
         elif act == "segment_alloc":
             rec_pending.append((ev["addr"], ev["size"]))
             segmap.add(ev["addr"], ev["size"])
@@ -242,9 +243,10 @@ def simulate_snapshot(
                         divergence = _diverged(i, ev, f"segment free ({exc})", ev["addr"], None)
             elif prev_act != "segment_free":
                 sim.empty_cache()
+            sim_new.clear()
         prev_act = act
-        allocated.append(sim.allocated)
-        reserved.append(sim.reserved)
+        add_allocated(sim.allocated)
+        add_reserved(sim.reserved)
         if act == "alloc" and sim.reserved > peak_r:
             peak_r, frag = sim.reserved, _fragmentation(sim)
     return SimulatedRun(
@@ -263,6 +265,37 @@ def simulate_snapshot(
         oom=oom,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _segment_step(
+    i: int,
+    ev: dict,
+    sim: CachingAllocatorSim,
+    before: int,
+    sim_new: list[tuple[str, int, int]],
+    rec_pending: list[tuple[int, int]],
+    segmap: _SegmentMap,
+    seg_allocs: list[int],
+    divergence: dict[str, Any] | None,
+) -> dict[str, Any] | None:
+    """A request that allocated or released segments (here or in the recording): compare,
+    extend the segment map; returns the first divergence so far."""
+    if divergence is None and any(e[0] == "segment_free" for e in sim_new):
+        freed = [s for act, _, s in sim_new if act == "segment_free"]
+        summary = {"segments_freed": len(freed), "bytes_freed": sum(freed)}
+        divergence = _diverged(i, ev, "cache release (OOM retry or gc)", None, summary)
+    new = [(a, s) for act, a, s in sim_new if act == "segment_alloc"]
+    if not sim_new and sim.reserved > before:  # expandable: pages mapped
+        new = [(0, sim.reserved - before)]
+    seg_allocs.extend(s for _, s in new)
+    if [s for _, s in rec_pending] == [s for _, s in new]:
+        for (rec, _), (got, _) in zip(rec_pending, new):
+            segmap.sim_of[rec] = got
+    elif divergence is None:
+        divergence = _diverged(i, ev, "segment allocation", rec_pending, new)
+    rec_pending.clear()
+    sim_new.clear()
+    return divergence
 
 
 class _RecordedAddresses:
