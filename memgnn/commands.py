@@ -122,6 +122,10 @@ def profile_cmd(args: argparse.Namespace) -> int:
     bundle = resolve_bundle(args)
     cfg = ProfileConfig(backend=args.backend, device=args.device, snapshot_path=args.snapshot)
     record = profile(bundle, train_spec(args), parse_sizes(args), cfg)
+    if args.snapshot and args.backend == "sim":
+        from memgnn.snapshot_cli import tag_export
+
+        tag_export(args.snapshot, args, record.sizes, record.device)
     if args.json:
         print(json.dumps(record.contract(), indent=2, default=str))
         return 0

@@ -7,9 +7,10 @@ import json
 import sys
 from typing import Any
 
+from memgnn.cli import train_spec
 from memgnn.display import fmt_bytes, parse_bytes, print_table
 
-__all__ = ["add_snapshot_parser", "plot_prediction"]
+__all__ = ["add_snapshot_parser", "plot_prediction", "smaller_batch", "tag_export"]
 
 
 def add_snapshot_parser(sub: argparse._SubParsersAction) -> None:
@@ -44,6 +45,8 @@ def replay_cmd(args: argparse.Namespace) -> int:
     capacity = None if args.capacity is None else parse_bytes(args.capacity)
     snap = load_snapshot(args.file, device=args.device)
     out = replay_report(snap, alloc_conf=args.alloc_conf, capacity_bytes=capacity)
+    if out["oom"] is not None and snap.memgnn is not None:
+        out["oom"]["smaller_batch"] = smaller_batch(snap.memgnn, capacity, args.alloc_conf)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -111,6 +114,14 @@ def _print_report(path: str, r: dict[str, Any]) -> None:
     )
     if not o["avoided_by"]:
         print("none of the alternative settings avoids it")
+    b = o.get("smaller_batch")
+    if b is not None:
+        print(
+            f"  avoided by batch {b['batch']} (was {b['was']}): simulated peak reserved "
+            f"{fmt_bytes(b['simulated_peak_reserved_bytes'])}"
+            if b["batch"]
+            else f"  no batch size fits (memgnn export of {b['model']}): {b['reason']}"
+        )
     for alt in o["avoided_by"]:
         print(
             f"  avoided by --alloc-conf {alt['alloc_conf']}: peak reserved "
@@ -163,3 +174,62 @@ def plot_prediction(
         hlines.append((usable, f"{device.name} minus context"))
     plot_snapshot(snap, path, PlotConfig(title=title, hlines=hlines))
     print(f"wrote {path}", file=sys.stderr)
+
+
+def tag_export(path: str, args: argparse.Namespace, sizes: dict[str, int], device: str) -> None:
+    """Record in a `profile --snapshot` file what it was made from, so `snapshot replay
+    --capacity` can look for a batch that fits."""
+    from dataset.snapshot.export import write_snapshot
+    from dataset.snapshot.loader import read_snapshot_data
+
+    data = read_snapshot_data(path)
+    data["memgnn"] = {
+        "model": args.model,
+        "model_args": dict(args.model_arg),
+        "task": args.task,
+        "train": train_spec(args).to_dict(),
+        "sizes": sizes,
+        "device": device,
+    }
+    write_snapshot(data, path)
+
+
+def smaller_batch(meta: dict[str, Any], capacity: int, alloc_conf: str | None) -> dict[str, Any]:
+    """The largest batch below the export's whose simulated step fits ``capacity``
+    (binary search; one symbolic capture, then a simulation per probe)."""
+    from dataset.devices import get_profile
+    from dataset.sim import simulate
+    from dataset.snapshot.conf import allocator_config
+    from dataset.zoo import resolve
+    from predictor.predict import capture_cached
+    from predictor.spec import TrainSpec
+
+    sizes = {k: int(v) for k, v in meta["sizes"].items()}
+    was = sizes.get("B")
+    out: dict[str, Any] = {"model": meta["model"], "was": was, "batch": None, "reason": ""}
+    if not was or was < 2:
+        out["reason"] = "the export has no batch dim B above 1"
+        return out
+    bundle = resolve(meta["model"], meta.get("model_args") or {}, meta.get("task"))
+    train = TrainSpec(**meta["train"])
+    device = get_profile(meta["device"])
+    graph = capture_cached(bundle, train, target="cuda", sm=device.sm or 80, sizes=sizes)
+    cfg = allocator_config(alloc_conf or "", capacity_bytes=capacity)
+
+    def fits(b: int) -> int | None:
+        res = simulate(graph, sizes | {"B": b}, device, allocator=cfg)
+        return None if res.stats["would_oom"] else res.peak_reserved_bytes
+
+    lo, hi, best = 1, was - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        peak = fits(mid)
+        if peak is None:
+            hi = mid - 1
+        else:
+            lo, best = mid + 1, (mid, peak)
+    if best is None:
+        out["reason"] = "even batch 1 does not fit"
+        return out
+    out["batch"], out["simulated_peak_reserved_bytes"] = best
+    return out

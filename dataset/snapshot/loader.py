@@ -26,6 +26,7 @@ __all__ = [
     "SnapshotError",
     "load_snapshot",
     "loads_snapshot",
+    "read_snapshot_data",
     "snapshot_from_dict",
 ]
 
@@ -61,6 +62,7 @@ class Snapshot:
     allocator_settings: dict[str, Any] | None = None
     source: str = ""
     other_devices: list[int] = field(default_factory=list)
+    memgnn: dict[str, Any] | None = None  # what a memgnn export was made from (model, sizes)
 
 
 class _DataOnlyUnpickler(pickle.Unpickler):
@@ -161,7 +163,9 @@ def _as_snapshot(obj: Any, device: int | None, what: str) -> Snapshot:
     for k, seg in enumerate(segments):
         _check_segment(seg, k, what)
     settings = obj.get("allocator_settings")
+    meta = obj.get("memgnn")
     return Snapshot(
+        memgnn=meta if isinstance(meta, dict) else None,
         segments=[s for s in segments if s.get("device", device) == device],
         trace=trace,
         device=device,
@@ -214,6 +218,16 @@ def loads_snapshot(
 def snapshot_from_dict(obj: Any, *, device: int | None = None, what: str = "") -> Snapshot:
     """Check an in-memory snapshot dict (e.g. from :mod:`dataset.snapshot.export`)."""
     return _as_snapshot(obj, device, what or "snapshot")
+
+
+def read_snapshot_data(path: str | Path, *, limits: LoadLimits | None = None) -> dict[str, Any]:
+    """The raw snapshot dict of a file (checked as :func:`load_snapshot` does), e.g. to
+    add a key and write it back."""
+    limits = limits or LoadLimits()
+    raw = Path(path).read_bytes()
+    obj = _unpickle(_decompress(raw, limits.max_bytes, str(path)), limits, str(path))
+    _as_snapshot(obj, None, str(path))
+    return obj
 
 
 def load_snapshot(

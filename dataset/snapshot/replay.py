@@ -64,7 +64,11 @@ class SimulatedRun:
     addresses_matched: int  # requests placed at the recorded address
     requests: int
     oom: dict[str, Any] | None
-    seconds: float
+    seconds: float  # seeding and replay
+
+    @property
+    def events_replayed(self) -> int:  # up to and including an OOM
+        return len(self.reserved)
 
 
 def _largest_free(sim: CachingAllocatorSim) -> int:

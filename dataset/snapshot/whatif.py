@@ -113,7 +113,7 @@ def replay_report(
         "recorded_oom_events": [i for i, e in enumerate(snap.trace) if e["action"] == "oom"],
         "events": events,
         "simulated_replay_seconds": round(sim_seconds, 6),
-        "events_per_second": int(events / sim_seconds) if sim_seconds > 0 else None,
+        "events_per_second": int(run.events_replayed / sim_seconds) if sim_seconds else None,
         "oom": run.oom,
     }
     if run.oom is not None:
