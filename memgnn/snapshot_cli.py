@@ -25,6 +25,13 @@ def add_snapshot_parser(sub: argparse._SubParsersAction) -> None:
         "default: the recorded settings",
     )
     q.add_argument("--capacity", default=None, help="device bytes for the allocator (80GiB, 8e10)")
+    q.add_argument(
+        "--memory-fraction",
+        type=float,
+        default=None,
+        help="set_per_process_memory_fraction of --capacity (garbage_collection_threshold "
+        "acts only with one)",
+    )
     q.add_argument("--device", type=int, default=None, help="trace of this device (default: first)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=replay_cmd)
@@ -44,7 +51,12 @@ def replay_cmd(args: argparse.Namespace) -> int:
 
     capacity = None if args.capacity is None else parse_bytes(args.capacity)
     snap = load_snapshot(args.file, device=args.device)
-    out = replay_report(snap, alloc_conf=args.alloc_conf, capacity_bytes=capacity)
+    out = replay_report(
+        snap,
+        alloc_conf=args.alloc_conf,
+        capacity_bytes=capacity,
+        memory_fraction=args.memory_fraction,
+    )
     if out["oom"] is not None and snap.memgnn is not None:
         out["oom"]["smaller_batch"] = smaller_batch(snap.memgnn, capacity, args.alloc_conf)
     if args.json:

@@ -8,7 +8,6 @@ anything else is an error naming the key.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from dataset.allocator import AllocatorConfig, MiB
@@ -77,9 +76,16 @@ def parse_alloc_conf(text: str) -> dict[str, Any]:
     return out
 
 
-def allocator_config(text: str, *, capacity_bytes: int | None = None) -> AllocatorConfig:
-    """The simulator's config for ``text``; invalid values raise ValueError naming them."""
-    return AllocatorConfig(capacity_bytes=capacity_bytes, **parse_alloc_conf(text))
+def allocator_config(
+    text: str, *, capacity_bytes: int | None = None, memory_fraction: float | None = None
+) -> AllocatorConfig:
+    """The simulator's config for ``text``; invalid values raise ValueError naming them.
+
+    ``memory_fraction`` is ``torch.cuda.set_per_process_memory_fraction`` (of
+    ``capacity_bytes``); PyTorch's ``garbage_collection_threshold`` acts only with one."""
+    return AllocatorConfig(
+        capacity_bytes=capacity_bytes, memory_fraction=memory_fraction, **parse_alloc_conf(text)
+    )
 
 
 def recorded_alloc_conf(settings: dict[str, Any] | None) -> str:
@@ -105,7 +111,3 @@ def recorded_alloc_conf(settings: dict[str, Any] | None) -> str:
     if values:
         parts.append(f"roundup_power2_divisions:{values.pop()}")
     return ",".join(parts)
-
-
-def with_capacity(cfg: AllocatorConfig, capacity_bytes: int | None) -> AllocatorConfig:
-    return dataclasses.replace(cfg, capacity_bytes=capacity_bytes)

@@ -20,7 +20,6 @@ and every request's address with the recorded one (through the segment map):
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -341,7 +340,3 @@ def _oom_record(sim: CachingAllocatorSim, i: int, ev: dict, exc: SimulatedOOM) -
         "largest_free_block_bytes": _largest_free(sim),
         "message": str(exc),
     }
-
-
-def config_with(cfg: AllocatorConfig, **changes: Any) -> AllocatorConfig:
-    return dataclasses.replace(cfg, **changes)

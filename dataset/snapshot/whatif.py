@@ -48,7 +48,7 @@ ALTERNATIVES = (
 
 
 def _same_settings(a: AllocatorConfig, b: AllocatorConfig) -> bool:
-    keys = [k for k in a.__slots__ if k != "capacity_bytes"]
+    keys = [k for k in a.__slots__ if k not in ("capacity_bytes", "memory_fraction")]
     return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
@@ -66,10 +66,14 @@ def replay_report(
     *,
     alloc_conf: str | None = None,
     capacity_bytes: int | None = None,
+    memory_fraction: float | None = None,
     state: InitialState | None = None,
     alternatives: tuple[str, ...] = ALTERNATIVES,
 ) -> dict[str, Any]:
-    """The contract fields (bytes) plus details; ``alloc_conf=None`` = as recorded."""
+    """The contract fields (bytes) plus details; ``alloc_conf=None`` = as recorded.
+
+    ``memory_fraction`` (of ``capacity_bytes``) is the per-process limit; with it the
+    OOM post-mortem also tries ``garbage_collection_threshold:0.8``."""
     if capacity_bytes is not None and capacity_bytes <= 0:
         raise ValueError(f"capacity must be a positive number of bytes, got {capacity_bytes}")
     t0 = time.perf_counter()
@@ -77,7 +81,8 @@ def replay_report(
     recorded_conf = recorded_alloc_conf(snap.allocator_settings)
     base_cfg = allocator_config(recorded_conf)
     conf = recorded_conf if alloc_conf is None else alloc_conf
-    cfg = allocator_config(conf, capacity_bytes=capacity_bytes)
+    limit = {"capacity_bytes": capacity_bytes, "memory_fraction": memory_fraction}
+    cfg = allocator_config(conf, **limit)
     as_recorded = _same_settings(cfg, base_cfg)
     rec = recorded_timeline(snap, state)
     t_sim = time.perf_counter()
@@ -101,6 +106,7 @@ def replay_report(
         "as_recorded": as_recorded,
         "recorded_alloc_conf": recorded_conf,
         "capacity_bytes": capacity_bytes,
+        "memory_fraction": memory_fraction,
         "initial_state": run.initial_state,
         "initial_allocated_bytes": state.allocated_bytes,
         "initial_segments": len(state.segments),
@@ -117,9 +123,7 @@ def replay_report(
         "oom": run.oom,
     }
     if run.oom is not None:
-        out["oom"] = run.oom | {
-            "avoided_by": _alternatives(snap, state, capacity_bytes, conf, alternatives)
-        }
+        out["oom"] = run.oom | {"avoided_by": _alternatives(snap, state, limit, conf, alternatives)}
     out["seconds"] = round(time.perf_counter() - t0, 6)
     return out
 
@@ -127,16 +131,18 @@ def replay_report(
 def _alternatives(
     snap: Snapshot,
     state: InitialState,
-    capacity: int | None,
+    limit: dict[str, Any],
     current: str,
     alternatives: tuple[str, ...],
 ) -> list[dict[str, Any]]:
     """Each alternative setting that replays without an OOM, with its peaks."""
     found = []
+    if limit["memory_fraction"] is not None:
+        alternatives = (*alternatives, "garbage_collection_threshold:0.8")
     for conf in alternatives:
         if conf == current:
             continue
-        cfg = allocator_config(conf, capacity_bytes=capacity)
+        cfg = allocator_config(conf, **limit)
         run: SimulatedRun = simulate_snapshot(snap, cfg, recorded_settings=False, state=state)
         logger.info("what-if %s: oom=%s", conf, run.oom is not None)
         if run.oom is None:

@@ -65,6 +65,9 @@ async def replay_snapshot(
     capacity_bytes: Annotated[
         int | None, Query(ge=1, description="device bytes for the allocator (OOM post-mortem)")
     ] = None,
+    memory_fraction: Annotated[
+        float | None, Query(gt=0, le=1, description="per-process fraction of capacity_bytes")
+    ] = None,
     device: Annotated[int | None, Query(ge=0, le=1023)] = None,
 ) -> Any:
     """Replay the snapshot's requests: recorded vs simulated peaks, segment allocations,
@@ -90,6 +93,11 @@ async def replay_snapshot(
                 status=413,
                 loc=("body",),
             )
-        return replay_report(snap, alloc_conf=alloc_conf, capacity_bytes=capacity_bytes)
+        return replay_report(
+            snap,
+            alloc_conf=alloc_conf,
+            capacity_bytes=capacity_bytes,
+            memory_fraction=memory_fraction,
+        )
 
     return await run_in_threadpool(work)

@@ -215,3 +215,19 @@ def test_capacity_flushes_the_cache_instead_of_failing():
     assert (d["event"], d["what"]) == (5, "cache release (OOM retry or gc)")
     assert d["simulated"] == {"segments_freed": 1, "bytes_freed": 30 * MiB}
     assert replay_report(snap, capacity_bytes=35 * MiB)["would_oom"] is True
+
+
+def test_memory_fraction_limits_the_replay():
+    rec = SnapshotRecorder()
+    rec.free(rec.malloc(40 * MiB))
+    rec.malloc(45 * MiB)  # a 46 MiB segment; recorded: the 40 MiB one stays cached
+    snap = loads_snapshot(pickle.dumps(rec.snapshot()))
+    assert replay_report(snap, capacity_bytes=100 * MiB)["simulated_peak_reserved_bytes"] == (
+        86 * MiB
+    )
+    # half of 100 MiB allowed: 40 + 46 > 50, so the cached 40 MiB goes back first.
+    r = replay_report(snap, capacity_bytes=100 * MiB, memory_fraction=0.5)
+    assert r["memory_fraction"] == 0.5 and r["would_oom"] is False
+    assert r["simulated_peak_reserved_bytes"] == 46 * MiB
+    with pytest.raises(ValueError, match="memory_fraction needs capacity_bytes"):
+        replay_report(snap, memory_fraction=0.5)
