@@ -76,7 +76,9 @@ def _row(name: str, rec: Any, sim: Any) -> list[str]:
 def _print_report(path: str, r: dict[str, Any]) -> None:
     conf = r["alloc_conf"] or "(PyTorch defaults)"
     kind = "as recorded" if r["as_recorded"] else "what-if"
-    print(f"{path}: {r['events']} events, {r['requests']} requests; alloc conf {conf} ({kind})")
+    print(
+        f"{path}: {r['events']} events, {r['trace_requests']} requests; alloc conf {conf} ({kind})"
+    )
     print(
         f"initial state: {r['initial_segments']} segments, "
         f"{fmt_bytes(r['initial_reserved_bytes'])} reserved, "
@@ -105,7 +107,8 @@ def _print_report(path: str, r: dict[str, Any]) -> None:
     )
     print(
         f"segment allocs matched in order and size: {r['segment_allocs_matched']}; "
-        f"requests at the recorded address: {r['requests_at_recorded_address']}"
+        f"requests at the recorded address: {r['requests_at_recorded_address']} of "
+        f"{r['requests']} replayed"
     )
     d = r["first_divergence"]
     print("first divergence: " + ("none" if d is None else json.dumps(d)))

@@ -113,7 +113,8 @@ def replay_report(
         "recorded_fragmentation_at_peak": round(rec.fragmentation_at_peak, 6),
         "largest_free_block_at_peak_bytes": run.largest_free_at_peak_bytes,
         "free_reserved_at_peak_bytes": run.free_reserved_at_peak_bytes,
-        "requests": run.requests,
+        "trace_requests": sum(1 for e in snap.trace if e["action"] == "alloc"),
+        "requests": run.requests,  # replayed (up to an OOM)
         "requests_at_recorded_address": run.addresses_matched,
         "recorded_model_error": rec.model_error,
         "recorded_oom_events": [i for i, e in enumerate(snap.trace) if e["action"] == "oom"],
