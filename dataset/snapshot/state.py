@@ -68,9 +68,15 @@ class InitialState:
 
 def _start_segments(snap: Snapshot) -> list[SegmentState]:
     first: dict[int, dict] = {}
-    for ev in snap.trace:
+    for i, ev in enumerate(snap.trace):
         if ev["action"] in ("segment_alloc", "segment_free"):
             first.setdefault(ev["addr"], ev)
+        elif ev["action"] in ("segment_map", "segment_unmap"):
+            raise SnapshotError(
+                f"event {i} ({ev['action']}): recorded with expandable_segments, which the "
+                "replay does not support (replay a native recording with --alloc-conf "
+                "expandable_segments:True instead)"
+            )
     segs = [
         SegmentState(
             address=ev["addr"],

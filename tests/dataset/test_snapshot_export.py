@@ -90,3 +90,18 @@ def test_plot_rejects_unknown_formats(tmp_path):
 
 def load_snapshot_dict(obj):
     return loads_snapshot(pickle.dumps(obj))
+
+
+def test_pytorch_memory_viz_reads_the_export():
+    """PyTorch's own snapshot tools (torch.cuda._memory_viz, the code behind
+    pytorch.org/memory_viz's HTML) parse an exported run."""
+    mv = pytest.importorskip("torch.cuda._memory_viz")
+    rec = SnapshotRecorder()
+    a = rec.malloc(3 * MiB, frames=[{"filename": "m.py", "line": 3, "name": "f"}])
+    rec.malloc(100)
+    rec.free(a)
+    snap = rec.snapshot()
+    text = mv.trace(snap)
+    assert text.count("cudaMalloc") == 2
+    assert "segments: 2" in mv.segsum(snap)
+    assert "<html" in mv.trace_plot(snap).lower()

@@ -155,3 +155,12 @@ def test_initial_state_whole_block_when_the_rest_cannot_be_split_off():
     st = initial_state(Snapshot(segments=dump, trace=trace, device=0))
     # remaining 20 MiB - (19 MiB + 512) <= 1 MiB: the large-pool block was the whole segment
     assert [(b.address, b.size, b.requested) for b in st.blocks] == [(X, 20 * MiB, 19 * MiB + 512)]
+
+
+def test_expandable_recordings_are_refused_clearly():
+    trace = [{"action": "segment_map", "addr": A, "size": 20 * MiB, "stream": 0}]
+    with pytest.raises(ValueError, match="recorded with expandable_segments"):
+        initial_state(Snapshot(segments=[], trace=trace, device=0))
+    seg = _seg(A, 20 * MiB, []) | {"is_expandable": True}
+    with pytest.raises(ValueError, match="expandable-segment snapshots"):
+        initial_state(Snapshot(segments=[seg], trace=[], device=0))
