@@ -220,11 +220,24 @@ def snapshot_from_dict(obj: Any, *, device: int | None = None, what: str = "") -
     return _as_snapshot(obj, device, what or "snapshot")
 
 
+def _read_file(path: Path, limits: LoadLimits) -> bytes:
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(2)
+            if head != _GZIP_MAGIC and size > limits.max_bytes:
+                raise SnapshotError(f"{path} is larger than the limit of {limits.max_bytes} bytes")
+            # gzip input is bounded by the decompressed limit; the compressed file is smaller.
+            return head + f.read(limits.max_bytes + 1)
+    except OSError as exc:
+        raise SnapshotError(f"cannot read snapshot {path}: {exc.strerror or exc}") from None
+
+
 def read_snapshot_data(path: str | Path, *, limits: LoadLimits | None = None) -> dict[str, Any]:
     """The raw snapshot dict of a file (checked as :func:`load_snapshot` does), e.g. to
     add a key and write it back."""
     limits = limits or LoadLimits()
-    raw = Path(path).read_bytes()
+    raw = _read_file(Path(path), limits)
     obj = _unpickle(_decompress(raw, limits.max_bytes, str(path)), limits, str(path))
     _as_snapshot(obj, None, str(path))
     return obj
@@ -236,16 +249,6 @@ def load_snapshot(
     """Load a ``_dump_snapshot`` file safely (see the module docstring)."""
     limits = limits or LoadLimits()
     path = Path(path)
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise SnapshotError(f"cannot read snapshot {path}: {exc.strerror or exc}") from None
-    with path.open("rb") as f:
-        head = f.read(2)
-        if head != _GZIP_MAGIC and size > limits.max_bytes:
-            raise SnapshotError(f"{path} is larger than the limit of {limits.max_bytes} bytes")
-        # gzip input is bounded by the decompressed limit; the compressed file is smaller.
-        raw = head + f.read(limits.max_bytes + 1)
-    snap = loads_snapshot(raw, device=device, limits=limits, what=str(path))
+    snap = loads_snapshot(_read_file(path, limits), device=device, limits=limits, what=str(path))
     logger.debug("loaded %s: %d segments, %d events", path, len(snap.segments), len(snap.trace))
     return snap

@@ -108,3 +108,10 @@ def test_malformed_events_and_segments_are_clear_errors():
         pickle.dumps({"segments": [], "device_traces": [[{"action": "snapshot"}]]})
     )
     assert snap.trace == [{"action": "snapshot"}]
+
+
+def test_file_size_limit(tmp_path):
+    path = tmp_path / "big.pickle"
+    path.write_bytes(pickle.dumps(_snap(pad="x" * 10_000)))
+    with pytest.raises(SnapshotError, match="larger than the limit of 5000 bytes"):
+        load_snapshot(path, limits=LoadLimits(max_bytes=5000))
