@@ -30,7 +30,12 @@ from pathlib import Path
 from dataset.allocator import replay
 from dataset.snapshot.conf import allocator_config
 from dataset.snapshot.loader import load_snapshot
-from dataset.snapshot.replay import recorded_timeline, simulate_snapshot
+from dataset.snapshot.replay import (
+    blocks_differing,
+    dump_blocks,
+    recorded_timeline,
+    simulate_snapshot,
+)
 from dataset.snapshot.state import initial_state
 from dataset.snapshot.whatif import ALTERNATIVES
 
@@ -82,6 +87,8 @@ def one(path: Path, repeat: int) -> dict:
         "recorded_peak_allocated_bytes": rec.peak_allocated_bytes,
         "recorded_segment_allocs": len(rec.segment_allocs),
         "recorded_model_error": rec.model_error,
+        "dump_blocks": len(dump_blocks(snap)),
+        "recorded_final_blocks_differing": blocks_differing(rec.final_blocks, dump_blocks(snap)),
         "load_seconds": round(load_s, 4),
     }
     for mode, addresses in (("recorded_addresses", True), ("own_addresses", False)):
@@ -102,6 +109,7 @@ def one(path: Path, repeat: int) -> dict:
             "segment_allocs_matched": matched,
             "requests_at_recorded_address": run.addresses_matched,
             "first_divergence": run.first_divergence,
+            "final_blocks_differing": blocks_differing(run.final_blocks, dump_blocks(snap)),
             "replay_seconds": round(secs, 5),
             "events_per_second": int(n / secs),
         }
@@ -139,9 +147,10 @@ def _md(rows: list[dict], folder: Path) -> str:
         "## Recorded vs simulated (seeded with the state when recording began)",
         "",
         "| file | events | requests | initial segments | recorded peak reserved | simulated "
-        "(recorded addresses) | seg allocs matched | requests at recorded address | simulated "
-        "(own addresses) | seg allocs matched (own) | first divergence (own) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "(recorded addresses) | seg allocs matched | requests at recorded address | end state vs "
+        "dump: blocks differing | simulated (own addresses) | seg allocs matched (own) | first "
+        "divergence (own) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         a, o = r["recorded_addresses"], r["own_addresses"]
@@ -152,7 +161,8 @@ def _md(rows: list[dict], folder: Path) -> str:
             f"{r['recorded_peak_reserved_bytes']} | {a['simulated_peak_reserved_bytes']} "
             f"({a['reserved_error_bytes']:+d}) | {a['segment_allocs_matched']}/"
             f"{r['recorded_segment_allocs']} | {a['requests_at_recorded_address']}/"
-            f"{r['requests']} | {o['simulated_peak_reserved_bytes']} "
+            f"{r['requests']} | {a['final_blocks_differing']} of {r['dump_blocks']} | "
+            f"{o['simulated_peak_reserved_bytes']} "
             f"({o['reserved_error_bytes']:+d}) | {o['segment_allocs_matched']}/"
             f"{r['recorded_segment_allocs']} | {div} |"
         )

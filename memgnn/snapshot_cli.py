@@ -112,6 +112,11 @@ def _print_report(path: str, r: dict[str, Any]) -> None:
     )
     d = r["first_divergence"]
     print("first divergence: " + ("none" if d is None else json.dumps(d)))
+    if r["simulated_final_blocks_differing"] is not None:
+        print(
+            f"state at the end vs the file's dump: {r['dump_blocks']} blocks, "
+            f"{r['simulated_final_blocks_differing']} differ"
+        )
     print(f"replay: {r['simulated_replay_seconds']:.3f} s, {r['events_per_second']} events/s")
     if r["would_oom"] is None:
         return

@@ -31,7 +31,14 @@ from dataset.snapshot.state import InitialState, initial_state, seed, seed_live_
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RecordedTimeline", "SimulatedRun", "recorded_timeline", "simulate_snapshot"]
+__all__ = [
+    "RecordedTimeline",
+    "SimulatedRun",
+    "blocks_differing",
+    "dump_blocks",
+    "recorded_timeline",
+    "simulate_snapshot",
+]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -46,6 +53,7 @@ class RecordedTimeline:
     peak_allocated_event: int  # first event at the allocated peak (-1: the initial state)
     fragmentation_at_peak: float  # largest free block / free reserved, at the reserved peak
     model_error: dict[str, Any] | None  # first recorded step the rules cannot reproduce
+    final_blocks: dict[int, tuple[int, bool]]  # address -> (size, allocated) at the end
 
 
 @dataclass(kw_only=True, slots=True)
@@ -64,10 +72,29 @@ class SimulatedRun:
     requests: int
     oom: dict[str, Any] | None
     seconds: float  # seeding and replay
+    final_blocks: dict[int, tuple[int, bool]]  # address -> (size, allocated) at the end
 
     @property
     def events_replayed(self) -> int:  # up to and including an OOM
         return len(self.reserved)
+
+
+def _blocks(sim: CachingAllocatorSim) -> dict[int, tuple[int, bool]]:
+    return {b["address"]: (b["size"], b["allocated"]) for s in sim.snapshot() for b in s["blocks"]}
+
+
+def dump_blocks(snap: Snapshot) -> dict[int, tuple[int, bool]]:
+    """The dump's blocks (the state when the snapshot was taken): address -> (size,
+    allocated); pending frees count as allocated, as they do in the allocator."""
+    return {
+        b["address"]: (b["size"], b.get("state", "inactive") != "inactive")
+        for seg in snap.segments
+        for b in seg.get("blocks", ())
+    }
+
+
+def blocks_differing(a: dict[int, tuple[int, bool]], b: dict[int, tuple[int, bool]]) -> int:
+    return sum(1 for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
 def _largest_free(sim: CachingAllocatorSim) -> int:
@@ -134,6 +161,7 @@ def recorded_timeline(snap: Snapshot, state: InitialState | None = None) -> Reco
         peak_allocated_event=peak_a_at,
         fragmentation_at_peak=frag,
         model_error=error,
+        final_blocks=_blocks(sim),
     )
 
 
@@ -267,6 +295,7 @@ def simulate_snapshot(
         requests=requests,
         oom=oom,
         seconds=time.perf_counter() - t0,
+        final_blocks=_blocks(sim),
     )
 
 

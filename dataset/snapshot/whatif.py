@@ -16,7 +16,13 @@ from typing import Any
 from dataset.allocator import AllocatorConfig
 from dataset.snapshot.conf import allocator_config, recorded_alloc_conf
 from dataset.snapshot.loader import Snapshot
-from dataset.snapshot.replay import SimulatedRun, recorded_timeline, simulate_snapshot
+from dataset.snapshot.replay import (
+    SimulatedRun,
+    blocks_differing,
+    dump_blocks,
+    recorded_timeline,
+    simulate_snapshot,
+)
 from dataset.snapshot.state import InitialState, initial_state
 
 logger = logging.getLogger(__name__)
@@ -85,6 +91,7 @@ def replay_report(
     cfg = allocator_config(conf, **limit)
     as_recorded = _same_settings(cfg, base_cfg)
     rec = recorded_timeline(snap, state)
+    dump = dump_blocks(snap)
     t_sim = time.perf_counter()
     run = simulate_snapshot(snap, cfg, recorded_settings=as_recorded, state=state)
     sim_seconds = time.perf_counter() - t_sim
@@ -117,6 +124,12 @@ def replay_report(
         "requests": run.requests,  # replayed (up to an OOM)
         "requests_at_recorded_address": run.addresses_matched,
         "recorded_model_error": rec.model_error,
+        # the state at the end against the file's dump (blocks by address, size, state)
+        "dump_blocks": len(dump),
+        "recorded_final_blocks_differing": blocks_differing(rec.final_blocks, dump),
+        "simulated_final_blocks_differing": (
+            blocks_differing(run.final_blocks, dump) if run.oom is None else None
+        ),
         "recorded_oom_events": [i for i, e in enumerate(snap.trace) if e["action"] == "oom"],
         "events": events,
         "simulated_replay_seconds": round(sim_seconds, 6),

@@ -120,6 +120,12 @@ def test_replay_report_contract_fields():
     assert r["segment_allocs_matched"] == 2
     assert r["first_divergence"] is None
     assert r["would_oom"] is None and r["alloc_conf"] == "" and r["as_recorded"]
+    # the end state is the dump's, block for block
+    assert r["dump_blocks"] == 2
+    assert r["recorded_final_blocks_differing"] == r["simulated_final_blocks_differing"] == 0
+    snap = tie_snapshot(with_empty_cache=True)
+    snap.segments[0]["blocks"][0]["size"] += 512  # a dump the trace does not lead to
+    assert replay_report(snap)["simulated_final_blocks_differing"] == 1
     assert all(isinstance(r[k], int) for k in CONTRACT_FIELDS if k.endswith("_bytes"))
 
 
