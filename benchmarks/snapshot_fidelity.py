@@ -187,7 +187,16 @@ def _md(rows: list[dict], folder: Path) -> str:
             f"| {r['file']} | {r['events']} | {a['replay_seconds']} | {a['events_per_second']} | "
             f"{p['events']} | {p['replay_seconds']} | {p['events_per_second']} |"
         )
+    ev = sum(r["events"] for r in rows)
+    secs = sum(r["recorded_addresses"]["replay_seconds"] for r in rows)
+    pev = sum(r["plain_replay"]["events"] for r in rows)
+    psecs = sum(r["plain_replay"]["replay_seconds"] for r in rows)
     lines += [
+        f"| all | {ev} | {secs:.5f} | {int(ev / secs)} | {pev} | {psecs:.5f} | "
+        f"{int(pev / psecs)} |",
+        "",
+        f"Snapshot replay: {1e6 * secs / ev:.1f} us per trace event; plain replay: "
+        f"{1e6 * psecs / pev:.1f} us per alloc/free.",
         "",
         "Snapshot replay counts every trace event (alloc, free_requested, free_completed, "
         "segment events) and includes seeding the initial state and the per-request checks; "
