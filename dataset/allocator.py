@@ -541,6 +541,9 @@ class CachingAllocatorSim:
         addr = None if hint is None else hint(alloc_size, stream)
         if addr is None:
             addr = self.reserve_address_space(alloc_size)
+        else:  # later addresses of the simulator's own go above it
+            end = -(-(addr + alloc_size) // K_ROUND_LARGE) * K_ROUND_LARGE
+            self._next_addr = max(self._next_addr, end)
         block = Block(addr, alloc_size, stream, pool.small)
         self._segments[block.addr] = alloc_size
         bisect.insort(self._bases, block.addr)

@@ -95,7 +95,9 @@ def test_segment_address_hint_places_new_segments():
     assert sim.malloc(5 * MiB) == A
     assert events == [("segment_alloc", A, 20 * MiB, 0)]
     other = sim.malloc(30 * MiB)  # hint answers None: the simulator's own address
-    assert other != A and sim.reserved == 50 * MiB
+    assert other >= A + 20 * MiB  # above the hinted segment, not overlapping it
+    assert sim.reserved == 50 * MiB
+    check_invariants(sim)
 
 
 # ---- rebuilding the state when recording began ------------------------------------------
