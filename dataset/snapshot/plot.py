@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["PlotConfig", "peak_allocations", "plot_snapshot"]
 
 _FORMATS = (".png", ".svg", ".pdf")
+MAX_POINTS = 20_000  # events drawn per series (longer traces keep per-bucket maxima)
 _COLOURS = {  # stacking order: long-lived at the bottom
     "before recording": "#bbbbbb",
     "workspace": "#8c8c8c",
@@ -115,6 +116,21 @@ def _category_stacks(snap: Snapshot) -> dict[str, list[int]]:
     return cats
 
 
+def _sample_points(allocated: list[int], reserved: list[int], most: int = MAX_POINTS) -> list[int]:
+    """Event indices to draw: all of them up to ``most``; beyond, per bucket of events the
+    ones with the highest allocated and reserved bytes (peaks stay visible)."""
+    n = len(allocated)
+    if n <= most:
+        return list(range(n))
+    step = -(-n // (most // 2))
+    keep = set()
+    for lo in range(0, n, step):
+        hi = min(lo + step, n)
+        keep.add(max(range(lo, hi), key=allocated.__getitem__))
+        keep.add(max(range(lo, hi), key=reserved.__getitem__))
+    return sorted(keep | {0, n - 1})
+
+
 def _unit(peak: int) -> tuple[float, str]:
     return (float(1 << 30), "GiB") if peak >= 2 << 30 else (float(1 << 20), "MiB")
 
@@ -143,25 +159,26 @@ def plot_snapshot(snap: Snapshot, out: str | Path, config: PlotConfig | None = N
     far = [(v, t) for v, t in cfg.hlines if (v, t) not in hlines]
     peak_all = max([rec.peak_reserved_bytes, *(v for v, _ in hlines)])
     scale, unit = _unit(peak_all)
-    x = range(len(snap.trace))
+    x = _sample_points(rec.allocated, rec.reserved)
     fig, ax = plt.subplots(figsize=(12, 6.5), dpi=110)
     stacks = _category_stacks(snap)
     if stacks:
         names = sorted(stacks, key=lambda c: list(_COLOURS).index(c) if c in _COLOURS else 99)
         ax.stackplot(
             x,
-            *[[v / scale for v in stacks[c]] for c in names],
+            *[[stacks[c][i] / scale for i in x] for c in names],
             labels=[f"{c} (requested)" for c in names],
             colors=[_COLOURS.get(c, "#bbbbbb") for c in names],
             alpha=0.75,
         )
-    ax.plot(x, [v / scale for v in rec.allocated], color="black", lw=1.2, label="allocated")
-    ax.plot(x, [v / scale for v in rec.reserved], color="#1f77b4", lw=1.6, label="reserved")
+    ax.plot(x, [rec.allocated[i] / scale for i in x], color="black", lw=1.2, label="allocated")
+    ax.plot(x, [rec.reserved[i] / scale for i in x], color="#1f77b4", lw=1.6, label="reserved")
     if cfg.what_if is not None:
         run = simulate_snapshot(snap, cfg.what_if, recorded_settings=cfg.what_if_as_recorded)
         kind = "simulated" if cfg.what_if_as_recorded else "what-if"
         label = f"reserved, {kind} {cfg.what_if_label}".strip()
-        ax.plot(range(len(run.reserved)), [v / scale for v in run.reserved], "--",
+        wx = _sample_points(run.allocated, run.reserved)
+        ax.plot(wx, [run.reserved[i] / scale for i in wx], "--",
                 color="#2ca02c", lw=1.4, label=label)  # fmt: skip
         if run.oom is not None:
             ax.plot([run.oom["event"]], [run.oom["reserved_bytes"] / scale], "rx", ms=12,

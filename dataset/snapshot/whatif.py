@@ -117,6 +117,7 @@ def replay_report(
         "initial_state": run.initial_state,
         "initial_allocated_bytes": state.allocated_bytes,
         "initial_segments": len(state.segments),
+        "initial_orphan_blocks": len(state.orphans),  # pre-trace blocks in no known segment
         "recorded_fragmentation_at_peak": round(rec.fragmentation_at_peak, 6),
         "largest_free_block_at_peak_bytes": run.largest_free_at_peak_bytes,
         "free_reserved_at_peak_bytes": run.free_reserved_at_peak_bytes,

@@ -9,7 +9,7 @@ from dataset.devices import get_profile
 from dataset.sim import simulate
 from dataset.snapshot.export import SnapshotRecorder, simulated_step_snapshot, write_snapshot
 from dataset.snapshot.loader import load_snapshot, loads_snapshot, snapshot_from_dict
-from dataset.snapshot.plot import PlotConfig, peak_allocations, plot_snapshot
+from dataset.snapshot.plot import PlotConfig, _sample_points, peak_allocations, plot_snapshot
 from dataset.snapshot.whatif import replay_report
 from predictor.predict import capture_cached
 from predictor.spec import TrainSpec
@@ -105,3 +105,13 @@ def test_pytorch_memory_viz_reads_the_export():
     assert text.count("cudaMalloc") == 2
     assert "segments: 2" in mv.segsum(snap)
     assert "<html" in mv.trace_plot(snap).lower()
+
+
+def test_long_traces_are_sampled_keeping_the_peaks():
+    allocated = [i % 1000 for i in range(100_000)]
+    allocated[54_321] = 10**9
+    reserved = [5] * 100_000
+    pts = _sample_points(allocated, reserved, most=2000)
+    assert len(pts) <= 2002 and pts[0] == 0 and pts[-1] == 99_999
+    assert 54_321 in pts
+    assert _sample_points([1, 2], [1, 2]) == [0, 1]
