@@ -166,3 +166,9 @@ def test_expandable_recordings_are_refused_clearly():
     seg = _seg(A, 20 * MiB, []) | {"is_expandable": True}
     with pytest.raises(ValueError, match="expandable-segment snapshots"):
         initial_state(Snapshot(segments=[seg], trace=[], device=0))
+
+
+def test_a_pre_trace_free_outside_every_segment_is_counted_not_seeded():
+    trace = [{"action": "free_completed", "addr": A, "size": 4096, "stream": 0}]
+    st = initial_state(Snapshot(segments=[], trace=trace, device=0))
+    assert st.orphans == [A] and st.blocks == [] and st.segments == []
