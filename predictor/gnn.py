@@ -119,7 +119,8 @@ class DirConv(MessagePassing):
             edge_index: the edges, source row 0 (PyG layout).
             means: the two neighbour means `(mean_{j->i}, mean_{i->j})` when the caller has
                 computed them already (`GraphEncoder.forward_csr`, the ONNX path, by prefix
-                sums); `edge_index` is then not read and may be None.
+                sums); `edge_index` is then not read and may be None. Calling the layer
+                (not a helper) there keeps the exported ONNX graph's node names.
 
         Shapes:
             - input: `x` `(N, dim)`, `edge_index` `(2, E)`, `means` two `(N, dim)`
@@ -128,9 +129,10 @@ class DirConv(MessagePassing):
         if means is None:
             if edge_index is None:
                 raise ValueError("DirConv needs edge_index or the neighbour means")
-            means = (self.propagate(edge_index, x=x),  # producers j -> i
-                     self.propagate(edge_index.flip(0), x=x))  # consumers i -> j  # fmt: skip
-        agg_in, agg_out = means
+            agg_in = self.propagate(edge_index, x=x)  # producers j -> i
+            agg_out = self.propagate(edge_index.flip(0), x=x)  # consumers i -> j
+        else:
+            agg_in, agg_out = means
         m = F.silu(self.lin_self(x) + self.lin_in(agg_in) + self.lin_out(agg_out))
         m = F.dropout(m, self.dropout, self.training)
         return self.norm(x + m)
@@ -140,6 +142,13 @@ class DirConv(MessagePassing):
 
 
 class GraphEncoder(nn.Module):
+    """Op embedding + node features -> `config.layers` `DirConv`s -> mean and max pool.
+
+    Args:
+        config: widths, depth and dropout (`GNNConfig`).
+        num_features: node feature columns, the op id first (`predictor.features`).
+    """
+
     def __init__(self, config: GNNConfig, num_features: int = NUM_NODE_FEATURES):
         super().__init__()
         self.config = config
