@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from predictor.gnn import GNNConfig
-from training.fit import FitConfig
+from predictor.gnn_config import GNNConfig
+from training.fit_config import FitConfig
 
 log = logging.getLogger(__name__)
 

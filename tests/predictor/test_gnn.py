@@ -117,12 +117,6 @@ def test_csr_encoder_equals_pyg_encoder(inputs):
             torch.testing.assert_close(one[0], both[j], rtol=1e-5, atol=1e-5)
 
 
-def test_config_validation():
-    for bad in ({"hidden": 0}, {"quantile": 0.3}, {"dropout": 1.0}, {"layers": -1}):
-        with pytest.raises(ValueError):
-            GNNConfig(**bad)
-
-
 def test_reset_parameters_is_seeded():
     torch.manual_seed(3)
     a = MemoryGNN(GNNConfig(hidden=8))
