@@ -1,0 +1,6 @@
+"""Compiled (numba) replay of the CUDA caching allocator; the Python simulator in
+:mod:`dataset.allocator` stays the readable reference and the test oracle."""
+
+from dataset.replay.api import EventArrays, FastReplayResult, encode_events, replay_fast
+
+__all__ = ["EventArrays", "FastReplayResult", "encode_events", "replay_fast"]
