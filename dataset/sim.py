@@ -14,6 +14,7 @@ and phase. Where the device is the CPU, the tensor-level peak of the sweep is th
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,8 +144,12 @@ def simulate(
     *,
     scenario: str = "balanced",
     allocator: AllocatorConfig | None = None,
+    replayer: Callable[[list[tuple], AllocatorConfig], dict[str, Any]] | None = None,
 ) -> SimResult:
-    """Simulate every path of `graph` at `sizes` on `device`; the result is the worst path."""
+    """Simulate every path of `graph` at `sizes` on `device`; the result is the worst path.
+
+    `replayer` replaces `replay_trace` (same contract), e.g. the compiled
+    `dataset.replay.trace.replay_trace_fast`."""
     swept = sweep(graph, sizes, scenario=scenario)
     breakdown: dict[str, Any] = {
         "categories": swept.best.breakdown,
@@ -167,9 +172,9 @@ def simulate(
     cfg = allocator or AllocatorConfig()
     if cfg.capacity_bytes is None:
         cfg = AllocatorConfig(**{**_fields(cfg), "capacity_bytes": _usable(device)})
+    run = replayer or replay_trace
     results = [
-        replay_trace(build_trace(graph, k, swept.sizes, device), cfg)
-        for k in range(len(graph.paths))
+        run(build_trace(graph, k, swept.sizes, device), cfg) for k in range(len(graph.paths))
     ]
     worst = max(range(len(results)), key=lambda k: results[k]["peak_reserved_bytes"])
     r = results[worst]

@@ -259,6 +259,17 @@ def snapshot(s: tuple) -> list[dict]:
     return sorted(out, key=lambda x: x["address"])
 
 
+def _num_segments(s: tuple) -> int:
+    """len(snapshot(s)): whole segments plus each mapped range of an expandable one."""
+    blk, st = s[0], s[1]
+    live = blk[: int(st[C.NBLK])]
+    live = live[live[:, C.LIVE] == 1]
+    exp = live[(live[:, C.SEG] >= 0) & (live[:, C.MAPPED] == 1)]
+    prev = exp[:, C.PREV]
+    heads = (prev < 0) | (blk[np.maximum(prev, 0), C.MAPPED] == 0)
+    return int(st[C.NSEG]) + int(np.count_nonzero(heads))
+
+
 def _stats(s: tuple) -> AllocatorStats:
     blk, st, pool, npool = s[0], s[1], s[2], s[3]
     free = np.concatenate([pool[p, : npool[p]] for p in (0, 1)])
@@ -280,7 +291,7 @@ def _stats(s: tuple) -> AllocatorStats:
         largest_free_block_bytes=largest,
         free_reserved_bytes=free_reserved,
         fragmentation=largest / free_reserved if free_reserved > 0 else 1.0,
-        num_segments=len(snapshot(s)),
+        num_segments=_num_segments(s),
     )
 
 

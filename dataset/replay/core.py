@@ -180,7 +180,8 @@ def _ulower(s, p, stream, addr):
 @njit(cache=True)
 def _insert_at(arr, counts, p, pos, b):
     n = counts[p]
-    arr[p, pos + 1 : n + 1] = arr[p, pos:n].copy()
+    for j in range(n, pos, -1):
+        arr[p, j] = arr[p, j - 1]
     arr[p, pos] = b
     counts[p] = n + 1
 
@@ -188,7 +189,8 @@ def _insert_at(arr, counts, p, pos, b):
 @njit(cache=True)
 def _remove_at(arr, counts, p, pos):
     n = counts[p] - 1
-    arr[p, pos:n] = arr[p, pos + 1 : n + 1].copy()
+    for j in range(pos, n):
+        arr[p, j] = arr[p, j + 1]
     counts[p] = n
 
 
@@ -622,13 +624,16 @@ NOT_HELD, NULL = -2, -1  # handle states besides a block index
 
 @njit(cache=True)
 def largest_free_block(s):
+    """Largest free mapped block: the last of each stream's run in each sorted pool."""
     blk, pool, npool = s[0], s[2], s[3]
     best = 0
     for p in (0, 1):
-        for j in range(npool[p]):
-            z = blk[pool[p, j], SIZE]
-            if z > best:
-                best = z
+        j = npool[p] - 1
+        while j >= 0:
+            b = pool[p, j]
+            if blk[b, SIZE] > best:
+                best = blk[b, SIZE]
+            j = _lower(s, p, blk[b, STREAM], -1, -1) - 1
     return best
 
 
