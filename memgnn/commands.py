@@ -271,9 +271,13 @@ def plan_cmd(args: argparse.Namespace) -> int:
     if "B" not in bundle.dims:
         raise ValueError(f"model {bundle.name!r} has no batch dim B to plan")
     n_blocks = len((bundle.blocks or default_blocks)(bundle.build()))
+    from dataset.replay.exact import ReplayModel
+
+    exact = ReplayModel() if device.is_gpu else None  # decides the steps near the budget
     res = plan(
-        default_model(), _graph_for(bundle, device, sizes), base, space, cfg, n_blocks=n_blocks
-    )
+        default_model(), _graph_for(bundle, device, sizes), base, space, cfg,
+        n_blocks=n_blocks, exact=exact,
+    )  # fmt: skip
     if res.best is None:
         raise ValueError(res.reason)
     best = res.best
