@@ -25,6 +25,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from dataset.replay.events import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, OP_MARK
+
 __all__ = ["run_events", "release_cached_blocks", "N_BLOCK_FIELDS", "N_STATS", "N_CFG"]
 
 # block fields
@@ -617,7 +619,6 @@ def free(s, b):
     _free_block(s, blk[b, SMALL], b)
 
 
-OP_ALLOC, OP_FREE, OP_MARK, OP_EMPTY_CACHE = 0, 1, 2, 3
 OK, ERR_DOUBLE_ALLOC, ERR_UNKNOWN_FREE, ERR_BAD_OP = range(4)
 NOT_HELD, NULL = -2, -1  # handle states besides a block index
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from dataset.allocator import AllocatorConfig
-from dataset.replay.api import EventArrays, encode_events, replay_fast
-from dataset.replay.core import OP_MARK
+from dataset.replay.api import replay_fast
+from dataset.replay.events import OP_MARK, EventArrays, encode_events
 from predictor.analytic import STEP_NAMES
 
 __all__ = ["replay_trace_fast"]

@@ -3,6 +3,7 @@ Python simulator's bytes, OOM verdict and per-phase peaks; `auto` routes by budg
 
 import json
 
+import numpy as np
 import pytest
 from tiny_models import tiny_gpt_bundle
 
@@ -17,6 +18,7 @@ from predictor.analytic import sweep
 from predictor.capture import CaptureConfig, capture
 from predictor.predict import AnalyticModel, Prediction, Query
 from predictor.spec import TrainSpec
+from predictor.vocab import MATMUL_OPS, PHASES
 from tests.dataset.test_allocator_fast import assert_same
 
 A100 = get_profile("a100-80gb")
@@ -40,6 +42,54 @@ CONFIGS = [
     AllocatorConfig(expandable_segments=True),
     AllocatorConfig(capacity_bytes=60 << 20, max_split_size=20 << 20),  # OOMs the larger
 ]
+
+
+def reference_build_trace(graph, path: int, resolved: dict[str, int], device) -> list[tuple]:
+    """dataset.sim.build_trace as it was before the cached skeleton (the oracle)."""
+    p = graph.paths[path]
+    nbytes = graph.storage_bytes(path, resolved)
+    scratch_at = graph.scratch_bytes(path, resolved)
+    alloc = np.asarray(p.storages["alloc"])
+    events: list[tuple] = [("alloc", int(u), int(nbytes[u])) for u in np.flatnonzero(alloc < 0)]
+    allocs_at: dict[int, list[int]] = {}
+    for u in np.flatnonzero(alloc >= 0):
+        allocs_at.setdefault(int(alloc[u]), []).append(int(u))
+    frees_at: dict[int, list[int]] = {}
+    for u, f in enumerate(p.storages["free"]):
+        if f >= 0:
+            frees_at.setdefault(f, []).append(u)
+    workspace_for: set[str] = set()
+    mark = None
+    for i, op in enumerate(p.nodes["op"]):
+        phase = PHASES[p.nodes["phase"][i]]
+        step = p.nodes["step"][i]
+        if (phase, step) != mark:
+            mark = (phase, step)
+            events.append(("mark", phase, step))
+        if device.is_gpu and op.startswith(MATMUL_OPS):
+            handle = "backward" if phase == "backward" else "main"
+            if handle not in workspace_for:
+                workspace_for.add(handle)
+                events.append(("alloc", f"cublas-{handle}", device.cublas_workspace_bytes))
+        scratch = int(scratch_at[i]) if device.is_gpu else 0
+        if scratch:
+            events.append(("alloc", f"scratch-{i}", scratch))
+        for u in allocs_at.get(i, ()):
+            events.append(("alloc", u, int(nbytes[u])))
+        if scratch:
+            events.append(("free", f"scratch-{i}", 0))
+        for u in frees_at.get(i, ()):
+            events.append(("free", u, 0))
+    return events
+
+
+def test_trace_skeleton_equals_the_reference_trace(graphs):
+    for graph in graphs.values():
+        for sizes in [*SIZES, {"B": 1, "S": 2}]:
+            resolved = sweep(graph, sizes, scenario="worst").sizes
+            for device in (A100, get_profile("cpu")):
+                want = reference_build_trace(graph, 0, resolved, device)
+                assert build_trace(graph, 0, resolved, device) == want
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=["a100", "expandable", "tight"])
