@@ -18,8 +18,10 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
+import pickle
 import random
 import statistics
 import subprocess
@@ -28,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dataset.allocator import AllocatorConfig, MiB, replay
+from dataset.allocator import AllocatorConfig, CachingAllocatorSim, MiB, replay
 from dataset.devices import get_profile
 from dataset.profile import ProfileConfig, profile
 from dataset.replay import encode_events, replay_fast
@@ -221,6 +223,61 @@ def predict_speed(graphs: dict, skip_profile: bool) -> list[dict]:
     return rows
 
 
+SNAPSHOTS = Path("/work/shared/reference/cuda-snapshots")
+
+
+class _DataOnly(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        raise pickle.UnpicklingError(f"snapshot refers to code ({module}.{name}): refused")
+
+
+def snapshot_events(path: Path) -> tuple[list[tuple], int]:
+    """A real snapshot's alloc / free_completed requests as replay events (frees of blocks
+    allocated before recording began dropped), and the recorded reserved peak."""
+    with gzip.open(path) as f:
+        data = _DataOnly(f).load()
+    events, live, reserved, peak = [], set(), 0, 0
+    for e in data["device_traces"][0]:
+        act, addr = e["action"], e["addr"]
+        if act == "alloc":
+            live.add(addr)
+            events.append(("alloc", addr, e["size"], e["stream"]))
+        elif act == "free_completed" and addr in live:
+            live.remove(addr)
+            events.append(("free", addr, 0))
+        elif act in ("segment_alloc", "segment_free"):
+            reserved += e["size"] if act == "segment_alloc" else -e["size"]
+            peak = max(peak, reserved)
+    return events, peak
+
+
+def snapshot_traces() -> list[dict]:
+    """Plain replays (empty start) of the shared real CUDA traces, compiled vs Python."""
+    rows = []
+    for path in sorted(SNAPSHOTS.glob("*.pickle.gz")):
+        events, recorded_peak = snapshot_events(path)
+        sim = CachingAllocatorSim()
+        handles, per_event = {}, []
+        for ev in events:
+            if ev[0] == "alloc":
+                handles[ev[1]] = sim.malloc(ev[2], ev[3])
+            else:
+                sim.free(handles.pop(ev[1]))
+            per_event.append((sim.allocated, sim.reserved, len(sim._segments)))
+        fast = replay_fast(events, record=True)
+        same = fast.per_event.T.tolist() == [list(r) for r in per_event]
+        rows.append(
+            {
+                "file": path.name,
+                "events": len(events),
+                "per_event_equal": same and fast.snapshot() == sim.snapshot(),
+                "replay_peak_reserved_bytes": fast.peak_reserved_bytes,
+                "recorded_in_trace_peak_reserved_bytes": recorded_peak,
+            }
+        )
+    return rows
+
+
 def markdown(result: dict) -> str:
     lines = ["# Replay speed: compiled core (numba) vs the Python simulator", "",
              f"Command: `{result['command']}`", "", "## Core, one core", "",
@@ -235,6 +292,18 @@ def markdown(result: dict) -> str:
             f"{r['compiled_events_per_s']:,} / {r['compiled_events_per_cpu_s']:,} | "
             f"{r['python_seconds']:.3f} | {r['python_events_per_s']:,} / "
             f"{r['python_events_per_cpu_s']:,} | {r['speedup']}x |"
+        )
+    lines += ["", "Real CUDA traces (shared snapshots, plain replay from an empty allocator: "
+              "per event allocated, reserved and segments, and the final layout):", "",
+              "| file | events | compiled = Python, every event | replay peak reserved | "
+              "recorded: max running sum of segment_alloc - segment_free from the trace "
+              "start (meaningful where the trace starts empty) |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for r in result.get("snapshots", []):
+        lines.append(
+            f"| {r['file']} | {r['events']:,} | {r['per_event_equal']} | "
+            f"{r['replay_peak_reserved_bytes']:,} | "
+            f"{r['recorded_in_trace_peak_reserved_bytes']:,} |"
         )
     w = result["warmup"]
     lines += ["", "## JIT warm-up (first call in a fresh process)", "",
@@ -278,6 +347,7 @@ def main() -> None:
         "command": "PYTHONPATH=. .venv/bin/python benchmarks/replay_speed.py "
         + " ".join(sys.argv[1:]),
         "core": core_speed(graphs),
+        "snapshots": snapshot_traces() if SNAPSHOTS.is_dir() else [],
         "warmup": warmup(),
         "predict": predict_speed(graphs, args.skip_profile),
     }

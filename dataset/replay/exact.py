@@ -25,7 +25,7 @@ from dataset.devices import get_profile
 from dataset.replay.trace import replay_trace_fast
 from dataset.sim import simulate
 from predictor.graph import StepGraph
-from predictor.predict import MemoryModel, Prediction, Query
+from predictor.predict import AnalyticModel, MemoryModel, Prediction, Query, default_model
 
 log = logging.getLogger(__name__)
 
@@ -162,8 +162,6 @@ def predict_with(
 
     The learned model falls back to the analytic baseline where no model ships; the
     answer's ``method`` then says ``analytic``."""
-    from predictor.predict import AnalyticModel, default_model
-
     config = config or ExactConfig()
     chosen = choose_method(method, graph, config)
     if chosen == "replay":
