@@ -134,6 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=None, help="ask a running `memgnn serve` instead")
     p.add_argument("--token", default=None, help="bearer token for --url")
     p.add_argument("--plot", default=None, help="also draw the simulated step (OUT.png|svg)")
+    p.add_argument(
+        "--method", choices=("auto", "replay", "gnn", "analytic"), default="auto",
+        help="replay: the simulator's exact bytes; auto: replay within --replay-budget-ms",
+    )  # fmt: skip
+    p.add_argument("--replay-budget-ms", type=float, default=250.0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.predict_cmd)
 

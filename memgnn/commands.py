@@ -170,12 +170,16 @@ def _graph_for(bundle, device, sizes):
 
 def predict_cmd(args: argparse.Namespace) -> int:
     from dataset.devices import get_profile
+    from dataset.replay.exact import ExactConfig, choose_method, predict_with
     from predictor.predict import Query, default_model
 
     if args.url and args.plot:
         raise ValueError("--plot draws a local simulation; it cannot be used with --url")
     if args.url:
         from serving.client import remote_predict
+
+        if args.method != "auto":
+            raise ValueError("--method applies to local predictions; --url asks the server")
 
         out = remote_predict(
             args.url,
@@ -199,9 +203,10 @@ def predict_cmd(args: argparse.Namespace) -> int:
     query = Query(sizes=sizes, device=device.name, metric=args.metric, scenario=args.scenario)
     query.resolved_metric(device.is_gpu)
     graph = _graph_for(bundle, device, sizes)(train)
-    model = default_model()
+    exact = ExactConfig(budget_s=args.replay_budget_ms / 1e3)
+    learned = default_model() if choose_method(args.method, graph, exact) == "gnn" else None
     t0 = time.perf_counter()
-    pred = model.predict(graph, [query])[0]
+    pred = predict_with(args.method, graph, [query], learned=learned, config=exact)[0]
     out = pred.to_dict() | {
         "sizes": sizes,
         "device": device.name,
@@ -213,7 +218,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
 
         title = (
             f"{bundle.name} {sizes} on {device.name}: predicted {pred.metric} peak "
-            f"{fmt_bytes(pred.predicted_peak_bytes)} ({pred.model_version})"
+            f"{fmt_bytes(pred.predicted_peak_bytes)} ({pred.method}, {pred.model_version})"
         )
         plot_prediction(args.plot, graph, sizes, device, pred, scenario=args.scenario, title=title)
     if args.json:
@@ -222,7 +227,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
     print(
         f"{bundle.name} {sizes} on {device.name}: {pred.metric} peak "
         f"{fmt_bytes(pred.predicted_peak_bytes)} (bound {fmt_bytes(pred.upper_bound_bytes)}),"
-        f" model {pred.model_version}"
+        f" model {pred.model_version} ({pred.method})"
     )
     return 0
 
@@ -280,9 +285,13 @@ def plan_cmd(args: argparse.Namespace) -> int:
     if "B" not in bundle.dims:
         raise ValueError(f"model {bundle.name!r} has no batch dim B to plan")
     n_blocks = len((bundle.blocks or default_blocks)(bundle.build()))
+    from dataset.replay.exact import ReplayModel
+
+    exact = ReplayModel() if device.is_gpu else None  # decides the steps near the budget
     res = plan(
-        default_model(), _graph_for(bundle, device, sizes), base, space, cfg, n_blocks=n_blocks
-    )
+        default_model(), _graph_for(bundle, device, sizes), base, space, cfg,
+        n_blocks=n_blocks, exact=exact,
+    )  # fmt: skip
     if res.best is None:
         raise ValueError(res.reason)
     best = res.best
