@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -112,6 +112,10 @@ class AllocatorStats:
     @property
     def would_oom(self) -> bool:
         return self.num_ooms > 0
+
+
+def pool_name(pool: BlockPool) -> str:
+    return "small-pool" if pool.small else "large-pool"
 
 
 def format_size(size: int) -> str:
@@ -233,11 +237,19 @@ class CachingAllocatorSim:
         self._small, self._large = BlockPool(True), BlockPool(False)
         self._active: dict[int, Block] = {}
         self._segments: dict[int, int] = {}  # base address -> size (non-expandable)
+        self._bases: list[int] = []  # sorted keys of _segments (seeding, overlap checks)
         self.exp_segments: list = []
         self._next_addr = _BASE_ADDR
         self.allocated = self.reserved = self.requested = 0
         self.peak_allocated = self.peak_reserved = self.peak_requested = 0
         self.num_alloc_retries = self.num_ooms = 0
+        # Called as observer(action, address, size, stream) on every native segment
+        # alloc / free ("segment_alloc" / "segment_free"); None = no observer.
+        self.segment_observer: Callable[[str, int, int, int], None] | None = None
+        # Called as hint(size, stream) for a new native segment's address (the driver's
+        # choice, e.g. the recorded cudaMalloc result); None or a None answer = the next
+        # address above every segment so far. The caller keeps hinted segments disjoint.
+        self.segment_address_hint: Callable[[int, int], int | None] | None = None
 
     # ---- public API -------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> int:
@@ -301,6 +313,111 @@ class CachingAllocatorSim:
                 b = b.next
         segs = [self._segment_info(h) for h in heads]
         return sorted(segs, key=lambda s: s["address"])
+
+    # ---- seeding: start from a recorded state (dataset.snapshot) ----------------
+    def add_segment(
+        self, address: int, size: int, *, stream: int = 0, small: bool | None = None
+    ) -> None:
+        """Add a whole free segment at ``address``, as if cudaMalloc'd outside this run.
+
+        For starting from a recorded allocator state (segments that existed when recording
+        began) and for following a recorded trace's ``segment_alloc``. ``small`` picks the
+        pool; by default a 2 MiB segment is small-pool (no large request gets one). Later
+        segments the simulator allocates itself are placed above every seeded one.
+        """
+        if self._exp is not None:
+            raise ValueError("add_segment seeds native segments; expandable_segments is on")
+        if size <= 0 or size % K_MIN_BLOCK or address <= 0 or address % K_MIN_BLOCK:
+            raise ValueError(f"bad segment {size} B at {address:#x} (need multiples of 512)")
+        end = address + size
+        other = self.overlapping_segment(address, size)
+        if other is not None:
+            raise ValueError(f"segment at {address:#x} overlaps the one at {other:#x}")
+        small = size == K_SMALL_BUFFER if small is None else small
+        block = Block(address, size, stream, small)
+        self._segments[address] = size
+        bisect.insort(self._bases, address)
+        (self._small if small else self._large).insert(block)
+        self.add_reserved(size)
+        self._next_addr = max(self._next_addr, -(-end // K_ROUND_LARGE) * K_ROUND_LARGE)
+
+    def seed_block(self, address: int, size: int, *, requested: int | None = None) -> int:
+        """Mark ``[address, address + size)`` of a free block allocated; returns its handle.
+
+        For blocks that were allocated before a recorded trace began. The free pieces
+        before and after it stay free in their pool (no rounding or split rule applies:
+        the recorded block size is taken as is).
+        """
+        if size <= 0 or size % K_MIN_BLOCK:
+            raise ValueError(f"bad block size {size} (need a positive multiple of 512)")
+        free = self._free_block_containing(address)
+        if free is None or address + size > free.addr + free.size:
+            raise ValueError(f"no free block holds {size} B at {address:#x}")
+        pool = self._pool_of(free)
+        pool.remove(free)
+        if free.addr < address:  # the free piece in front keeps the old head
+            block = Block(address, free.addr + free.size - address, free.stream, free.small)
+            block.link_after(free)
+            free.size = address - free.addr
+            pool.insert(free)
+        else:
+            block = free
+        if block.size > size:
+            rest = Block(address + size, block.size - size, block.stream, block.small)
+            rest.link_after(block)
+            block.size = size
+            pool.insert(rest)
+        block.allocated = True
+        block.requested = size if requested is None else requested
+        self._active[address] = block
+        self._add_allocated(size, block.requested)
+        return address
+
+    def malloc_at(self, address: int, size: int, stream: int = 0) -> int:
+        """``malloc`` that takes the free block starting at ``address`` (a recorded choice).
+
+        Rounding and ``should_split`` apply as in :meth:`malloc`; only best fit is replaced
+        by the given placement. Raises ValueError if no free block of the request's pool and
+        stream, large enough, starts there (the recorded choice is impossible here).
+        """
+        if size <= 0:
+            raise ValueError(f"malloc_at needs a positive size, got {size}")
+        rounded = round_size(size, self.config.roundup_power2_divisions)
+        pool = self._small if rounded <= K_SMALL_SIZE else self._large
+        block = pool.blocks.get(address)
+        if block is None or block.stream != stream or block.size < rounded or not block.mapped:
+            raise ValueError(f"no free {pool_name(pool)} block of >= {rounded} B at {address:#x}")
+        pool.remove(block)
+        return self._alloc_found(block, pool, rounded, size)
+
+    def release_segment(self, address: int) -> None:
+        """cudaFree the whole free segment at ``address`` (a recorded ``segment_free``)."""
+        size = self._segments.get(address)
+        block = self._small.blocks.get(address) or self._large.blocks.get(address)
+        if size is None or block is None or block.size != size:
+            raise ValueError(f"no whole free segment at {address:#x}")
+        self._release_block(block, self._pool_of(block))
+
+    def segment_bases(self) -> dict[int, int]:
+        """Native segments: base address -> size."""
+        return dict(self._segments)
+
+    def overlapping_segment(self, address: int, size: int) -> int | None:
+        """Base of a native segment overlapping ``[address, address + size)``, or None."""
+        bases = self._bases
+        k = bisect.bisect_left(bases, address + size) - 1
+        if k >= 0 and bases[k] + self._segments[bases[k]] > address:
+            return bases[k]
+        return None
+
+    def _free_block_containing(self, address: int) -> Block | None:
+        base = self.overlapping_segment(address, 1)
+        if base is None:
+            return None
+        b: Block | None = self.block_at(base)
+        while b is not None and b.addr + b.size <= address:
+            b = b.next
+        return None if b is None or b.allocated else b
 
     # ---- helpers shared with allocator_expandable -------------------------------
     def block_at(self, addr: int) -> Block:
@@ -420,9 +537,19 @@ class CachingAllocatorSim:
         cap = self.config.capacity_bytes
         if cap is not None and self.reserved + alloc_size > cap:
             return None
-        block = Block(self.reserve_address_space(alloc_size), alloc_size, stream, pool.small)
+        hint = self.segment_address_hint
+        addr = None if hint is None else hint(alloc_size, stream)
+        if addr is None:
+            addr = self.reserve_address_space(alloc_size)
+        else:  # later addresses of the simulator's own go above it
+            end = -(-(addr + alloc_size) // K_ROUND_LARGE) * K_ROUND_LARGE
+            self._next_addr = max(self._next_addr, end)
+        block = Block(addr, alloc_size, stream, pool.small)
         self._segments[block.addr] = alloc_size
+        bisect.insort(self._bases, block.addr)
         self.add_reserved(alloc_size)
+        if self.segment_observer is not None:
+            self.segment_observer("segment_alloc", block.addr, alloc_size, stream)
         logger.debug("segment alloc %d B at %#x (stream %d)", alloc_size, block.addr, stream)
         return block
 
@@ -447,7 +574,10 @@ class CachingAllocatorSim:
     def _release_block(self, block: Block, pool: BlockPool) -> None:
         pool.remove(block)
         del self._segments[block.addr]
+        del self._bases[bisect.bisect_left(self._bases, block.addr)]
         self.add_reserved(-block.size)
+        if self.segment_observer is not None:
+            self.segment_observer("segment_free", block.addr, block.size, block.stream)
         logger.debug("segment free %d B at %#x", block.size, block.addr)
 
     def _release_available(self, pool: BlockPool, stream: int, size: int) -> bool:

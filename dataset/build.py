@@ -8,8 +8,13 @@
     parent: graph -> DIR/graphs, rows -> buffer  every `chunk_size` rows: one atomic part
 
 A kill -9 loses at most the rows still in the buffer (their jobs run again on restart) and
-never leaves a half-written part; a part that no longer reads is moved aside by the corpus
-reader and its jobs count as not done. Graphs are written before the rows that name them.
+never leaves a half-written part. Graphs are written before the rows that name them, and
+each row records its graph file's sha256. A build repairs the corpus first
+(`CorpusWriter.done_job_ids`): a part that no longer reads is moved aside as `*.corrupt`
+and a graph file that fails its checksum and does not parse (or is missing) is moved aside
+too; their jobs count as not done, so this build profiles them again and re-captures the
+graphs. The summary says what was repaired (`corrupt_parts`, `graphs_repaired`); a bad
+graph no job of this build re-captures is listed in `graphs_unrepaired` (exit status 1).
 """
 
 from __future__ import annotations
@@ -99,6 +104,9 @@ class BuildSummary:
     parts_written: int
     seconds: float
     workers: int
+    corrupt_parts: list[str] = field(default_factory=list)  # moved aside, their jobs redone
+    graphs_repaired: list[str] = field(default_factory=list)  # corrupt/missing, re-captured
+    graphs_unrepaired: dict[str, str] = field(default_factory=dict)  # still bad: id -> why
 
     @property
     def records_per_min(self) -> float:
@@ -155,7 +163,7 @@ def build_corpus(cfg: BuildConfig) -> BuildSummary:
     """Build or resume the corpus in `cfg.out` (see the module docstring)."""
     from tqdm import tqdm
 
-    from dataset.corpus import CorpusWriter
+    from dataset.corpus import Corpus, CorpusWriter
 
     t0 = time.perf_counter()
     if cfg.backend == "cuda" and cfg.executor == "local" and cfg.workers > 1:
@@ -165,7 +173,8 @@ def build_corpus(cfg: BuildConfig) -> BuildSummary:
             cfg.workers,
         )
     writer = CorpusWriter(cfg.out)
-    done = writer.done_job_ids()
+    done = writer.done_job_ids()  # sets corrupt parts and graph files aside (repair)
+    bad_graphs = dict(writer.bad_graphs)
     jobs = sample_jobs(cfg.sampler())
     todo = [j for j in jobs if j.job_id not in done]
     skipped = [j for j in todo if j.skip is not None]
@@ -194,10 +203,8 @@ def build_corpus(cfg: BuildConfig) -> BuildSummary:
     )
     try:
         for _task, result in _execute(cfg, tasks):
-            for gid, graph in result["graphs"].items():  # before the rows that name them
-                if not writer.has_graph(gid):
-                    writer.add_graph(graph)
-                    counts["graphs"] += 1
+            for graph in result["graphs"].values():  # before the rows that name them
+                counts["graphs"] += writer.add_graph(graph)
             rows = result["rows"]
             failed = sum(r["error"] is not None for r in rows)
             counts["errors"] += failed
@@ -210,6 +217,12 @@ def build_corpus(cfg: BuildConfig) -> BuildSummary:
         bar.close()
     if cache is not None:  # every job is done: the captures are in graphs/ now
         shutil.rmtree(cache, ignore_errors=True)
+    left = Corpus(cfg.out).graph_problems(missing=True) if bad_graphs else {}
+    for gid in sorted(set(bad_graphs) - set(left)):
+        log.warning("graph %s (%s) re-captured", gid, bad_graphs[gid])
+    for gid, why in left.items():
+        log.warning("graph %s %s and no job of this build re-captures it (rebuild with "
+                    "the corpus's --size/--seed/--families)", gid, why)  # fmt: skip
     summary = BuildSummary(
         out=str(cfg.out),
         jobs=len(jobs),
@@ -222,6 +235,9 @@ def build_corpus(cfg: BuildConfig) -> BuildSummary:
         parts_written=chunks.parts,
         seconds=round(time.perf_counter() - t0, 2),
         workers=cfg.workers,
+        corrupt_parts=list(writer.set_aside),
+        graphs_repaired=sorted(set(bad_graphs) - set(left)),
+        graphs_unrepaired=left,
     )
     log.info("build done: %s", summary.to_dict())
     return summary
@@ -316,6 +332,10 @@ def build_cmd(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary.to_dict(), indent=2))
+    if summary.graphs_unrepaired:
+        print(f"error: {len(summary.graphs_unrepaired)} graph(s) the corpus's rows name are "
+              "still corrupt or missing (graphs_unrepaired)", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

@@ -4,10 +4,19 @@
     DIR/parts/part-*.parquet     record rows, written whole and atomically (tmp + rename)
     DIR/graphs/<graph_id>.json.gz  one symbolic StepGraph per distinct (model, training config)
 
-Writes never modify a finished file, so a crash (even kill -9 mid-write) leaves at most a
-`*.tmp` file, which is ignored and removed. A part that fails to read is moved aside as
-`*.corrupt` and its jobs count as not done, so a resumed build redoes exactly those.
-Rows carry a deterministic `job_id`; readers drop duplicate job ids (first part wins).
+Every file is written durably: tmp file, fsync, rename, fsync of the folder
+(`predictor.graph.durable_write`), so a crash (even kill -9 or a power cut mid-write)
+leaves at most a `*.tmp` file, which is ignored and removed. Rows carry a deterministic
+`job_id`; readers drop duplicate job ids (a row without a transient error wins, then one
+whose graph is stored, then the first part). A row that names a graph records the sha256
+of the graph file's bytes (`graph_sha256`; rows written before that column existed have
+none, and their graphs are verified by parsing).
+
+Reading changes nothing: `Corpus` skips a part that fails to read and notes it in
+`corrupt_parts`, and `graph_problems` lists graph files that are corrupt. The writer
+(`memgnn dataset build`) repairs: it moves a corrupt part aside as `*.corrupt` and a
+corrupt graph file as `*.json.gz.corrupt`, and counts their jobs as not done, so the
+resumed build profiles those jobs and re-captures those graphs.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dataset.record import ProfileRecord
-from predictor.graph import StepGraph
+from predictor.graph import StepGraph, durable_replace, durable_write, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +64,7 @@ SCHEMA = pa.schema(
         ("stats", pa.string()),  # JSON
         ("seconds", pa.float64()),
         ("error", pa.string()),
+        ("graph_sha256", pa.string()),  # of graphs/<graph_id>.json.gz; null in older rows
     ]
 )
 
@@ -78,7 +88,10 @@ def record_row(job_id: str, record: ProfileRecord, graph_id: str | None) -> dict
 
 
 class CorpusWriter:
-    """Append-only writer; see the module docstring for the crash guarantees."""
+    """Append-only writer; see the module docstring for the crash guarantees and repairs.
+
+    After `done_job_ids`, `set_aside` lists the corrupt parts it moved aside and
+    `bad_graphs` the graph files it found corrupt or missing (id -> reason)."""
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
@@ -91,36 +104,89 @@ class CorpusWriter:
             _atomic_write(manifest, json.dumps({"format": FORMAT, "version": SCHEMA_VERSION}))
         for tmp in self.root.rglob("*.tmp"):
             tmp.unlink()
+        self._sha: dict[str, str] = {}
+        self._verified: set[str] = set()  # stored graph files known to be good
+        self.set_aside: list[str] = []
+        self.bad_graphs: dict[str, str] = {}
+
+    def _graph_path(self, graph_id: str) -> Path:
+        return self.root / "graphs" / f"{graph_id}.json.gz"
 
     def has_graph(self, graph_id: str) -> bool:
-        return (self.root / "graphs" / f"{graph_id}.json.gz").is_file()
+        return self._graph_path(graph_id).is_file()
 
-    def add_graph(self, graph: StepGraph) -> str:
+    def add_graph(self, graph: StepGraph) -> bool:
+        """Store the graph unless a good copy is stored; True if it wrote the file. A
+        stored file this writer has not verified (`done_job_ids` verifies those the rows
+        name) is parsed first and rewritten if it is corrupt."""
         gid = graph.graph_id
-        if not self.has_graph(gid):
-            graph.save(self.root / "graphs" / f"{gid}.json.gz")
-        return gid
+        path = self._graph_path(gid)
+        if path.is_file() and gid not in self._verified:
+            try:
+                StepGraph.load(path)
+                self._verified.add(gid)
+            except ValueError as exc:
+                log.warning("corrupt graph file %s (%s): rewritten", path, exc)
+        if path.is_file() and gid in self._verified:
+            return False
+        graph.save(path)
+        self._verified.add(gid)
+        self._sha[gid] = file_sha256(path)
+        return True
+
+    def graph_sha256(self, graph_id: str) -> str | None:
+        """The checksum of a stored graph file (None if it is not stored)."""
+        if graph_id not in self._sha and self.has_graph(graph_id):
+            self._sha[graph_id] = file_sha256(self._graph_path(graph_id))
+        return self._sha.get(graph_id)
 
     def write_rows(self, rows: list[dict[str, Any]]) -> Path | None:
-        """Write rows as one new part file, atomically."""
+        """Write rows as one new part file, atomically; a row naming a stored graph gets
+        that file's checksum unless it carries one."""
         if not rows:
             return None
+        rows = [
+            r | {"graph_sha256": self.graph_sha256(r["graph_id"])}
+            if r.get("graph_id") and not r.get("graph_sha256")
+            else r
+            for r in rows
+        ]
         table = pa.Table.from_pylist(rows, schema=SCHEMA)
         path = self.root / "parts" / f"part-{uuid.uuid4().hex[:16]}.parquet"
         tmp = path.with_name(path.name + ".tmp")
         pq.write_table(table, tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        tmp.replace(path)
+        durable_replace(tmp, path)
         return path
 
     def done_job_ids(self) -> set[str]:
-        """Jobs a resumed build skips: all with a row, but for transient failures."""
-        t = Corpus(self.root).table()
+        """Jobs a resumed build skips: all with a row, but for transient failures and
+        for jobs whose graph is corrupt or missing. Repairs what it finds: corrupt parts
+        are moved aside as `*.corrupt`, corrupt graph files as `*.json.gz.corrupt`."""
+        corpus = Corpus(self.root)
+        t = corpus.table()
+        for name, reason in corpus.corrupt_parts.items():
+            part = self.root / "parts" / name
+            bad = part.with_name(part.name + ".corrupt")
+            log.warning("corrupt corpus part %s (%s): moved to %s; its jobs are redone",
+                        part, reason, bad.name)  # fmt: skip
+            part.replace(bad)
+            self.set_aside.append(name)
+        self.bad_graphs = corpus.graph_problems(t, missing=True)
+        named = {g for g in t.column("graph_id").to_pylist() if g is not None}
+        self._verified |= named - set(self.bad_graphs)
+        for gid, reason in self.bad_graphs.items():
+            path = self._graph_path(gid)
+            if path.is_file():
+                path.replace(path.with_name(path.name + ".corrupt"))
+            log.warning("graph %s %s: its jobs are redone to re-capture it", gid, reason)
+        jobs, errors = t.column("job_id").to_pylist(), t.column("error").to_pylist()
+        gids = t.column("graph_id").to_pylist()
         return {
             job
-            for job, error in zip(t.column("job_id").to_pylist(), t.column("error").to_pylist())
-            if not is_transient(error)
+            for job, error, gid in zip(jobs, errors, gids, strict=True)
+            if not is_transient(error) and gid not in self.bad_graphs
         }
 
 
@@ -141,28 +207,33 @@ class Corpus:
         if not manifest.is_file():
             raise ValueError(f"{self.root} is not a memgnn corpus (no manifest.json)")
         _check_manifest(manifest)
+        self.corrupt_parts: dict[str, str] = {}  # part file name -> why it does not read
 
     def parts(self) -> list[Path]:
         return sorted((self.root / "parts").glob("part-*.parquet"))
 
     def table(self) -> pa.Table:
         """Every readable part's rows, one per job id: a job's row without a transient
-        error (`TRANSIENT_ERRORS`, retried by a resumed build) wins over one with it."""
+        error (`TRANSIENT_ERRORS`, retried by a resumed build) wins over one with it, then
+        one whose graph is stored over one whose graph is not (a re-captured graph), then
+        the first. A part that does not read is skipped and noted in `corrupt_parts`;
+        nothing on disk changes."""
         tables: list[pa.Table] = []
+        self.corrupt_parts = {}
         for part in self.parts():
             try:
                 tables.append(pq.read_table(part, schema=SCHEMA))
             except (pa.ArrowException, OSError) as exc:
-                bad = part.with_name(part.name + ".corrupt")
-                log.warning("corrupt corpus part %s (%s): moved to %s", part, exc, bad.name)
-                part.replace(bad)
-        chosen: dict[str, tuple[int, int, bool]] = {}  # job -> (table, row, transient)
+                log.warning("corrupt corpus part %s (%s): its rows are left out", part, exc)
+                self.corrupt_parts[part.name] = str(exc)
+        stored = set(self.graph_ids())
+        chosen: dict[str, tuple[int, int, tuple[bool, bool]]] = {}  # job -> (table, row, rank)
         for k, t in enumerate(tables):
-            errors = t.column("error").to_pylist()
+            errors, gids = t.column("error").to_pylist(), t.column("graph_id").to_pylist()
             for i, job in enumerate(t.column("job_id").to_pylist()):
-                transient = is_transient(errors[i])
-                if job not in chosen or (chosen[job][2] and not transient):
-                    chosen[job] = (k, i, transient)
+                rank = (is_transient(errors[i]), gids[i] is not None and gids[i] not in stored)
+                if job not in chosen or rank < chosen[job][2]:
+                    chosen[job] = (k, i, rank)
         keep: list[list[int]] = [[] for _ in tables]
         for k, i, _ in chosen.values():
             keep[k].append(i)
@@ -183,6 +254,38 @@ class Corpus:
     def graph(self, graph_id: str) -> StepGraph:
         return StepGraph.load(self.root / "graphs" / f"{graph_id}.json.gz")
 
+    def verify_graph(self, graph_id: str, sha256: str | None = None) -> str | None:
+        """Why the stored graph file is not usable, or None: a file whose bytes match the
+        recorded `sha256` is good; without one (older rows) or on a mismatch the file is
+        parsed and its content hash checked (`StepGraph.load`)."""
+        path = self.root / "graphs" / f"{graph_id}.json.gz"
+        if not path.is_file():
+            return "is missing"
+        if sha256 is not None and file_sha256(path) == sha256:
+            return None
+        try:
+            StepGraph.load(path)
+        except ValueError as exc:
+            why = "fails its recorded checksum and " if sha256 is not None else ""
+            return f"{why}does not load ({str(exc).removeprefix(str(path) + ': ')})"
+        return None
+
+    def graph_problems(self, table: pa.Table | None = None, *, missing: bool = False):
+        """{graph id: why it is unusable} over the graphs the rows of `table` (default:
+        `table()`) name: corrupt files, and missing ones too if `missing`."""
+        t = self.table() if table is None else table
+        recorded: dict[str, str | None] = {}
+        for gid, sha in zip(t.column("graph_id").to_pylist(),
+                            t.column("graph_sha256").to_pylist(), strict=True):  # fmt: skip
+            if gid is not None and not recorded.get(gid):
+                recorded[gid] = sha
+        out = {}
+        for gid, sha in sorted(recorded.items()):
+            why = self.verify_graph(gid, sha)
+            if why is not None and (missing or why != "is missing"):
+                out[gid] = why
+        return out
+
     def graph_ids(self) -> list[str]:
         return sorted(
             p.name.removesuffix(".json.gz") for p in (self.root / "graphs").glob("*.json.gz")
@@ -202,6 +305,4 @@ def _check_manifest(path: Path) -> None:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    durable_write(path, text.encode())

@@ -34,7 +34,7 @@ class ProfileConfig:
     scenario: str = "balanced"  # data-dependent sizes for sim: min | balanced | worst
     allocator: AllocatorConfig | None = None
     warmup_steps: int = 1  # cuda: steps run before the measured ones
-    snapshot_path: str | None = None  # cuda: write a memory snapshot (pickle) here
+    snapshot_path: str | None = None  # write a memory snapshot (pickle) here (sim: simulated)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -113,7 +113,14 @@ def _run_backend(
     from predictor.capture import CaptureConfig, capture
 
     if graph is not None:
-        sim = simulate(graph, sizes, device, scenario=config.scenario, allocator=config.allocator)
+        sim = simulate(
+            graph,
+            sizes,
+            device,
+            scenario=config.scenario,
+            allocator=config.allocator,
+            snapshot_path=config.snapshot_path,
+        )
         if not sim.stats["violated_guards"]:
             return _sim_result(sim, graph, label_graph="symbolic")
         log.info("%s at %s: symbolic guards fail; capturing concretely", bundle.name, sizes)
@@ -126,7 +133,14 @@ def _run_backend(
         sm=device.sm or 80,
     )
     graph = capture(bundle, train, cap)
-    sim = simulate(graph, sizes, device, scenario=config.scenario, allocator=config.allocator)
+    sim = simulate(
+        graph,
+        sizes,
+        device,
+        scenario=config.scenario,
+        allocator=config.allocator,
+        snapshot_path=config.snapshot_path,
+    )
     return _sim_result(sim, graph, label_graph="concrete")
 
 

@@ -6,14 +6,19 @@ profiled at `sizes_per_config` distinct input sizes, so its symbolic graph is ca
 and shared by those jobs. Configs go round-robin over the families, so every family gets
 about size / len(families) jobs.
 
+Configs also go round-robin over the devices (`config_device`: balanced overall and, over
+a few rounds, per family), so a small corpus already covers every device profile.
+
 Config `i` is drawn from its own RNG (seeded by (seed, i)), so a larger `size` with the
 same seed keeps every job of the smaller one: growing a corpus resumes it. A job's id is
 the sha1 of its canonical JSON config, so the same config always gets the same id.
 
-Configs that cannot run are not dropped: they become jobs with a `skip` reason (bf16 on a
-device without bfloat16, checkpointing a model without repeated blocks, a fused optimizer
-the installed torch lacks, fp16 convolutions on the CPU, whose reference kernel takes
-minutes per step), and the builder stores them as error rows.
+Only configs that can run are drawn: a draw that `skip_reason` rejects (bf16 on a device
+without bfloat16, checkpointing a model without repeated blocks, a fused optimizer the
+installed torch lacks, fp16 convolutions on the CPU, whose reference kernel takes minutes
+per step) is redrawn from the config's next RNG, like an invalid hparam combination. Only
+where the device is unknown before the run (`cuda` with `auto`) can a job still carry a
+`skip` reason, which the builder stores as an error row.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from dataset.devices import PROFILES
 from predictor.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec
 
 log = logging.getLogger(__name__)
@@ -163,9 +170,10 @@ def sample_jobs(cfg: SamplerConfig) -> list[Job]:
     index = 0
     while len(jobs) < cfg.size:
         name = cfg.families[index % len(cfg.families)]
+        device = config_device(cfg, index)
         for attempt in range(_MAX_DRAWS):
             rng = random.Random(f"{cfg.seed}:{index}:{attempt}")
-            drawn = _draw_config(cfg, name, rng)
+            drawn = _draw_config(cfg, name, device, rng)
             if drawn is not None and drawn[0].group not in seen_groups:
                 break
         else:
@@ -180,7 +188,21 @@ def sample_jobs(cfg: SamplerConfig) -> list[Job]:
     return jobs
 
 
-def _draw_config(cfg: SamplerConfig, name: str, rng: random.Random) -> list[Job] | None:
+def config_device(cfg: SamplerConfig, index: int) -> str:
+    """The device of config `index`: round-robin over `cfg.devices`, shifted by one after
+    every lcm(families, devices) configs. Every block of that many configs is balanced
+    over the devices, and a family, whose configs are every len(families)-th, moves
+    through every device over gcd(families, devices) blocks."""
+    n, k = len(cfg.devices), len(cfg.families)
+    block = index // math.lcm(n, k)
+    return cfg.devices[(index + block) % n]
+
+
+def _draw_config(
+    cfg: SamplerConfig, name: str, device: str, rng: random.Random
+) -> list[Job] | None:
+    """The jobs of one config on `device`, or None when the draw is not a valid config or
+    cannot run there (the caller redraws)."""
     from dataset.zoo import get_family
 
     family = get_family(name)
@@ -191,8 +213,10 @@ def _draw_config(cfg: SamplerConfig, name: str, rng: random.Random) -> list[Job]
         return None  # invalid hparam combination
     if cfg.max_params is not None and facts["params"] > cfg.max_params:
         return None
-    device = rng.choice(cfg.devices)
     train, skip = _draw_train(cfg, rng, facts, device)
+    if skip is not None and device in PROFILES:  # known not to run: redraw
+        log.debug("config of %s on %s redrawn: %s", name, device, skip)
+        return None
     base = {
         "model": name,
         "hparams": hp,

@@ -14,6 +14,7 @@ and phase. Where the device is the CPU, the tensor-level peak of the sweep is th
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
 from dataset.devices import DeviceProfile
+from dataset.replay.events import OP_ALLOC, OP_FREE, OP_MARK, EventArrays
 from predictor.analytic import STEP_NAMES, sweep
 from predictor.graph import StepGraph
 from predictor.vocab import MATMUL_OPS, PHASES
@@ -37,45 +39,113 @@ class SimResult:
     stats: dict[str, Any]
 
 
+# event kinds of a trace skeleton (the order of a path's events, independent of sizes)
+_ALLOC, _FREE, _MARK, _CUBLAS, _SCRATCH_ALLOC, _SCRATCH_FREE = range(6)
+_OPCODE = np.array([OP_ALLOC, OP_FREE, OP_MARK, OP_ALLOC, OP_ALLOC, OP_FREE], dtype=np.int64)
+
+
+def _skeleton(graph: StepGraph, path: int, gpu: bool) -> tuple[np.ndarray, list[tuple]]:
+    """Kinds, keys and sources [3, n] of a path's events, and the mark labels (cached).
+
+    Keys: storage u -> u; the cuBLAS workspaces -> S, S + 1; node i's scratch -> S + 2 + i.
+    Sources: the storage (allocs), the node (scratch)."""
+    p = graph.paths[path]
+
+    def make() -> tuple[np.ndarray, list[tuple]]:
+        n_storages = p.num_storages
+        alloc, free = p.array("storages", "alloc"), p.array("storages", "free")
+        zero = {i for i, e in enumerate(graph.exprs) if e == "0"}
+        scratch = p.array("nodes", "scratch") if gpu else np.zeros(p.num_nodes, np.int64)
+        rows: list[tuple[int, int, int]] = [
+            (_ALLOC, int(u), int(u)) for u in np.flatnonzero(alloc < 0)
+        ]
+        allocs_at: dict[int, list[int]] = {}
+        for u in np.flatnonzero(alloc >= 0):
+            allocs_at.setdefault(int(alloc[u]), []).append(int(u))
+        frees_at: dict[int, list[int]] = {}
+        for u in np.flatnonzero(free >= 0):
+            frees_at.setdefault(int(free[u]), []).append(int(u))
+        workspace_for: set[str] = set()
+        marks: list[tuple] = []
+        mark = None
+        for i, op in enumerate(p.nodes["op"]):
+            phase = PHASES[p.nodes["phase"][i]]
+            step = p.nodes["step"][i]
+            if (phase, step) != mark:
+                mark = (phase, step)
+                rows.append((_MARK, len(marks), 0))
+                marks.append(mark)
+            if gpu and op.startswith(MATMUL_OPS):
+                handle = "backward" if phase == "backward" else "main"
+                if handle not in workspace_for:
+                    workspace_for.add(handle)
+                    rows.append((_CUBLAS, n_storages + (handle == "backward"), 0))
+            has_scratch = gpu and int(scratch[i]) not in zero
+            if has_scratch:
+                rows.append((_SCRATCH_ALLOC, n_storages + 2 + i, i))
+            rows.extend((_ALLOC, u, u) for u in allocs_at.get(i, ()))
+            if has_scratch:
+                rows.append((_SCRATCH_FREE, n_storages + 2 + i, i))
+            rows.extend((_FREE, u, u) for u in frees_at.get(i, ()))
+        return np.array(rows, dtype=np.int64).reshape(-1, 3).T.copy(), marks
+
+    return p.cached(f"sim.trace_skeleton.{int(gpu)}", make)
+
+
+def trace_arrays(
+    graph: StepGraph, path: int, resolved: dict[str, int], device: DeviceProfile
+) -> EventArrays:
+    """The trace of `build_trace` as arrays: the cached skeleton with this query's bytes."""
+    (kind, key, src), marks = _skeleton(graph, path, device.is_gpu)
+    p = graph.paths[path]
+    nbytes = np.zeros(len(kind), dtype=np.int64)
+    storage_bytes = graph.storage_bytes(path, resolved)
+    is_alloc = kind == _ALLOC
+    nbytes[is_alloc] = storage_bytes[src[is_alloc]]
+    keep = slice(None)
+    if device.is_gpu:
+        scratch = graph.scratch_bytes(path, resolved)
+        nbytes[kind == _CUBLAS] = device.cublas_workspace_bytes
+        is_scratch = (kind == _SCRATCH_ALLOC) | (kind == _SCRATCH_FREE)
+        at = np.where(is_scratch, src, 0)
+        scratch_here = scratch[at] if len(scratch) else np.zeros(len(kind), np.int64)
+        nbytes[kind == _SCRATCH_ALLOC] = scratch_here[kind == _SCRATCH_ALLOC]
+        keep = ~is_scratch | (scratch_here != 0)
+    return EventArrays(
+        op=_OPCODE[kind[keep]],
+        key=key[keep],
+        nbytes=nbytes[keep],
+        stream=np.zeros(len(nbytes[keep]), dtype=np.int64),
+        n_keys=p.num_storages + 2 + p.num_nodes,
+        marks=marks,
+    )
+
+
 def build_trace(
     graph: StepGraph, path: int, resolved: dict[str, int], device: DeviceProfile
 ) -> list[tuple]:
-    """Ordered events: ("alloc", key, nbytes) / ("free", key, 0) / ("mark", phase, step)."""
-    p = graph.paths[path]
-    nbytes = graph.storage_bytes(path, resolved)
-    scratch_at = graph.scratch_bytes(path, resolved)
-    alloc = np.asarray(p.storages["alloc"])
-    events: list[tuple] = [("alloc", int(u), int(nbytes[u])) for u in np.flatnonzero(alloc < 0)]
-    allocs_at: dict[int, list[int]] = {}
-    for u in np.flatnonzero(alloc >= 0):
-        allocs_at.setdefault(int(alloc[u]), []).append(int(u))
-    frees_at: dict[int, list[int]] = {}
-    for u, f in enumerate(p.storages["free"]):
-        if f >= 0:
-            frees_at.setdefault(f, []).append(u)
-    workspace_for: set[str] = set()
-    mark = None
-    for i, op in enumerate(p.nodes["op"]):
-        phase = PHASES[p.nodes["phase"][i]]
-        step = p.nodes["step"][i]
-        if (phase, step) != mark:
-            mark = (phase, step)
-            events.append(("mark", phase, step))
-        if device.is_gpu and op.startswith(MATMUL_OPS):
-            handle = "backward" if phase == "backward" else "main"
-            if handle not in workspace_for:
-                workspace_for.add(handle)
-                events.append(("alloc", f"cublas-{handle}", device.cublas_workspace_bytes))
-        scratch = int(scratch_at[i]) if device.is_gpu else 0
-        if scratch:
-            events.append(("alloc", f"scratch-{i}", scratch))
-        for u in allocs_at.get(i, ()):
-            events.append(("alloc", u, int(nbytes[u])))
-        if scratch:
-            events.append(("free", f"scratch-{i}", 0))
-        for u in frees_at.get(i, ()):
-            events.append(("free", u, 0))
-    return events
+    """Ordered events: ("alloc", key, nbytes) / ("free", key, 0) / ("mark", phase, step).
+
+    Keys: storage ids, "cublas-main" / "cublas-backward" (one workspace per thread running
+    a matmul, allocated at its first matmul) and "scratch-i" (kernel scratch of node i,
+    allocated before node i's outputs and freed after them)."""
+    ev = trace_arrays(graph, path, resolved, device)
+    n_storages = graph.paths[path].num_storages
+
+    def name(k: int) -> object:
+        if k < n_storages:
+            return k
+        if k < n_storages + 2:
+            return "cublas-backward" if k > n_storages else "cublas-main"
+        return f"scratch-{k - n_storages - 2}"
+
+    out: list[tuple] = []
+    for op, k, nb in zip(ev.op.tolist(), ev.key.tolist(), ev.nbytes.tolist()):
+        if op == OP_MARK:
+            out.append(("mark", *ev.marks[k]))
+        else:
+            out.append(("alloc", name(k), nb) if op == OP_ALLOC else ("free", name(k), 0))
+    return out
 
 
 def replay_trace(events: list[tuple], config: AllocatorConfig) -> dict[str, Any]:
@@ -143,8 +213,15 @@ def simulate(
     *,
     scenario: str = "balanced",
     allocator: AllocatorConfig | None = None,
+    replayer: Callable[[EventArrays, AllocatorConfig], dict[str, Any]] | None = None,
+    snapshot_path: str | None = None,
 ) -> SimResult:
-    """Simulate every path of `graph` at `sizes` on `device`; the result is the worst path."""
+    """Simulate every path of `graph` at `sizes` on `device`; the result is the worst path.
+
+    `replayer` replaces `replay_trace` (same result) and gets the `trace_arrays` of each
+    path, e.g. the compiled `dataset.replay.trace.replay_trace_fast`.
+    `snapshot_path`: also write the worst path's step as a `_dump_snapshot` pickle
+    (`dataset.snapshot.export`; gzip if it ends in .gz). GPU devices only."""
     swept = sweep(graph, sizes, scenario=scenario)
     breakdown: dict[str, Any] = {
         "categories": swept.best.breakdown,
@@ -157,6 +234,8 @@ def simulate(
     }
     stats: dict[str, Any] = {"scenario": scenario, "violated_guards": swept.violated_guards}
     if not device.is_gpu:
+        if snapshot_path:
+            raise ValueError("a snapshot needs a GPU device profile (the CUDA allocator)")
         return SimResult(
             peak_allocated_bytes=swept.peak_bytes,
             peak_reserved_bytes=None,
@@ -167,12 +246,20 @@ def simulate(
     cfg = allocator or AllocatorConfig()
     if cfg.capacity_bytes is None:
         cfg = AllocatorConfig(**{**_fields(cfg), "capacity_bytes": _usable(device)})
-    results = [
-        replay_trace(build_trace(graph, k, swept.sizes, device), cfg)
-        for k in range(len(graph.paths))
-    ]
+    if replayer is None:
+        traces = [build_trace(graph, k, swept.sizes, device) for k in range(len(graph.paths))]
+        results = [replay_trace(t, cfg) for t in traces]
+    else:
+        arrays = [trace_arrays(graph, k, swept.sizes, device) for k in range(len(graph.paths))]
+        results = [replayer(a, cfg) for a in arrays]
     worst = max(range(len(results)), key=lambda k: results[k]["peak_reserved_bytes"])
     r = results[worst]
+    if snapshot_path:
+        from dataset.snapshot.export import step_snapshot, write_snapshot
+
+        snap = step_snapshot(graph, swept.sizes, device, cfg, path=worst)
+        write_snapshot(snap, snapshot_path)
+        stats["snapshot_path"] = str(snapshot_path)
     breakdown.update(
         phases=r["phase_peaks"],
         first_step=r["step_peaks"].get("first"),

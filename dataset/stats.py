@@ -3,8 +3,13 @@
 `corpus_stats(corpus)` returns a JSON-ready dict: record counts (ok / errors / skipped),
 families and per-family counts, configs by precision, optimizer (+ implementation),
 checkpointing, grad accumulation, backend and device, label ranges (min / median / max of
-each metric over the ok records), graph coverage, and failures grouped by reason.
-`render_stats(stats)` formats it as text tables.
+each metric over the ok records), graph coverage, failures grouped by reason, and
+`integrity`: parts that do not read (their rows are not in the counts) and graph files
+that fail their checksum and do not parse. `render_stats(stats)` formats it as text tables.
+
+The command changes nothing on disk. When the corpus has integrity problems it says so and
+exits with status 1 unless `--allow-corrupt` is given (`memgnn dataset build` repairs
+them). Output to a closed pipe (`| head`) ends it quietly.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
 import statistics
 import sys
@@ -55,7 +61,9 @@ def _range(values: list[float]) -> dict[str, Any]:
 
 
 def corpus_stats(corpus: Corpus) -> dict[str, Any]:
-    rows = corpus.table().to_pylist()
+    table = corpus.table()
+    rows = table.to_pylist()
+    bad_graphs = corpus.graph_problems(table)
     per_family: dict[str, Counter] = defaultdict(Counter)
     models: Counter = Counter()
     configs: dict[str, Counter] = {axis: Counter() for axis in CONFIG_AXES}
@@ -135,7 +143,28 @@ def corpus_stats(corpus: Corpus) -> dict[str, Any]:
             for reason, e in ranked
         ],
         "torch_versions": sorted({r["torch_version"] for r in rows if r["torch_version"]}),
+        "integrity": {
+            "corrupt_parts": dict(corpus.corrupt_parts),  # part file -> why it does not read
+            "corrupt_graphs": bad_graphs,  # graph id -> why
+            "records_with_corrupt_graph": sum(r["graph_id"] in bad_graphs for r in rows),
+        },
     }
+
+
+def integrity_problems(stats: dict[str, Any]) -> str | None:
+    """One line on what is corrupt in the corpus, or None."""
+    i = stats["integrity"]
+    parts, graphs = i["corrupt_parts"], i["corrupt_graphs"]
+    if not parts and not graphs:
+        return None
+    said = []
+    if parts:
+        said.append(f"{len(parts)} part(s) do not read and their rows are not counted "
+                    f"({', '.join(sorted(parts))})")  # fmt: skip
+    if graphs:
+        said.append(f"{len(graphs)} graph file(s) are corrupt ({', '.join(sorted(graphs))}; "
+                    f"named by {i['records_with_corrupt_graph']} records)")  # fmt: skip
+    return "; ".join(said)
 
 
 def _human(n: float | None) -> str:
@@ -175,6 +204,11 @@ def render_stats(stats: dict[str, Any]) -> str:
         f"ok records without a graph: {g['ok_records_without_graph']}; "
         f"simulated OOM: {stats['would_oom']}",
     ]
+    problems = integrity_problems(stats)
+    if problems:
+        out += ["", f"CORRUPT: {problems}"]
+        out += [f"  part {k}: {v}" for k, v in stats["integrity"]["corrupt_parts"].items()]
+        out += [f"  graph {k}: {v}" for k, v in stats["integrity"]["corrupt_graphs"].items()]
     if stats["failures"]:
         out += ["", "failures by reason:"]
         for f in stats["failures"]:
@@ -189,16 +223,43 @@ def render_stats(stats: dict[str, Any]) -> str:
 def add_stats_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dir", help="corpus folder")
     parser.add_argument("--json", action="store_true", help="print the stats as JSON")
+    parser.add_argument(
+        "--allow-corrupt",
+        action="store_true",
+        help="exit 0 even if parts or graph files are corrupt (they are reported either way)",
+    )
 
 
 def stats_cmd(args: argparse.Namespace) -> int:
+    """Print the stats; 2 on a bad folder, 1 on integrity problems unless allowed."""
     try:
         stats = corpus_stats(Corpus(args.dir))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(stats, indent=2) if args.json else render_stats(stats))
-    return 0
+    try:
+        print(json.dumps(stats, indent=2) if args.json else render_stats(stats))
+        sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (`| head`): end quietly, as Unix tools do
+        _quiet_stdout()
+        return 141  # 128 + SIGPIPE, what a shell reports for a tool ended by the pipe
+    problems = integrity_problems(stats)
+    if problems is None:
+        return 0
+    allowed = getattr(args, "allow_corrupt", False)
+    hint = "" if allowed else "; `memgnn dataset build` repairs it, --allow-corrupt accepts it"
+    print(f"{'warning' if allowed else 'error'}: corrupt corpus: {problems}{hint}",
+          file=sys.stderr)  # fmt: skip
+    return 0 if allowed else 1
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
 
 
 def main(argv: list[str] | None = None) -> int:

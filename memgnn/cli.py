@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p), add_size_args(p), add_train_args(p)
     p.add_argument("--backend", choices=("sim", "cpu", "cuda"), default="sim")
     p.add_argument("--device", default=None, help="device profile (default: h100-80gb for sim)")
+    p.add_argument("--snapshot", default=None, help="write a _dump_snapshot pickle of the step")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.profile_cmd)
 
@@ -140,6 +141,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scenario", choices=("min", "balanced", "worst"), default="worst")
     p.add_argument("--url", default=None, help="ask a running `memgnn serve` instead")
     p.add_argument("--token", default=None, help="bearer token for --url")
+    p.add_argument("--plot", default=None, help="also draw the simulated step (OUT.png|svg)")
+    p.add_argument(
+        "--method", choices=("auto", "replay", "gnn", "analytic"), default="auto",
+        help="replay: the simulator's exact bytes; auto: replay within --replay-budget-ms",
+    )  # fmt: skip
+    p.add_argument("--replay-budget-ms", type=float, default=250.0)
     p.add_argument("--json", action="store_true")
     add_cache_arg(p)
     p.set_defaults(func=commands.predict_cmd)
@@ -190,6 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(p)
     p.set_defaults(func=validate_gpu_cmd)
+
+    from memgnn.snapshot_cli import add_snapshot_parser
+
+    add_snapshot_parser(sub)
 
     p = sub.add_parser("devices", help="list device profiles")
     p.add_argument("--json", action="store_true")

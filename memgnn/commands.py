@@ -121,9 +121,13 @@ def profile_cmd(args: argparse.Namespace) -> int:
     from dataset.profile import ProfileConfig, profile
 
     bundle = resolve_bundle(args)
-    cfg = ProfileConfig(backend=args.backend, device=args.device)
+    cfg = ProfileConfig(backend=args.backend, device=args.device, snapshot_path=args.snapshot)
     train = train_spec(args)
     record = profile(bundle, train, parse_sizes(args), cfg)
+    if args.snapshot and args.backend == "sim":
+        from memgnn.snapshot_cli import tag_export
+
+        tag_export(args.snapshot, args, record.sizes, record.device)
     info = _model_info(None, bundle, train, "cuda" if args.backend != "cpu" else "cpu")
     if args.json:
         print(json.dumps(record.contract() | {"model": info}, indent=2, default=str))
@@ -189,10 +193,16 @@ def _model_info(graph, bundle, train, target: str) -> dict[str, Any]:
 
 def predict_cmd(args: argparse.Namespace) -> int:
     from dataset.devices import get_profile
+    from dataset.replay.exact import ExactConfig, choose_method, predict_with
     from predictor.predict import Query, default_model
 
+    if args.url and args.plot:
+        raise ValueError("--plot draws a local simulation; it cannot be used with --url")
     if args.url:
         from serving.client import remote_predict
+
+        if args.method != "auto":
+            raise ValueError("--method applies to local predictions; --url asks the server")
 
         out = remote_predict(
             args.url,
@@ -217,9 +227,10 @@ def predict_cmd(args: argparse.Namespace) -> int:
     query.resolved_metric(device.is_gpu)
     graph = _graph_for(bundle, device, sizes, not args.no_cache)(train)
     info = _model_info(graph, bundle, train, "cuda" if device.is_gpu else "cpu")
-    model = default_model()
+    exact = ExactConfig(budget_s=args.replay_budget_ms / 1e3)
+    learned = default_model() if choose_method(args.method, graph, exact) == "gnn" else None
     t0 = time.perf_counter()
-    pred = model.predict(graph, [query])[0]
+    pred = predict_with(args.method, graph, [query], learned=learned, config=exact)[0]
     out = pred.to_dict() | {
         "sizes": sizes,
         "device": device.name,
@@ -227,13 +238,21 @@ def predict_cmd(args: argparse.Namespace) -> int:
         "predict_seconds": round(time.perf_counter() - t0, 6),
         "model": info,
     }
+    if args.plot:
+        from memgnn.snapshot_cli import plot_prediction
+
+        title = (
+            f"{bundle.name} {sizes} on {device.name}: predicted {pred.metric} peak "
+            f"{fmt_bytes(pred.predicted_peak_bytes)} ({pred.method}, {pred.model_version})"
+        )
+        plot_prediction(args.plot, graph, sizes, device, pred, scenario=args.scenario, title=title)
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
     print(
         f"{bundle.name} {sizes} on {device.name}: {pred.metric} peak "
         f"{fmt_bytes(pred.predicted_peak_bytes)} (bound {fmt_bytes(pred.upper_bound_bytes)}),"
-        f" model {pred.model_version}"
+        f" model {pred.model_version} ({pred.method})"
     )
     print(model_line(info))
     return 0
@@ -298,7 +317,10 @@ def plan_cmd(args: argparse.Namespace) -> int:
     )
     target = "cuda" if device.is_gpu else "cpu"
     info = _model_info(graph_for(first), bundle, first, target)
-    res = plan(default_model(), graph_for, base, space, cfg, n_blocks=info["blocks"])
+    from dataset.replay.exact import ReplayModel
+
+    exact = ReplayModel() if device.is_gpu else None  # decides the steps near the budget
+    res = plan(default_model(), graph_for, base, space, cfg, n_blocks=info["blocks"], exact=exact)
     if res.best is None:
         raise ValueError(res.reason)
     best = res.best

@@ -2,12 +2,13 @@
 
 `GraphEncoder` embeds one StepGraph path: an op-id embedding plus the node features of
 `predictor.features`, projected to `hidden`, then `layers` directed graph convolutions
-(GraphConv with separate weights for producers and consumers, mean aggregation, residual,
-LayerNorm), pooled by mean and max. `forward(x, edge_index, batch)` is the PyG-style entry
-used in training (scatter aggregation over a batch of graphs); `forward_csr` computes the
-same function for one graph from CSR neighbour lists with prefix sums (float64 cumsum +
-gathers), which is what the ONNX encoder runs: onnxruntime's ScatterElements is slow and
-its ScatterND(add) is not deterministic with threads (see shared stack notes).
+(`DirConv`, a torch-geometric `MessagePassing` layer with separate weights for producers
+and consumers, mean aggregation, residual, LayerNorm), pooled by `global_mean_pool` and
+`global_max_pool`. `forward(x, edge_index, batch)` is the PyG entry used in training (a
+`torch_geometric.data.Batch` of graphs, see `training.fit`); `forward_csr` computes the
+same function with the same parameters for one graph from CSR neighbour lists with prefix
+sums (float64 cumsum + gathers), which is what the ONNX encoder runs: onnxruntime's
+ScatterElements is slow and its ScatterND(add) is not deterministic with threads.
 
 `QueryHead` maps (graph embedding, query features) to, per metric (allocated, reserved,
 device_total), a correction `mu` over the analytic estimate in natural-log space and an
@@ -20,51 +21,20 @@ preprocessing.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch_geometric.nn import MessagePassing, global_max_pool, global_mean_pool
 
 from predictor.features import NUM_NODE_FEATURES, NUM_OPS, NUM_QUERY_FEATURES
+from predictor.gnn_config import GNNConfig
 
 log = logging.getLogger(__name__)
 
+__all__ = ["DirConv", "GNNConfig", "GraphEncoder", "MemoryGNN", "QueryHead", "memory_loss"]
+
 NUM_METRICS = 3
-
-
-@dataclass(kw_only=True, slots=True)
-class GNNConfig:
-    hidden: int = 32
-    layers: int = 3
-    op_dim: int = 8
-    head_hidden: int = 128
-    head_layers: int = 2
-    dropout: float = 0.0
-    quantile: float = 0.95
-    use_graph: bool = True  # False: the head ignores the embedding (ablation)
-
-    def __post_init__(self) -> None:
-        for name in ("hidden", "op_dim", "head_hidden", "head_layers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.layers < 0:
-            raise ValueError(f"layers must be >= 0, got {self.layers}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not 0.5 <= self.quantile < 1.0:
-            raise ValueError(f"quantile must be in [0.5, 1), got {self.quantile}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def scatter_mean(src: Tensor, index: Tensor, size: int) -> Tensor:
-    """Mean of `src` rows grouped by `index` into `size` rows (zeros where empty)."""
-    out = src.new_zeros(size, src.shape[1]).index_add_(0, index, src)
-    count = torch.bincount(index, minlength=size).clamp_(min=1).to(src.dtype)
-    return out / count.unsqueeze(1)
 
 
 def csr_mean(h: Tensor, neighbours: Tensor, ptr: Tensor) -> Tensor:
@@ -76,11 +46,29 @@ def csr_mean(h: Tensor, neighbours: Tensor, ptr: Tensor) -> Tensor:
     return (total / count.unsqueeze(1)).to(h.dtype)
 
 
-class DirConv(nn.Module):
-    """h' = LN(h + act(W_s h + W_in mean_{j->i} h_j + W_out mean_{i->j} h_j))."""
+class DirConv(MessagePassing):
+    r"""Directed graph convolution with separate weights for a node's producers and consumers.
+
+    .. math::
+        h_i' = \mathrm{LN}\big(h_i + \mathrm{SiLU}(W_s h_i + b_s
+               + W_{in} \operatorname{mean}_{j \to i} h_j
+               + W_{out} \operatorname{mean}_{i \to j} h_j)\big)
+
+    where `j -> i` ranges over the edges `(j, i)` of `edge_index` (row 0 source, row 1
+    target: what node i consumes) and `i -> j` over the edges leaving i (its consumers);
+    a mean over no edges is 0. Dropout (training only) acts on the SiLU output.
+
+    Args:
+        dim: node feature width (input = output).
+        dropout: dropout probability on the update before the residual.
+
+    Shapes:
+        - input: node features `(N, dim)`, `edge_index` `(2, E)` (int64)
+        - output: node features `(N, dim)`
+    """
 
     def __init__(self, dim: int, dropout: float = 0.0):
-        super().__init__()
+        super().__init__(aggr="mean", flow="source_to_target")
         self.lin_self = nn.Linear(dim, dim)
         self.lin_in = nn.Linear(dim, dim, bias=False)
         self.lin_out = nn.Linear(dim, dim, bias=False)
@@ -89,17 +77,51 @@ class DirConv(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        super().reset_parameters()
         for lin in (self.lin_self, self.lin_in, self.lin_out):
             lin.reset_parameters()
         self.norm.reset_parameters()
 
-    def forward(self, h: Tensor, agg_in: Tensor, agg_out: Tensor) -> Tensor:
-        m = F.silu(self.lin_self(h) + self.lin_in(agg_in) + self.lin_out(agg_out))
+    def forward(
+        self, x: Tensor, edge_index: Tensor | None, means: tuple[Tensor, Tensor] | None = None
+    ) -> Tensor:
+        """New node features.
+
+        Args:
+            x: node features.
+            edge_index: the edges, source row 0 (PyG layout).
+            means: the two neighbour means `(mean_{j->i}, mean_{i->j})` when the caller has
+                computed them already (`GraphEncoder.forward_csr`, the ONNX path, by prefix
+                sums); `edge_index` is then not read and may be None. Calling the layer
+                (not a helper) there keeps the exported ONNX graph's node names.
+
+        Shapes:
+            - input: `x` `(N, dim)`, `edge_index` `(2, E)`, `means` two `(N, dim)`
+            - output: `(N, dim)`
+        """
+        if means is None:
+            if edge_index is None:
+                raise ValueError("DirConv needs edge_index or the neighbour means")
+            agg_in = self.propagate(edge_index, x=x)  # producers j -> i
+            agg_out = self.propagate(edge_index.flip(0), x=x)  # consumers i -> j
+        else:
+            agg_in, agg_out = means
+        m = F.silu(self.lin_self(x) + self.lin_in(agg_in) + self.lin_out(agg_out))
         m = F.dropout(m, self.dropout, self.training)
-        return self.norm(h + m)
+        return self.norm(x + m)
+
+    def message(self, x_j: Tensor) -> Tensor:
+        return x_j
 
 
 class GraphEncoder(nn.Module):
+    """Op embedding + node features -> `config.layers` `DirConv`s -> mean and max pool.
+
+    Args:
+        config: widths, depth and dropout (`GNNConfig`).
+        num_features: node feature columns, the op id first (`predictor.features`).
+    """
+
     def __init__(self, config: GNNConfig, num_features: int = NUM_NODE_FEATURES):
         super().__init__()
         self.config = config
@@ -122,20 +144,27 @@ class GraphEncoder(nn.Module):
         op = x[:, 0].to(torch.int64).clamp(0, NUM_OPS - 1)
         return F.silu(self.inp(torch.cat([self.op_emb(op), x[:, 1:]], dim=1)))
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int | None = None):
-        """Embeddings [G, out_dim] of a batch of graphs (PyG layout: `batch[i]` = graph of
-        node i, edges indexed into the concatenated nodes)."""
-        n = x.shape[0]
+    def forward(
+        self, x: Tensor, edge_index: Tensor, batch: Tensor, num_graphs: int | None = None
+    ) -> Tensor:
+        """Embeddings of a batch of graphs (a `torch_geometric.data.Batch`'s fields).
+
+        Args:
+            x: node features; column 0 is the op id, the rest `predictor.features`.
+            edge_index: edges indexed into the concatenated nodes (source row 0).
+            batch: graph of each node (PyG's `batch` vector, sorted).
+            num_graphs: number of graphs G (default: `batch.max() + 1`).
+
+        Shapes:
+            - input: `x` `(N, num_features)`, `edge_index` `(2, E)`, `batch` `(N,)`
+            - output: `(G, out_dim)`: mean pool, then max pool of the last layer
+        """
         g = int(batch.max()) + 1 if num_graphs is None else num_graphs
         h = self._embed(x)
-        src, dst = edge_index[0], edge_index[1]
         for conv in self.convs:
-            h = conv(h, scatter_mean(h[src], dst, n), scatter_mean(h[dst], src, n))
-        mean = scatter_mean(h, batch, g)
-        mx = h.new_zeros(g, h.shape[1]).scatter_reduce_(
-            0, batch.unsqueeze(1).expand_as(h), h, "amax", include_self=False
-        )
-        return torch.cat([mean, mx], dim=1)
+            h = conv(h, edge_index)
+        mean = global_mean_pool(h, batch, size=g)
+        return torch.cat([mean, global_max_pool(h, batch, size=g)], dim=1)
 
     def forward_csr(
         self, x: Tensor, in_src: Tensor, in_ptr: Tensor, out_dst: Tensor, out_ptr: Tensor
@@ -144,7 +173,7 @@ class GraphEncoder(nn.Module):
         (`features.GraphInputs.csr()`); equal to `forward` up to float rounding."""
         h = self._embed(x)
         for conv in self.convs:
-            h = conv(h, csr_mean(h, in_src, in_ptr), csr_mean(h, out_dst, out_ptr))
+            h = conv(h, None, (csr_mean(h, in_src, in_ptr), csr_mean(h, out_dst, out_ptr)))
         return torch.cat([h.mean(0, keepdim=True), h.amax(0, keepdim=True)], dim=1)
 
 
@@ -203,7 +232,10 @@ class MemoryGNN(nn.Module):
     def forward(
         self, x: Tensor, edge_index: Tensor, batch: Tensor, q: Tensor, query_graph: Tensor
     ) -> Tensor:
-        emb = self.encoder(x, edge_index, batch, num_graphs=int(query_graph.max()) + 1)
+        """Head outputs `(Q, 6)` for queries `q` `(Q, num_query)` on a batch of graphs
+        (`x`, `edge_index`, `batch` as in `GraphEncoder.forward`); `query_graph` `(Q,)` is
+        each query's graph in the batch (PyG's `follow_batch` vector of the queries)."""
+        emb = self.encoder(x, edge_index, batch)
         return self.head(emb.index_select(0, query_graph), q)
 
 

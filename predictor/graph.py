@@ -18,6 +18,7 @@ import gzip
 import hashlib
 import json
 import logging
+import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,13 +209,12 @@ class StepGraph:
 
     # ---- files --------------------------------------------------------------------------
     def save(self, path: str | Path) -> str:
-        path = Path(path)
+        """Write the graph as gzip'd JSON, durably and atomically (`durable_write`); the
+        gzip header holds no name or time, so the same graph gives the same bytes (and
+        `file_sha256`). Returns the graph id."""
         data = self.content() | {"meta": self.meta, "graph_id": self.graph_id}
         blob = json.dumps(data, separators=(",", ":")).encode()
-        tmp = path.with_name(path.name + ".tmp")
-        with gzip.open(tmp, "wb", compresslevel=6) as f:
-            f.write(blob)
-        tmp.replace(path)
+        durable_write(Path(path), gzip.compress(blob, compresslevel=6, mtime=0))
         return self.graph_id
 
     @classmethod
@@ -259,6 +259,37 @@ class StepGraph:
         except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: corrupt step graph file ({exc})") from None
         return cls.from_dict(data, str(path))
+
+
+def durable_write(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a crash leaves the old file or the whole new one:
+    write `path.tmp`, fsync it, rename it over `path`, fsync the folder."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    durable_replace(tmp, path)
+
+
+def durable_replace(tmp: Path, path: Path) -> None:
+    """Rename the already fsynced `tmp` over `path`, then fsync the folder (the rename)."""
+    tmp.replace(path)
+    if hasattr(os, "O_DIRECTORY"):  # POSIX; elsewhere the rename is as durable as it gets
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes (the checksum a corpus records for each graph file)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _validate_path(p: PathGraph, k: int, n_exprs: int) -> None:

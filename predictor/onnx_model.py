@@ -207,6 +207,7 @@ class OnnxMemoryModel:
                     breakdown=breakdown,
                     model_version=self.version,
                     paths=paths,
+                    method="gnn",
                 )
             )
         return preds

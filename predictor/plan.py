@@ -116,27 +116,68 @@ def cost(train: TrainSpec, n_blocks: int | None = None) -> float:
 
 
 class _Prober:
-    """Predicts the bound for one graph at a batch size, counting queries."""
+    """Predicts the bound for one graph at a batch size, counting queries.
 
-    def __init__(self, model: MemoryModel, graph: StepGraph, space: SearchSpace, cfg: PlanConfig):
+    With an `exact` model (the replay), a batch whose learned answer lies near the limit
+    (bound above limit x (1 - margin) and estimate below limit x (1 + margin)) is decided
+    by the exact model instead."""
+
+    def __init__(
+        self,
+        model: MemoryModel,
+        graph: StepGraph,
+        space: SearchSpace,
+        cfg: PlanConfig,
+        exact: MemoryModel | None = None,
+        margin: float = 0.1,
+    ):
         self.model, self.graph, self.space, self.cfg = model, graph, space, cfg
+        self.exact, self.margin = exact, margin
         self.queries = 0
         self.cache: dict[int, Prediction] = {}
+        self.exact_cache: dict[int, Prediction] = {}
 
     def predict(self, batch: int) -> Prediction:
+        if batch in self.exact_cache:
+            return self.exact_cache[batch]
         if batch not in self.cache:
-            sizes = {**self.space.sizes, "B": batch}
-            q = Query(sizes=sizes, device=self.cfg.device, metric=self.cfg.metric)
-            self.cache[batch] = self.model.predict(self.graph, [q])[0]
+            self.cache[batch] = self.model.predict(self.graph, [self._query(batch)])[0]
             self.queries += 1
         return self.cache[batch]
+
+    def _query(self, batch: int) -> Query:
+        sizes = {**self.space.sizes, "B": batch}
+        return Query(sizes=sizes, device=self.cfg.device, metric=self.cfg.metric)
 
     def bound(self, batch: int) -> int:
         p = self.predict(batch)
         return p.upper_bound_bytes if self.cfg.use_upper_bound else p.predicted_peak_bytes
 
+    def exact_fits(self, batch: int) -> bool:
+        assert self.exact is not None
+        if batch not in self.exact_cache:
+            self.exact_cache[batch] = self.exact.predict(self.graph, [self._query(batch)])[0]
+            self.queries += 1
+        return self.exact_cache[batch].upper_bound_bytes <= self.cfg.limit
+
     def fits(self, batch: int) -> bool:
-        return self.bound(batch) <= self.cfg.limit
+        if self.exact is None or batch in self.exact_cache:
+            return self.bound(batch) <= self.cfg.limit
+        limit, p = self.cfg.limit, self.predict(batch)
+        if self.bound(batch) <= limit * (1 - self.margin):
+            return True
+        if p.predicted_peak_bytes >= limit * (1 + self.margin):
+            return False
+        return self.exact_fits(batch)
+
+    def settle(self, b: int, max_batch: int, mode: str, power_of_two: bool) -> int:
+        """Check the answer and the step after it by the exact model; where the learned
+        model misled, search again deciding every step exactly."""
+        nxt = max(1, b * 2 if mode == "power" or power_of_two else b + 1)
+        if (b == 0 or self.exact_fits(b)) and not (nxt <= max_batch and self.exact_fits(nxt)):
+            return b
+        self.margin = float("inf")
+        return largest_batch(self, max_batch, mode, power_of_two)
 
 
 def largest_batch(prober: _Prober, max_batch: int, mode: str, power_of_two: bool) -> int:
@@ -171,16 +212,22 @@ def plan(
     *,
     n_blocks: int | None = None,
     top: int = 5,
+    exact: MemoryModel | None = None,
 ) -> PlanResult:
-    """Search the space; the best candidate maximises B*G / cost with its bound under limit."""
+    """Search the space; the best candidate maximises B*G / cost with its bound under limit.
+
+    With `exact` (e.g. the replay), the steps near the limit and the answer are decided
+    by it: no batch is refused whose exact answer fits, none admitted whose does not."""
     candidates: list[Candidate] = []
     queries = 0
     for precision in space.precision:
         for ckpt in space.checkpointing:
             for g in _accum_choices(space):
                 train = replace(base, precision=precision, checkpointing=ckpt, grad_accum=g)
-                prober = _Prober(model, graph_for(train), space, cfg)
+                prober = _Prober(model, graph_for(train), space, cfg, exact)
                 b = largest_batch(prober, space.max_batch, space.mode, space.power_of_two)
+                if exact is not None:
+                    b = prober.settle(b, space.max_batch, space.mode, space.power_of_two)
                 queries += prober.queries
                 if b and space.effective_batch:
                     b, g = _fit_effective(b, g, space.effective_batch)

@@ -26,6 +26,7 @@ from predictor.vocab import cublas_workspaces
 log = logging.getLogger(__name__)
 
 METRICS = ("allocated", "reserved", "device_total")
+METHODS = ("replay", "gnn", "analytic")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,6 +57,11 @@ class Prediction:
     breakdown: dict[str, Any]
     model_version: str
     paths: list[dict[str, Any]] = field(default_factory=list)  # per control-flow path
+    method: str = "analytic"  # the path that made it: replay | gnn | analytic
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"unknown prediction method {self.method!r}; expected {METHODS}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -31,6 +31,7 @@ from serving.graphs import RequestError, build_graph, decode_body, parse_json
 from serving.metrics import CONTENT_TYPE, Metrics
 from serving.models import load_model
 from serving.predicting import run_predict
+from serving.routes import snapshots
 from serving.store import Store
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,7 @@ def create_app(config: ServeConfig, *, model: MemoryModel | None = None) -> Fast
     app.add_middleware(LimitsAndMetrics, max_bytes=config.max_request_bytes, metrics=metrics)
     app.state.engine = None
     app.state.config = config
+    app.include_router(snapshots.router)
 
     @app.exception_handler(RequestError)
     async def _request_error(_: Request, exc: RequestError) -> JSONResponse:

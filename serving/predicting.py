@@ -85,6 +85,7 @@ def run_predict(engine: Engine, req: Any, *, max_nodes: int) -> dict[str, Any]:
                 "metric": p.metric,
                 "breakdown": p.breakdown,
                 "model_version": p.model_version,
+                "method": p.method,
                 "paths": p.paths,
                 "correction": answer.correction.to_dict(),
                 "uncorrected_peak_bytes": answer.raw.predicted_peak_bytes,

@@ -112,6 +112,7 @@ class PredictionOut(BaseModel):
     metric: str
     breakdown: dict[str, Any]
     model_version: str
+    method: str  # the path that made it: replay | gnn | analytic
     paths: list[dict[str, Any]]
     correction: CorrectionOut
     uncorrected_peak_bytes: int

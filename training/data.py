@@ -54,6 +54,9 @@ class Dataset:
     job_id: list[str]
     graphs: dict[tuple[str, int], GraphInputs] = field(default_factory=dict)
     data_hash: str = ""
+    # what `load_dataset(allow_corrupt=True)` left out: corrupt parts (file -> why),
+    # corrupt graphs (id -> why) and the number of records that named them
+    dropped: dict[str, Any] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -63,8 +66,14 @@ class Dataset:
         return np.where(np.isnan(self.y[:, 1]), 0, 1)
 
 
-def load_dataset(corpus_dir: str | Path, *, families: list[str] | None = None) -> Dataset:
-    """Every usable record of a corpus (optionally only some families) as a Dataset."""
+def load_dataset(
+    corpus_dir: str | Path, *, families: list[str] | None = None, allow_corrupt: bool = False
+) -> Dataset:
+    """Every usable record of a corpus (optionally only some families) as a Dataset.
+
+    A corpus part that does not read or a graph file that does not load raises ValueError
+    naming them, unless `allow_corrupt`: then their records are left out and the Dataset's
+    `dropped` says what was left out."""
     from dataset.corpus import Corpus
     from dataset.devices import get_profile
 
@@ -73,15 +82,21 @@ def load_dataset(corpus_dir: str | Path, *, families: list[str] | None = None) -
     rows = [r for r in rows if not (r.get("stats") or {}).get("would_oom")]
     if families:
         rows = [r for r in rows if r["family"] in families]
+    loaded: dict[str, Any] = {}
+    bad: dict[str, str] = {}
+    for gid in sorted({r["graph_id"] for r in rows}):
+        try:
+            loaded[gid] = corpus.graph(gid)
+        except ValueError as exc:
+            bad[gid] = str(exc)
+    dropped = _check_integrity(corpus_dir, corpus.corrupt_parts, bad, rows, allow_corrupt)
+    rows = [r for r in rows if r["graph_id"] not in bad]
     rows.sort(key=lambda r: r["job_id"])
     if not rows:
         raise ValueError(f"{corpus_dir}: no usable records (with a graph, without error)")
-    loaded: dict[str, Any] = {}
     asks: dict[str, list[tuple[int, tuple]]] = {}  # graph id -> (row, query) pairs
     for i, r in enumerate(rows):
         gid = r["graph_id"]
-        if gid not in loaded:
-            loaded[gid] = corpus.graph(gid)
         scenario = (r.get("stats") or {}).get("scenario") or "balanced"
         sizes = {s: int(v) for s, v in r["sizes"].items() if s in loaded[gid].symbols}
         asks.setdefault(gid, []).append((i, (sizes, get_profile(r["device"]), scenario)))
@@ -120,6 +135,7 @@ def load_dataset(corpus_dir: str | Path, *, families: list[str] | None = None) -
         job_id=[r["job_id"] for r in rows],
         graphs=graphs,
         data_hash=data_hash(rows),
+        dropped=dropped,
     )
     log.info(
         "loaded %d records over %d graph paths, %d families from %s",
@@ -129,6 +145,25 @@ def load_dataset(corpus_dir: str | Path, *, families: list[str] | None = None) -
         corpus_dir,
     )
     return data
+
+
+def _check_integrity(corpus_dir, parts: dict[str, str], graphs: dict[str, str], rows,
+                     allow: bool) -> dict[str, Any]:  # fmt: skip
+    """What corruption leaves out of training; ValueError unless `allow`."""
+    if not parts and not graphs:
+        return {}
+    n = sum(r["graph_id"] in graphs for r in rows)
+    said = [f"part {name} does not read ({why})" for name, why in sorted(parts.items())]
+    said += [f"graph {gid} ({why})" for gid, why in sorted(graphs.items())]
+    text = "; ".join(said)
+    if not allow:
+        raise ValueError(
+            f"{corpus_dir}: corrupt corpus: {text}. Run `memgnn dataset build` with the "
+            "corpus's arguments to repair it (it redoes those jobs and re-captures the graphs)"
+            ", or pass --allow-corrupt to train without them"
+        )
+    log.warning("%s: training without corrupt data (%d records left out): %s", corpus_dir, n, text)
+    return {"corrupt_parts": dict(parts), "corrupt_graphs": dict(graphs), "records": n}
 
 
 def data_hash(rows: list[dict[str, Any]]) -> str:

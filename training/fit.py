@@ -1,11 +1,12 @@
 """The training loop: graph-batched epochs, early stopping, checkpoints, calibration.
 
-Two phases. Joint: each step takes a few graphs and every training query on them, so a
-graph is encoded once per epoch however many (size, device, config) records it has. Head:
-the best encoder is frozen, its embeddings cached, and the head alone trained for many
-cheap epochs (message passing over ~10^5-10^6 nodes dominates a joint epoch on a CPU).
-Early stopping watches the validation loss across both phases; the best weights win.
-The checkpoint written after every epoch holds the model, optimizer, best weights,
+Graphs are PyG `Data` objects batched by PyG's `DataLoader` (`GraphSet`). Two phases.
+Joint: each step takes a few graphs and every training query on them, so a graph is
+encoded once per epoch however many (size, device, config) records it has. Head: the
+best encoder is frozen, its embeddings cached, and the head alone trained for many cheap
+epochs (message passing over ~10^5-10^6 nodes dominates a joint epoch on a CPU). Early
+stopping watches the validation loss across both phases; the best weights win. The
+checkpoint written after every epoch holds the model, optimizer, best weights,
 early-stopping state, phase and history; `fit` started again with the same checkpoint
 path continues from the epoch after it.
 """
@@ -17,93 +18,81 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch_geometric.data import Batch, Data
+from torch_geometric.loader import DataLoader
 
 from predictor.gnn import GNNConfig, MemoryGNN, memory_loss
 from training.data import Dataset, error_summary
+from training.fit_config import FitConfig
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(kw_only=True, slots=True)
-class FitConfig:
-    max_epochs: int = 30  # joint (encoder + head) epochs
-    patience: int = 8
-    head_epochs: int = 300  # then head-only epochs over the frozen encoder's embeddings
-    head_patience: int = 40
-    lr: float = 2e-3
-    weight_decay: float = 1e-4
-    graphs_per_batch: int = 8
-    seed: int = 0
-    target_miss: float = 0.01  # bound calibration: wanted miss rate on validation data
-    threads: int = 0  # torch intra-op threads; 0: torch's default
-    calibration_epochs: int = 60  # head epochs per fold of `cross_calibrate`
+class GraphSet:
+    """The graph paths of a Dataset as PyG `Data` objects, batched by PyG's `DataLoader`.
 
-    def __post_init__(self) -> None:
-        if self.head_epochs < 0 or self.head_patience < 1 or self.threads < 0:
-            raise ValueError("head_epochs and threads must be >= 0, head_patience >= 1")
-        if self.max_epochs < 1 or self.patience < 1 or self.graphs_per_batch < 1:
-            raise ValueError("max_epochs, patience and graphs_per_batch must be >= 1")
-        if not self.lr > 0 or self.weight_decay < 0:
-            raise ValueError("lr must be > 0 and weight_decay >= 0")
-        if not 0.0 < self.target_miss < 0.5:
-            raise ValueError(f"target_miss must be in (0, 0.5), got {self.target_miss}")
-
-
-class TorchGraphs:
-    """GraphInputs as tensors, collated PyG style on demand."""
+    `graphs[i]` holds `x` and `edge_index` of graph path `keys[i]`. `loader` yields
+    `torch_geometric.data.Batch`es of graphs that carry their queries: per graph the
+    records `rows` scored on it and their query features `q`, with `q_batch` (PyG's
+    `follow_batch`) naming each query's graph within the batch."""
 
     def __init__(self, data: Dataset):
         self.keys = list(data.graphs)
         self.index = {k: i for i, k in enumerate(self.keys)}
-        self.x = [torch.from_numpy(data.graphs[k].x) for k in self.keys]
-        self.ei = [torch.from_numpy(data.graphs[k].edge_index) for k in self.keys]
+        self.graphs = [
+            Data(x=torch.from_numpy(g.x), edge_index=torch.from_numpy(g.edge_index),
+                 num_nodes=g.num_nodes)
+            for g in data.graphs.values()
+        ]  # fmt: skip
 
-    def collate(self, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        xs, eis, batch, offset = [], [], [], 0
-        for j, g in enumerate(ids):
-            xs.append(self.x[g])
-            eis.append(self.ei[g] + offset)
-            batch.append(torch.full((len(self.x[g]),), j, dtype=torch.int64))
-            offset += len(self.x[g])
-        return torch.cat(xs), torch.cat(eis, dim=1), torch.cat(batch)
+    def with_queries(self, data: Dataset, groups: dict[int, np.ndarray]) -> dict[int, Data]:
+        """Per graph index in `groups`: its Data with the query rows `groups[g]` attached."""
+        out = {}
+        for g, rows in groups.items():
+            base = self.graphs[g]
+            q = torch.from_numpy(data.q[rows])
+            out[g] = Data(x=base.x, edge_index=base.edge_index, num_nodes=base.num_nodes,
+                          q=q, rows=torch.from_numpy(rows))  # fmt: skip
+        return out
+
+    @staticmethod
+    def loader(items: list[Data], batch_size: int) -> DataLoader:
+        """Batches of `items` in the given order (shuffling is the caller's, seeded)."""
+        return DataLoader(items, batch_size=batch_size, shuffle=False, follow_batch=["q"])
 
 
-def _by_graph(data: Dataset, graphs: TorchGraphs, idx: np.ndarray) -> dict[int, np.ndarray]:
+def _by_graph(data: Dataset, graphs: GraphSet, idx: np.ndarray) -> dict[int, np.ndarray]:
     out: dict[int, list[int]] = {}
     for i in idx:
         out.setdefault(graphs.index[data.keys[i]], []).append(int(i))
-    return {g: np.array(v) for g, v in out.items()}
+    return {g: np.array(v, dtype=np.int64) for g, v in out.items()}
 
 
-def _run(model, data, graphs, groups, ids) -> tuple[torch.Tensor, np.ndarray]:
-    x, ei, batch = graphs.collate(ids)
-    rows = np.concatenate([groups[g] for g in ids])
-    local = torch.from_numpy(
-        np.concatenate([np.full(len(groups[g]), j) for j, g in enumerate(ids)])
-    )
-    q = torch.from_numpy(data.q[rows])
-    return model(x, ei, batch, q, local), rows
+def _run(model: MemoryGNN, batch: Batch) -> tuple[torch.Tensor, np.ndarray]:
+    """Outputs [queries, 6] of a batch with queries, and the record rows they score."""
+    return model(batch.x, batch.edge_index, batch.batch, batch.q, batch.q_batch), batch.rows.numpy()
+
+
+def _batches(graphs: GraphSet, items: dict[int, Data], ids: list[int], size: int):
+    return graphs.loader([items[g] for g in ids], size)
 
 
 @torch.no_grad()
-def predict_log(
-    model: MemoryGNN, data: Dataset, idx: np.ndarray, graphs: TorchGraphs | None = None
-):
+def predict_log(model: MemoryGNN, data: Dataset, idx: np.ndarray, graphs: GraphSet | None = None):
     """(mu, upper) in log space, [len(idx), 3] each, in the order of `idx`."""
-    graphs = graphs or TorchGraphs(data)
+    graphs = graphs or GraphSet(data)
     model.eval()
     groups = _by_graph(data, graphs, idx)
     out = np.zeros((len(idx), 6), dtype=np.float64)
     pos = {int(i): k for k, i in enumerate(idx)}
-    ids = list(groups)
-    for start in range(0, len(ids), 16):
-        res, rows = _run(model, data, graphs, groups, ids[start : start + 16])
+    for batch in _batches(graphs, graphs.with_queries(data, groups), list(groups), 16):
+        res, rows = _run(model, batch)
         out[[pos[int(r)] for r in rows]] = res.numpy()
     return out[:, :3], out[:, 3:]
 
@@ -161,7 +150,7 @@ def cross_calibrate(
     families = sorted(set(fam[idx]))
     if len(families) < 3:
         return calibrate(model, data, idx, cfg.target_miss)
-    graphs = TorchGraphs(data)
+    graphs = GraphSet(data)
     emb = _embeddings(model, graphs, sorted({graphs.index[data.keys[i]] for i in idx}))
     rec_graph = torch.from_numpy(np.array([graphs.index[k] for k in data.keys]))
     q = torch.from_numpy(data.q)
@@ -219,7 +208,7 @@ def fit(
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     model = MemoryGNN(gnn)
-    graphs = TorchGraphs(data)
+    graphs = GraphSet(data)
     model.head.set_normalization(torch.from_numpy(data.q[train_idx]))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     state = {"phase": "joint", "epoch": 0, "best": math.inf, "best_epoch": 0, "bad": 0,
@@ -236,6 +225,7 @@ def fit(
         log.info("resumed from %s after epoch %d (%s phase)", checkpoint, state["epoch"],
                  state["phase"])  # fmt: skip
     groups = _by_graph(data, graphs, train_idx), _by_graph(data, graphs, val_idx)
+    train_items = graphs.with_queries(data, groups[0])
     y = torch.from_numpy(np.nan_to_num(data.y, nan=0.0))
     mask = torch.from_numpy(~np.isnan(data.y))
     bar = _progress(progress, cfg.max_epochs + cfg.head_epochs, state["epoch"])
@@ -271,10 +261,8 @@ def fit(
         ids = list(groups[0])
         np.random.default_rng([cfg.seed, state["epoch"] + 1]).shuffle(ids)
         total = n = 0.0
-        for start in range(0, len(ids), cfg.graphs_per_batch):
-            out, rows = _run(
-                model, data, graphs, groups[0], ids[start : start + cfg.graphs_per_batch]
-            )
+        for batch in _batches(graphs, train_items, ids, cfg.graphs_per_batch):
+            out, rows = _run(model, batch)
             loss, _ = memory_loss(out, y[rows], mask[rows], gnn.quantile)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -336,13 +324,13 @@ def _head_phase(model, data, graphs, groups, y, mask, gnn, cfg, state, ck, end_e
 
 
 @torch.no_grad()
-def _embeddings(model: MemoryGNN, graphs: TorchGraphs, ids: list[int]) -> torch.Tensor:
+def _embeddings(model: MemoryGNN, graphs: GraphSet, ids: list[int]) -> torch.Tensor:
     model.eval()
     emb = torch.zeros(len(graphs.keys), model.encoder.out_dim)
-    for start in range(0, len(ids), 16):
+    loader = graphs.loader([graphs.graphs[g] for g in ids], 16)
+    for start, batch in zip(range(0, len(ids), 16), loader, strict=True):
         chunk = ids[start : start + 16]
-        x, ei, batch = graphs.collate(chunk)
-        emb[chunk] = model.encoder(x, ei, batch, num_graphs=len(chunk))
+        emb[chunk] = model.encoder(batch.x, batch.edge_index, batch.batch, batch.num_graphs)
     return emb
 
 
@@ -352,9 +340,8 @@ def _val_loss(model, data, graphs, groups, y, mask, quantile) -> dict[str, float
         return {"val_loss": math.nan, "val_fit": math.nan}
     model.eval()
     total = fit_total = n = 0.0
-    ids = list(groups)
-    for start in range(0, len(ids), 16):
-        out, rows = _run(model, data, graphs, groups, ids[start : start + 16])
+    for batch in _batches(graphs, graphs.with_queries(data, groups), list(groups), 16):
+        out, rows = _run(model, batch)
         loss, fit_part = memory_loss(out, y[rows], mask[rows], quantile)
         total += float(loss) * len(rows)
         fit_total += float(fit_part) * len(rows)

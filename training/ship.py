@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from dataset.build import BuildConfig, build_corpus
-from training.fit import FitConfig
+from training.fit_config import FitConfig
 from training.train import TrainConfig, run_training
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from predictor.gnn import GNNConfig
-from training.fit import FitConfig
+from predictor.gnn_config import GNNConfig
+from training.fit_config import FitConfig
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class TrainConfig:
     mlflow: bool = True
     exporter: str = "legacy"
     progress: bool = True
+    allow_corrupt: bool = False  # train without corrupt parts / graphs (the card says so)
 
     def __post_init__(self) -> None:
         if not self.corpus or not self.out:
@@ -67,7 +68,7 @@ class TrainConfig:
     def identity(self) -> str:
         """Hash of what a resumed run must share (not the epoch budget or display)."""
         d = asdict(self)
-        for key in ("progress", "tracking_uri"):
+        for key in ("progress", "tracking_uri", "allow_corrupt"):
             d.pop(key)
         for key in ("max_epochs", "patience", "head_epochs", "head_patience", "threads"):
             d["fit"].pop(key)
@@ -121,6 +122,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exporter", choices=("legacy", "dynamo"), default="legacy")
     p.add_argument("--restart", action="store_true", help="discard a previous run in --out")
     p.add_argument("--no-progress", action="store_true")  # fmt: skip
+    p.add_argument(
+        "--allow-corrupt",
+        action="store_true",
+        help="train without corrupt corpus parts or graph files (listed in the card's "
+        "'dropped'); without it they are an error",
+    )
 
 
 def config_from_args(a: argparse.Namespace) -> TrainConfig:
@@ -135,6 +142,7 @@ def config_from_args(a: argparse.Namespace) -> TrainConfig:
         tracking_uri=a.tracking_uri, experiment=a.experiment,
         registered_model=a.registered_model, alias=a.alias, mlflow=not a.no_mlflow,
         exporter=a.exporter, progress=not a.no_progress,
+        allow_corrupt=getattr(a, "allow_corrupt", False),
     )  # fmt: skip
 
 
@@ -168,7 +176,7 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    data = load_dataset(cfg.corpus)
+    data = load_dataset(cfg.corpus, allow_corrupt=cfg.allow_corrupt)
     identity = f"{cfg.identity()}-{data.data_hash[:16]}"
     state = _load_state(out)
     if state and state.get("identity") != identity:
@@ -233,6 +241,7 @@ def _finish(cfg, data, sp, model, history, tracker, out: Path, t0: float) -> dic
         "best_epoch": best.get("epoch"), "calibration": calibration,
         "metrics": metrics, "analytic_baseline": baseline, "onnx": onnx_info,
         "train_seconds": round(time.perf_counter() - t0, 1),
+        "dropped": data.dropped,  # corrupt corpus data left out (--allow-corrupt)
     }  # fmt: skip
     write_card(model_dir, card)
     flat = {f"{split_}/{key}/{stat}": v for split_, groups in metrics.items()

@@ -48,7 +48,8 @@ def raw_job_ids(root: Path) -> list[str]:
 
 
 def comparable(root: Path) -> list[dict]:
-    rows = Corpus(root).table().drop(["seconds"]).to_pylist()
+    # run-specific: timings, and the graph file's checksum (its meta has capture_seconds)
+    rows = Corpus(root).table().drop(["seconds", "graph_sha256"]).to_pylist()
     return sorted(rows, key=lambda r: r["job_id"])
 
 
@@ -181,6 +182,37 @@ def test_kill_9_mid_build_then_resume_then_corrupt_part(tmp_path):
     assert (victim.parent / (victim.name + ".corrupt")).is_file()
     final = raw_job_ids(out)
     assert len(final) == len(set(final)) == 16 and set(final) == expected
+
+
+def test_a_truncated_graph_fails_stats_and_is_re_captured_by_the_next_build(tmp_path, capsys):
+    from dataset.stats import add_stats_arguments, stats_cmd
+    from predictor.graph import file_sha256
+
+    cfg = tiny(tmp_path, ["mlp"], 3)
+    assert build_corpus(cfg).profiled == 3
+    (path,) = (tmp_path / "graphs").glob("*.json.gz")
+    gid = path.name.removesuffix(".json.gz")
+    half = path.read_bytes()[: path.stat().st_size // 2]
+    path.write_bytes(half)  # a crash or a full disk mid-write
+    parser = argparse.ArgumentParser()
+    add_stats_arguments(parser)
+    assert stats_cmd(parser.parse_args([str(tmp_path), "--json"])) == 1
+    stats = json.loads(capsys.readouterr().out)
+    assert list(stats["integrity"]["corrupt_graphs"]) == [gid]
+    assert stats["integrity"]["records_with_corrupt_graph"] == 3
+    assert path.read_bytes() == half  # stats changed nothing
+
+    repair = build_corpus(cfg)
+    assert repair.graphs_repaired == [gid] and repair.graphs_unrepaired == {}
+    assert repair.already_done == 0 and repair.profiled == 3  # its jobs were redone
+    assert path.with_name(path.name + ".corrupt").is_file()  # the bad copy is kept aside
+    corpus = Corpus(tmp_path)
+    assert corpus.graph(gid).graph_id == gid and corpus.graph_problems(missing=True) == {}
+    redone = pq.read_table(sorted((tmp_path / "parts").glob("*.parquet"), key=os.path.getmtime)[-1])
+    assert set(redone.column("graph_sha256").to_pylist()) == {file_sha256(path)}
+    assert stats_cmd(parser.parse_args([str(tmp_path)])) == 0
+    again = build_corpus(cfg)
+    assert again.profiled == 0 and again.graphs_repaired == []
 
 
 def test_ray_and_local_give_identical_records(tmp_path):

@@ -6,7 +6,13 @@ from collections import Counter
 
 import pytest
 
-from dataset.sampler import SamplerConfig, canonical_id, sample_jobs, skip_reason
+from dataset.sampler import (
+    DEFAULT_SIM_DEVICES,
+    SamplerConfig,
+    canonical_id,
+    sample_jobs,
+    skip_reason,
+)
 from dataset.zoo import FAMILIES, get_family
 from predictor.spec import TrainSpec
 
@@ -84,10 +90,30 @@ def test_configs_that_cannot_run_are_skipped_with_a_reason():
     assert (
         skip_reason(fp16, 2, "cpu") is None and skip_reason(fp16, 2, "a10g-24gb", conv=True) is None
     )
+    # the sampler draws only configs that can run: no bf16 on a V100
     jobs = sample_jobs(SamplerConfig(size=40, families=["mlp"], devices=["v100-16gb"]))
-    skipped = [j for j in jobs if j.skip]
-    assert skipped and all("bf16" in j.train["precision"] for j in skipped)
-    assert all(j.skip is None for j in jobs if "bf16" not in j.train["precision"])
+    assert len(jobs) == 40 and all(j.skip is None for j in jobs)
+    assert not any("bf16" in j.train["precision"] for j in jobs)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_small_draw_is_all_valid_and_spread_over_the_devices(seed):
+    # `dataset build --size 20` skipped 12 of 20 jobs (bf16 on a V100), all on one device
+    jobs = sample_jobs(SamplerConfig(size=20, seed=seed))
+    assert len(jobs) == 20 and [j.skip for j in jobs if j.skip] == []
+    per_device = Counter({j.group: j.device for j in jobs}.values())  # configs per device
+    assert set(per_device) == set(DEFAULT_SIM_DEVICES)  # 5 configs over 4 devices
+    assert max(per_device.values()) - min(per_device.values()) <= 1
+
+
+def test_each_family_is_spread_over_the_devices():
+    jobs = sample_jobs(SamplerConfig(size=96, seed=0, families=["mlp", "lstm"], sizes_per_config=3))
+    for family in ("mlp", "lstm"):  # 16 configs each over 4 devices
+        per_device = Counter({j.group: j.device for j in jobs if j.model == family}.values())
+        assert set(per_device) == set(DEFAULT_SIM_DEVICES)
+        assert max(per_device.values()) - min(per_device.values()) <= 1
+    bf16 = {j.device for j in jobs if "bf16" in j.train["precision"]}
+    assert bf16 and "v100-16gb" not in bf16
 
 
 @pytest.mark.parametrize(

@@ -128,3 +128,40 @@ def test_demo_corpus_is_readable():
     assert s["graphs"]["missing"] == 0 and s["graphs"]["referenced"] >= 20
     for gid in demo.graph_ids()[:3]:
         demo.graph(gid)  # loads and validates
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_stats_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_stats_on_a_corrupt_part_changes_nothing_says_so_and_fails(corpus, capsys):
+    bad = sorted((corpus.root / "parts").iterdir())[-1]
+    bad.write_bytes(bad.read_bytes()[:50])
+    files = sorted(p.name for p in (corpus.root / "parts").iterdir())
+    assert stats_cmd(_args(str(corpus.root), "--json")) == 1
+    out = capsys.readouterr()
+    stats = json.loads(out.out)
+    assert list(stats["integrity"]["corrupt_parts"]) == [bad.name]
+    assert "corrupt corpus" in out.err and bad.name in out.err and "--allow-corrupt" in out.err
+    assert sorted(p.name for p in (corpus.root / "parts").iterdir()) == files  # not renamed
+    assert stats_cmd(_args(str(corpus.root), "--allow-corrupt")) == 0
+    out = capsys.readouterr()
+    assert "CORRUPT" in out.out and "warning: corrupt corpus" in out.err
+
+
+def test_stats_into_a_closed_pipe_ends_quietly(corpus):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = os.environ | {"PYTHONPATH": str(root)}
+    cmd = [sys.executable, "-m", "memgnn.cli", "dataset", "stats", str(corpus.root), "--json"]
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first write (`| head` that exited)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

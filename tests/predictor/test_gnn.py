@@ -1,36 +1,96 @@
-"""The GNN: shapes, scatter vs prefix-sum aggregation, config checks, and that it learns."""
+"""The GNN: the PyG layer against a hand computation, shapes, PyG vs prefix-sum (CSR)
+aggregation, PyG vs onnxruntime on captured graphs (a fresh export and the shipped model),
+config checks, and that it learns."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import onnx
 import pytest
 import torch
+from onnx import numpy_helper
+from torch_geometric.data import Batch, Data
+from torch_geometric.nn import MessagePassing
 
 from predictor.capture import CaptureConfig, capture
 from predictor.features import NUM_QUERY_FEATURES, graph_inputs
-from predictor.gnn import GNNConfig, MemoryGNN, memory_loss
+from predictor.gnn import DirConv, GNNConfig, MemoryGNN, memory_loss
+from predictor.onnx_model import DEFAULT_MODEL_DIR, OnnxMemoryModel
 from predictor.spec import TrainSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")
-def inputs():
-    from tests.conftest import tiny_gpt_bundle, tiny_mlp_bundle
+def captured():
+    """Three zoo-style models captured for CUDA: an MLP, a 1-layer GPT, a two-path model."""
+    from tests.conftest import CondModel, _seq_bundle, tiny_gpt_bundle, tiny_mlp_bundle
 
-    graphs = [capture(b, TrainSpec(), CaptureConfig(target="cuda"))
-              for b in (tiny_mlp_bundle(), tiny_gpt_bundle(layers=1))]  # fmt: skip
-    return [graph_inputs(g) for g in graphs]
+    cfg = CaptureConfig(target="cuda")
+    bundles = (tiny_mlp_bundle(), tiny_gpt_bundle(layers=1), _seq_bundle("cond", CondModel))
+    return [capture(b, TrainSpec(), cfg) for b in bundles]
+
+
+@pytest.fixture(scope="module")
+def inputs(captured):
+    return [graph_inputs(g) for g in captured[:2]]
 
 
 def _batch(inputs):
-    xs, eis, batch, offset = [], [], [], 0
-    for j, gi in enumerate(inputs):
-        xs.append(torch.from_numpy(gi.x))
-        eis.append(torch.from_numpy(gi.edge_index) + offset)
-        batch.append(torch.full((gi.num_nodes,), j))
-        offset += gi.num_nodes
-    return torch.cat(xs), torch.cat(eis, 1), torch.cat(batch)
+    """A PyG Batch of GraphInputs: (x, edge_index, batch)."""
+    data = [Data(x=torch.from_numpy(gi.x), edge_index=torch.from_numpy(gi.edge_index))
+            for gi in inputs]  # fmt: skip
+    b = Batch.from_data_list(data)
+    return b.x, b.edge_index, b.batch
+
+
+def test_dirconv_is_a_pyg_layer_equal_to_a_hand_computation():
+    # 4 nodes, edges 0->1, 0->2, 1->2, 2->3 (node 0 has no producers, node 3 no consumers)
+    conv = DirConv(2)
+    assert isinstance(conv, MessagePassing)
+    with torch.no_grad():
+        conv.lin_self.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 2.0]]))
+        conv.lin_self.bias.copy_(torch.tensor([0.5, -0.5]))
+        conv.lin_in.weight.copy_(torch.tensor([[0.0, 1.0], [1.0, 0.0]]))
+        conv.lin_out.weight.copy_(torch.tensor([[-1.0, 0.0], [0.0, 0.5]]))
+    x = torch.tensor([[1.0, 2.0], [3.0, 0.0], [0.0, -1.0], [2.0, 2.0]])
+    edge_index = torch.tensor([[0, 0, 1, 2], [1, 2, 2, 3]])
+    mean_in = [[0, 0], [1, 2], [2, 1], [0, -1]]  # means over producers, by hand
+    mean_out = [[1.5, -0.5], [0, -1], [2, 2], [0, 0]]  # means over consumers
+    expect = []
+    for i, (a, b) in enumerate(x.tolist()):
+        s = a + 0.5 + mean_in[i][1] - mean_out[i][0]  # W_s h + b_s + W_in m_in + W_out m_out
+        t = 2 * b - 0.5 + mean_in[i][0] + 0.5 * mean_out[i][1]
+        r = [a + s / (1 + np.exp(-s)), b + t / (1 + np.exp(-t))]  # residual + SiLU
+        mu, var = np.mean(r), np.var(r)
+        expect.append([(v - mu) / np.sqrt(var + 1e-5) for v in r])  # LayerNorm (weight 1)
+    with torch.no_grad():
+        got = conv(x, edge_index)
+    np.testing.assert_allclose(got.numpy(), np.array(expect), rtol=1e-5, atol=1e-6)
+    # the CSR entry (precomputed means) is the same function
+    means = (
+        torch.tensor(mean_in, dtype=torch.float32),
+        torch.tensor(mean_out, dtype=torch.float32),
+    )
+    with torch.no_grad():
+        torch.testing.assert_close(conv(x, None, means), got)
+    with pytest.raises(ValueError, match="edge_index"):
+        conv(x, None)
+
+
+def test_state_dict_layout_is_the_pre_pyg_one():
+    # the shipped model's weights (exported before the encoder used PyG) keep their names
+    state = MemoryGNN(GNNConfig(hidden=4, layers=2, op_dim=3)).encoder.state_dict()
+    conv = {k.removeprefix("convs.1.") for k in state if k.startswith("convs.1.")}
+    assert conv == {"lin_self.weight", "lin_self.bias", "lin_in.weight", "lin_out.weight",
+                    "norm.weight", "norm.bias"}  # fmt: skip
+    assert {k for k in state if not k.startswith("convs.")} == {
+        "op_emb.weight",
+        "inp.weight",
+        "inp.bias",
+    }
 
 
 def test_forward_shapes_and_bounds(inputs):
@@ -45,7 +105,7 @@ def test_forward_shapes_and_bounds(inputs):
     assert (out[:, 3:] >= out[:, :3]).all()  # upper bound >= correction
 
 
-def test_csr_encoder_equals_scatter_encoder(inputs):
+def test_csr_encoder_equals_pyg_encoder(inputs):
     torch.manual_seed(1)
     enc = MemoryGNN(GNNConfig(hidden=16, layers=3)).encoder.eval()
     x, ei, batch = _batch(inputs)
@@ -55,12 +115,6 @@ def test_csr_encoder_equals_scatter_encoder(inputs):
             csr = [torch.from_numpy(a) for a in gi.csr()]
             one = enc.forward_csr(torch.from_numpy(gi.x), *csr)
             torch.testing.assert_close(one[0], both[j], rtol=1e-5, atol=1e-5)
-
-
-def test_config_validation():
-    for bad in ({"hidden": 0}, {"quantile": 0.3}, {"dropout": 1.0}, {"layers": -1}):
-        with pytest.raises(ValueError):
-            GNNConfig(**bad)
 
 
 def test_reset_parameters_is_seeded():
@@ -100,3 +154,78 @@ def test_it_overfits_a_tiny_set(inputs):
         opt.step()
         losses.append(fit.item())
     assert losses[-1] < 0.1 * losses[0]
+
+
+def _pyg_outputs(model: MemoryGNN, graph, q: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """Per path of `graph`: PyG embeddings [paths, dim] and head outputs [paths, Q, 6]."""
+    data = [graph_inputs(graph, k) for k in range(len(graph.paths))]
+    x, ei, batch = _batch(data)
+    with torch.no_grad():
+        emb = model.encoder(x, ei, batch)
+        out = [model(x, ei, batch, q, torch.full((len(q),), k)) for k in range(len(data))]
+    return emb.numpy(), torch.stack(out).numpy()
+
+
+def _onnx_outputs(onnx_model: OnnxMemoryModel, graph, q: np.ndarray):
+    emb = onnx_model.encode(graph)
+    return emb, np.stack([onnx_model.head(np.repeat(e[None], len(q), 0), q) for e in emb])
+
+
+def test_pyg_model_agrees_with_its_onnx_export(captured, tmp_path):
+    from training.export import export_onnx, write_card
+
+    torch.manual_seed(0)
+    model = MemoryGNN(GNNConfig(hidden=16, layers=3, head_hidden=32)).eval()
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(6, NUM_QUERY_FEATURES)).astype(np.float32)
+    model.head.set_normalization(torch.from_numpy(q))
+    with torch.no_grad():  # a non-trivial correction and spread
+        model.head.out.weight.normal_(std=0.05)
+    info = export_onnx(model, graph_inputs(captured[0]), tmp_path)
+    write_card(tmp_path, {"model_version": "gnn-test", "onnx": info, "metrics": {}})
+    onnx_model = OnnxMemoryModel.load(tmp_path)
+    for graph in captured:  # 1, 1 and 2 paths
+        emb, out = _pyg_outputs(model, graph, torch.from_numpy(q))
+        ort_emb, ort_out = _onnx_outputs(onnx_model, graph, q)
+        np.testing.assert_allclose(ort_emb, emb, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ort_out, out, rtol=1e-5, atol=1e-5)
+
+
+def shipped_state_dict() -> tuple[GNNConfig, dict[str, torch.Tensor]]:
+    """The shipped ONNX model's weights as a MemoryGNN state_dict. The exporter keeps
+    parameter names, but for the bias-free lin_in/lin_out it stores W^T under a generated
+    name; those are found by the MatMul node that reads them (`/convs.K/lin_in/MatMul`)."""
+    card = json.loads((DEFAULT_MODEL_DIR / "model_card.json").read_text())
+    state: dict[str, torch.Tensor] = {}
+    for part in ("encoder", "head"):
+        graph = onnx.load(str(DEFAULT_MODEL_DIR / f"{part}.onnx")).graph
+        inits = {
+            i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in graph.initializer
+        }
+        for node in graph.node:
+            for name in node.input:
+                if name.startswith("onnx::MatMul"):
+                    key = "encoder" + node.name.removesuffix("/MatMul").replace("/", ".")
+                    state[key + ".weight"] = inits.pop(name).T.contiguous()
+        prefix = "encoder." if part == "encoder" else "head."
+        state.update({(k if k.startswith(prefix) else prefix + k): v for k, v in inits.items()})
+    return GNNConfig(**card["gnn"]), state
+
+
+def test_shipped_onnx_model_loads_into_the_pyg_model_and_agrees(captured):
+    """The PyG model needs no retraining: the shipped weights fill its state_dict exactly
+    (strict load: same keys and shapes) and it answers what the shipped ONNX files do."""
+    if not (DEFAULT_MODEL_DIR / "model_card.json").is_file():
+        pytest.skip("no learned model shipped in predictor/default_model")
+    config, state = shipped_state_dict()
+    model = MemoryGNN(config).eval()
+    model.load_state_dict(state, strict=True)
+    onnx_model = OnnxMemoryModel.load(DEFAULT_MODEL_DIR)
+    rng = np.random.default_rng(1)
+    q = (rng.normal(size=(5, NUM_QUERY_FEATURES)) * model.head.q_std.numpy()
+         + model.head.q_mean.numpy()).astype(np.float32)  # fmt: skip
+    for graph in captured:
+        emb, out = _pyg_outputs(model, graph, torch.from_numpy(q))
+        ort_emb, ort_out = _onnx_outputs(onnx_model, graph, q)
+        np.testing.assert_allclose(ort_emb, emb, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(ort_out, out, rtol=1e-5, atol=1e-5)

@@ -1,10 +1,11 @@
 import gzip
+import hashlib
 import json
 
 import pytest
 
 from predictor.capture import capture
-from predictor.graph import StepGraph
+from predictor.graph import StepGraph, file_sha256
 from predictor.spec import TrainSpec
 
 
@@ -96,3 +97,25 @@ def test_a_used_graph_pickles_without_its_caches(graph):
     assert again._table is None and again.paths[0]._cache is None
     assert again.graph_id == graph.graph_id
     assert again.storage_bytes(0, sizes).tolist() == before
+
+
+def test_save_is_durable_and_gives_the_same_bytes(graph, tmp_path, monkeypatch):
+    import os
+    import stat
+
+    synced = []
+    real = os.fsync
+
+    def record(fd):
+        synced.append("dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", record)
+    a, b = tmp_path / "a" / "g.json.gz", tmp_path / "b" / "g.json.gz"
+    a.parent.mkdir(), b.parent.mkdir()
+    graph.save(a)
+    assert synced == ["file", "dir"]  # the file before its rename, then the folder
+    graph.save(b)
+    assert a.read_bytes() == b.read_bytes()  # no time or name in the gzip header
+    assert file_sha256(a) == hashlib.sha256(a.read_bytes()).hexdigest()
+    assert not list(tmp_path.rglob("*.tmp"))

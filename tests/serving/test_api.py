@@ -132,6 +132,7 @@ def test_predict_by_id_matches_the_model(client, graph, gid):
         assert got["metric"] == want.metric
         assert got["breakdown"] == json.loads(json.dumps(want.breakdown))
         assert got["model_version"] == "analytic-1"
+        assert got["method"] == "analytic"
     assert [p["metric"] for p in body["predictions"]] == ["reserved", "device_total", "allocated"]
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from training.data import error_summary, load_dataset, split
@@ -41,3 +44,25 @@ def test_error_summary():
     s = error_summary(np.array([100.0, 110.0]), np.array([120.0, 105.0]), np.array([100.0, 100.0]))
     assert s["median"] == pytest.approx(0.05) and s["max"] == pytest.approx(0.1)
     assert s["bound_miss_rate"] == 0.0
+
+
+def test_a_corrupt_corpus_is_an_error_unless_allowed(tiny_corpus, tmp_path):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_corpus, corpus)
+    full = load_dataset(corpus)
+    parts = sorted((corpus / "parts").glob("*.parquet"), key=lambda p: pq.read_metadata(p).num_rows)
+    part, other = parts[0], parts[-1]  # the cpu build's part (4 rows), the sim build's
+    victim = pq.read_table(other, columns=["graph_id"]).column("graph_id").to_pylist()[0]
+    path = corpus / "graphs" / f"{victim}.json.gz"
+    path.write_bytes(path.read_bytes()[:-64])
+    part.write_bytes(part.read_bytes()[:100])
+    with pytest.raises(ValueError, match="corrupt corpus") as err:
+        load_dataset(corpus)
+    assert victim in str(err.value) and part.name in str(err.value)
+    assert "--allow-corrupt" in str(err.value) and "dataset build" in str(err.value)
+    data = load_dataset(corpus, allow_corrupt=True)
+    assert victim not in {gid for gid, _ in data.keys} and 0 < len(data) < len(full)
+    assert list(data.dropped["corrupt_parts"]) == [part.name]
+    assert list(data.dropped["corrupt_graphs"]) == [victim] and data.dropped["records"] > 0
+    assert part.is_file() and not part.with_name(part.name + ".corrupt").exists()
+    assert full.dropped == {}

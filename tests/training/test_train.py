@@ -98,3 +98,25 @@ def test_a_changed_config_does_not_resume(tiny_corpus, tmp_path):
         train_cmd(_args(tiny_corpus, out, "--max-epochs", "1", "--no-mlflow", "--lr", "0.01"))
     assert train_cmd(_args(tiny_corpus, out, "--max-epochs", "1", "--no-mlflow", "--lr", "0.01",
                            "--restart")) == 0  # fmt: skip
+
+
+def test_a_corrupt_graph_stops_training_unless_allowed_and_the_card_says_so(
+    tiny_corpus, tmp_path, capsys
+):
+    import shutil
+
+    from dataset.corpus import Corpus
+
+    corpus = tmp_path / "corpus"
+    shutil.copytree(tiny_corpus, corpus)
+    mlp = sorted({r["graph_id"] for r in Corpus(corpus).records() if r["family"] == "mlp"})
+    assert len(mlp) >= 2
+    path = corpus / "graphs" / f"{mlp[0]}.json.gz"
+    path.write_bytes(path.read_bytes()[:-64])
+    with pytest.raises(ValueError, match="corrupt corpus.*--allow-corrupt"):
+        train_cmd(_args(corpus, tmp_path / "a", "--max-epochs", "1", "--no-mlflow"))
+    out = tmp_path / "b"
+    args = _args(corpus, out, "--max-epochs", "1", "--no-mlflow", "--allow-corrupt")
+    assert train_cmd(args) == 0
+    card = json.loads(capsys.readouterr().out)
+    assert list(card["dropped"]["corrupt_graphs"]) == [mlp[0]] and card["dropped"]["records"] > 0

@@ -1,0 +1,1 @@
+"""Real CUDA allocator snapshots: safe loading, initial state, replay, plots, export."""

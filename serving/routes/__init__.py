@@ -1,0 +1,1 @@
+"""HTTP route groups of the service (FastAPI routers included by `serving.app.create_app`)."""

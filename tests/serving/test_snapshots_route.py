@@ -1,0 +1,85 @@
+"""POST /snapshots/replay: the replay report over HTTP, with the loader's safety."""
+
+import gzip
+import os
+import pickle
+
+import pytest
+from fastapi.testclient import TestClient
+
+from dataset.allocator import MiB
+from dataset.snapshot.export import SnapshotRecorder
+from dataset.snapshot.whatif import CONTRACT_FIELDS
+from serving.app import create_app
+from serving.config import ServeConfig
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    state = tmp_path_factory.mktemp("serve-snap")
+    cfg = ServeConfig(model="analytic", state_dir=state, max_request_bytes=64 * 1024)
+    with TestClient(create_app(cfg)) as c:
+        yield c
+
+
+def snapshot_bytes() -> bytes:
+    rec = SnapshotRecorder()
+    a = rec.malloc(30 * MiB)
+    b = rec.malloc(5 * MiB)
+    rec.free(a)
+    rec.malloc(8 * MiB)
+    rec.free(b)
+    return gzip.compress(pickle.dumps(rec.snapshot()))
+
+
+def test_replay_returns_the_contract_fields(client):
+    r = client.post("/snapshots/replay", content=snapshot_bytes())
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert set(CONTRACT_FIELDS) <= set(out)
+    # 30 MiB segment + 20 MiB segment (5 MiB request); the 8 MiB request reuses the 30.
+    assert out["recorded_peak_reserved_bytes"] == out["simulated_peak_reserved_bytes"] == 50 * MiB
+    assert out["segment_allocs_matched"] == 2 and out["first_divergence"] is None
+    assert out["would_oom"] is None
+
+
+def test_what_if_and_capacity(client):
+    body = snapshot_bytes()
+    r = client.post("/snapshots/replay", content=body, params={"capacity_bytes": 40 * MiB})
+    out = r.json()
+    assert out["would_oom"] is True and out["oom"]["event"] == 3  # the 5 MiB request
+    r = client.post(
+        "/snapshots/replay",
+        content=body,
+        params={"alloc_conf": "expandable_segments:True", "capacity_bytes": 40 * MiB},
+    )
+    out = r.json()
+    assert out["alloc_conf"] == "expandable_segments:True" and out["would_oom"] is False
+    assert out["simulated_peak_reserved_bytes"] == 40 * MiB  # two 20 MiB pages
+
+
+def test_bad_alloc_conf_is_422(client):
+    r = client.post("/snapshots/replay", content=snapshot_bytes(), params={"alloc_conf": "x:1"})
+    assert r.status_code == 422 and "unknown alloc conf key 'x'" in r.text
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (os.system, ("touch pwned-over-http",))
+
+
+def test_code_running_pickle_is_refused(client, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    body = pickle.dumps({"segments": [], "device_traces": [[]], "x": _RunsCode()})
+    r = client.post("/snapshots/replay", content=body)
+    assert r.status_code == 422 and "refusing to load" in r.text
+    assert not (tmp_path / "pwned-over-http").exists()
+
+
+def test_limits(client):
+    r = client.post("/snapshots/replay", content=b"\0" * (65 * 1024))
+    assert r.status_code == 413
+    r = client.post("/snapshots/replay", content=b"")
+    assert r.status_code == 422
+    r = client.post("/snapshots/replay", content=pickle.dumps([{"address": 1}]))
+    assert r.status_code == 422 and "bare list" in r.text
