@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from predictor.analytic import sweep
+from predictor.errors import UserError
 from predictor.graph import StepGraph
 from predictor.spec import ModelBundle, TrainSpec
 from predictor.vocab import cublas_workspaces
@@ -65,6 +66,32 @@ class Prediction:
         return asdict(self)
 
 
+class GuardViolation(UserError):
+    """A query outside the sizes a captured graph is valid for (its shape guards)."""
+
+    def __init__(self, message: str, guards: list[str], sizes: dict[str, int]):
+        super().__init__(message)
+        self.guards, self.sizes = guards, sizes
+
+
+def check_guards(graph: StepGraph, queries: Sequence[Query]) -> None:
+    """Raise `GuardViolation` when a query's sizes break a guard of `graph`.
+
+    A capture records the conditions the traced code relied on (e.g. `S < 256` where a
+    sliding-window model takes another branch past its window, or a model's position
+    limit): at sizes that break one, the step runs other code than the graph holds, so
+    no answer from this graph is right. Recapture at the query's sizes instead."""
+    for q in queries:
+        bad = graph.violated_guards(graph.resolve_sizes(q.sizes, q.scenario))
+        if bad:
+            raise GuardViolation(
+                f"sizes {q.sizes} break the captured graph's guard(s) {', '.join(bad)} "
+                f"(captured at {graph.symbols}); recapture at these sizes",
+                bad,
+                dict(q.sizes),
+            )
+
+
 class MemoryModel(Protocol):
     version: str
 
@@ -79,6 +106,7 @@ class AnalyticModel:
     def predict(self, graph: StepGraph, queries: Sequence[Query]) -> list[Prediction]:
         from dataset.devices import get_profile
 
+        check_guards(graph, queries)
         out = []
         for q in queries:
             device = get_profile(q.device)
