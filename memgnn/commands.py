@@ -155,12 +155,12 @@ def demo_cmd(args: argparse.Namespace) -> int:
     return run_demo(Path(args.out))
 
 
-def _graph_for(bundle, device, sizes):
-    from predictor.predict import capture_cached
+def _graph_for(bundle, device, sizes, scenario="worst"):
+    from predictor.predict import graph_for_query
 
     target = "cuda" if device.is_gpu else "cpu"
-    return lambda train: capture_cached(
-        bundle, train, target=target, sm=device.sm or 80, sizes=sizes
+    return lambda train: graph_for_query(
+        bundle, train, sizes, target=target, sm=device.sm or 80, scenario=scenario
     )
 
 
@@ -192,7 +192,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
     sizes = bundle.sizes(parse_sizes(args))
     query = Query(sizes=sizes, device=device.name, metric=args.metric, scenario=args.scenario)
     query.resolved_metric(device.is_gpu)
-    graph = _graph_for(bundle, device, sizes)(train)
+    graph = _graph_for(bundle, device, sizes, args.scenario)(train)
     model = default_model()
     t0 = time.perf_counter()
     pred = model.predict(graph, [query])[0]

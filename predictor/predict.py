@@ -209,6 +209,45 @@ def capture_cached(
     return graph
 
 
+def graph_for_query(
+    bundle: ModelBundle,
+    train: TrainSpec,
+    sizes: dict[str, int],
+    *,
+    target: str = "cuda",
+    sm: int = 80,
+    scenario: str = "worst",
+    directory: Path | None = None,
+) -> StepGraph:
+    """A captured graph whose guards hold at `sizes`.
+
+    The cached capture (traced at the example sizes) when its guards hold there; else a
+    capture traced at `sizes` themselves (logged; not cached: the cache keys on the
+    example sizes). `GuardViolation` when even that graph's guards fail at `sizes`: the
+    model itself cannot run there (e.g. more positions than its position table)."""
+    from predictor.capture import CaptureConfig, capture
+
+    graph = capture_cached(bundle, train, target=target, sm=sm, sizes=sizes, directory=directory)
+    bad = graph.violated_guards(graph.resolve_sizes(sizes, scenario))
+    if not bad:
+        return graph
+    log.warning(
+        "%s: the graph traced at %s does not hold at %s (guards %s): capturing at %s",
+        bundle.name, graph.symbols, sizes, ", ".join(bad), sizes,
+    )  # fmt: skip
+    trace = bundle.sizes(sizes)
+    graph = capture(bundle, train, CaptureConfig(target=target, sm=sm, sizes=trace))
+    bad = graph.violated_guards(graph.resolve_sizes(sizes, scenario))
+    if bad:
+        raise GuardViolation(
+            f"{bundle.name} cannot run at {sizes}: {', '.join(bad)} fails even when traced "
+            "at these sizes (a limit of the model)",
+            bad,
+            dict(sizes),
+        )
+    return graph
+
+
 def default_model() -> MemoryModel:
     """The shipped learned model (onnxruntime); the analytic baseline if none ships."""
     try:
