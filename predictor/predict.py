@@ -17,6 +17,9 @@ import hashlib
 import json
 import logging
 import os
+import re
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -155,7 +158,8 @@ def cache_dir() -> Path:
 
 
 # bumped whenever capture records a step differently, so cached graphs are captured anew
-CAPTURE_VERSION = 2  # 2: open slices elided as in eager; oneDNN LSTM workspace on the CPU
+CAPTURE_VERSION = 3  # 2: open slices elided as in eager; oneDNN LSTM workspace on the CPU
+# 3: position-table bounds recorded as guards (predictor.bounds)
 
 
 def capture_key(
@@ -225,18 +229,26 @@ def graph_for_query(
     capture traced at `sizes` themselves (logged; not cached: the cache keys on the
     example sizes). `GuardViolation` when even that graph's guards fail at `sizes`: the
     model itself cannot run there (e.g. more positions than its position table)."""
+    from predictor.branches import CaptureError
     from predictor.capture import CaptureConfig, capture
 
-    graph = capture_cached(bundle, train, target=target, sm=sm, sizes=sizes, directory=directory)
+    with Progress(f"capturing {bundle.name} for a {target} target"):
+        graph = capture_cached(
+            bundle, train, target=target, sm=sm, sizes=sizes, directory=directory
+        )
     bad = graph.violated_guards(graph.resolve_sizes(sizes, scenario))
     if not bad:
         return graph
-    log.warning(
+    log.info(
         "%s: the graph traced at %s does not hold at %s (guards %s): capturing at %s",
         bundle.name, graph.symbols, sizes, ", ".join(bad), sizes,
     )  # fmt: skip
     trace = bundle.sizes(sizes)
-    graph = capture(bundle, train, CaptureConfig(target=target, sm=sm, sizes=trace))
+    try:
+        with Progress(f"capturing {bundle.name} at {trace}"):
+            graph = capture(bundle, train, CaptureConfig(target=target, sm=sm, sizes=trace))
+    except CaptureError as exc:
+        raise GuardViolation(f"{bundle.name} cannot run at {sizes}: {exc}", bad, sizes) from exc
     bad = graph.violated_guards(graph.resolve_sizes(sizes, scenario))
     if bad:
         raise GuardViolation(
@@ -246,6 +258,59 @@ def graph_for_query(
             dict(sizes),
         )
     return graph
+
+
+def unused_sizes(graph: StepGraph, names: Sequence[str]) -> list[str]:
+    """A warning per size in `names` that no byte count of `graph` depends on: the model's
+    make_inputs ignored it, so the answer is the same at any value of it."""
+    used: set[str] = set()
+    texts = [*graph.exprs, *(d[k] for d in graph.data_symbols.values() for k in ("lo", "hi"))]
+    for text in texts:
+        used.update(_NAME_RE.findall(text))
+    return [
+        f"size {name} never reaches the captured step (no tensor's bytes depend on it): "
+        f"the answer is the same at any {name}; does make_inputs read sizes[{name!r}]?"
+        for name in names
+        if name in graph.symbols and name not in used
+    ]
+
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class Progress:
+    """`with Progress("capturing gpt2"):` says on the `predictor.progress` logger (the CLI
+    shows it on stderr) that the block is still running, after `first` seconds and then
+    every `every` seconds, and when it ends; a block faster than `first` says nothing."""
+
+    first = 2.0
+    every = 10.0
+
+    def __init__(self, what: str):
+        self.what = what
+        self._done = threading.Event()
+        self._t0 = 0.0
+        self._said = False
+
+    def _beat(self) -> None:
+        wait = self.first
+        while not self._done.wait(wait):
+            self._said = True
+            _progress.info("%s ... (%.0f s)", self.what, time.perf_counter() - self._t0)
+            wait = self.every
+
+    def __enter__(self) -> Progress:
+        self._t0 = time.perf_counter()
+        threading.Thread(target=self._beat, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._said and exc[0] is None:
+            _progress.info("%s: done in %.1f s", self.what, time.perf_counter() - self._t0)
+
+
+_progress = logging.getLogger("predictor.progress")
 
 
 def default_model() -> MemoryModel:
