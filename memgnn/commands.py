@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,7 @@ def _graph_for(bundle, device, sizes, scenario="worst"):
 
 def predict_cmd(args: argparse.Namespace) -> int:
     from dataset.devices import get_profile
-    from predictor.predict import Query, default_model
+    from predictor.predict import Query, default_model, unused_sizes
 
     if args.url:
         from serving.client import remote_predict
@@ -196,11 +197,15 @@ def predict_cmd(args: argparse.Namespace) -> int:
     model = default_model()
     t0 = time.perf_counter()
     pred = model.predict(graph, [query])[0]
+    warnings = unused_sizes(graph, parse_sizes(args))
+    for w in warnings:
+        print(f"memgnn predict: warning: {w}", file=sys.stderr)
     out = pred.to_dict() | {
         "sizes": sizes,
         "device": device.name,
         "graph_id": graph.graph_id,
         "predict_seconds": round(time.perf_counter() - t0, 6),
+        "warnings": warnings,
     }
     if args.json:
         print(json.dumps(out, indent=2, default=str))
@@ -213,20 +218,6 @@ def predict_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _budget(text: str, device) -> int:
-    from memgnn.display import parse_bytes
-
-    try:
-        frac = float(text)
-    except ValueError:
-        return parse_bytes(text)
-    if 0 < frac <= 1:
-        if device.total_bytes is None:
-            raise ValueError("a fractional budget needs a device profile with a total")
-        return int(device.total_bytes * frac)
-    return parse_bytes(text)
-
-
 def _csv(text: str, cast=str) -> list:
     try:
         return [cast(x.strip()) for x in text.split(",") if x.strip()]
@@ -236,12 +227,19 @@ def _csv(text: str, cast=str) -> list:
 
 def plan_cmd(args: argparse.Namespace) -> int:
     from dataset.devices import get_profile
-    from predictor.plan import PlanConfig, SearchSpace, plan
+    from predictor.errors import UserError
+    from predictor.plan import PlanConfig, SearchSpace, parse_budget, plan
     from predictor.predict import default_model
     from predictor.spec import default_blocks
 
-    bundle = resolve_bundle(args)
+    if args.batch is not None:
+        raise UserError("plan searches the batch size: cap it with --max-batch N, not --batch")
+    if args.mode == "power" and args.any_batch:
+        raise UserError("--mode power finds powers of two only; --any-batch needs binsearch")
+    any_batch = args.any_batch or args.mode == "binsearch"
     device = get_profile(args.device)
+    budget = parse_budget(args.budget, device.total_bytes)
+    bundle = resolve_bundle(args)
     base = train_spec(args)
     sizes = bundle.sizes(parse_sizes(args))
     precisions = _csv(args.precision_choices) if args.precision_choices else [base.precision]
@@ -254,11 +252,11 @@ def plan_cmd(args: argparse.Namespace) -> int:
         checkpointing=_csv(args.checkpointing_choices),
         precision=precisions,
         effective_batch=args.effective_batch,
-        mode=args.mode,
-        power_of_two=not args.any_batch,
+        mode="binsearch" if any_batch else "power",
+        power_of_two=not any_batch,
     )
     cfg = PlanConfig(
-        budget_bytes=_budget(args.budget, device),
+        budget_bytes=budget,
         device=device.name,
         metric=args.metric,
         threshold=args.threshold,
@@ -270,7 +268,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
         default_model(), _graph_for(bundle, device, sizes), base, space, cfg, n_blocks=n_blocks
     )
     if res.best is None:
-        raise ValueError(res.reason)
+        raise UserError(res.reason)
     best = res.best
     out = {
         "batch_size": best.batch_size,

@@ -50,6 +50,13 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 CARD = "model_card.json"
 CACHE_SIZE = 32
+# A learned correction (measured / analytic) is clipped to [1/16, 16]: far beyond the
+# analytic baseline's errors on the shipped model's validation split (relative error p95
+# 0.28, max 1.63: model card analytic_baseline), so a larger one is the network
+# extrapolating (a graph far smaller or larger than any it saw), not a step's memory;
+# the answer says so in breakdown["extrapolated"].
+MAX_CORRECTION = 16.0
+MAX_LOG_CORRECTION = float(np.log(MAX_CORRECTION))
 
 
 def read_card(directory: str | Path) -> dict[str, Any]:
@@ -208,15 +215,21 @@ class OnnxMemoryModel:
             analytic = np.array([r.analytic[m] for r in per])
             floor = np.array([floors(r.breakdown["tensor_peak_bytes"], device.is_gpu,
                                      r.breakdown["context_bytes"])[m] for r in per])  # fmt: skip
-            value = np.maximum(np.round(analytic * np.exp(out[qi, :, m])), floor)
-            upper = np.ceil(np.maximum(analytic * np.exp(out[qi, :, 3 + m]), value))
+            raw = out[qi, :, [m, 3 + m]]  # [2, paths] log corrections: value, upper bound
+            log_corr = np.clip(raw, -MAX_LOG_CORRECTION, MAX_LOG_CORRECTION)
+            value = np.maximum(np.round(analytic * np.exp(log_corr[0])), floor)
+            upper = np.ceil(np.maximum(analytic * np.exp(log_corr[1]), value))
             worst = int(np.argmax(value))
             breakdown = dict(per[worst].breakdown)
             extra = breakdown["workspace_bytes"] + (breakdown["context_bytes"] if m == 2 else 0)
             notes = extrapolation_notes(queries[qi].sizes, graph.symbols, rng,
                                         seen[qi][worst].features)  # fmt: skip
+            if np.any(raw != log_corr):
+                notes.append(f"the network's correction (x{np.exp(raw.max()):.3g} / "
+                             f"x{np.exp(raw.min()):.3g}) is outside x{MAX_CORRECTION:g}"
+                             "^(+-1): clipped there (onnx_model.MAX_CORRECTION)")  # fmt: skip
             breakdown.update(workspace_and_context_bytes=extra, analytic_bytes=int(analytic[worst]),
-                             correction=float(np.exp(out[qi, worst, m])),
+                             correction=float(np.exp(log_corr[0, worst])),
                              floor_bytes=int(floor[worst]), extrapolated=notes,
                              unknown_ops=unknown)  # fmt: skip
             paths = [

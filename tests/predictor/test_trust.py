@@ -51,5 +51,14 @@ def test_extrapolation_is_reported(shipped, mlp_graph):
             Query(sizes={"B": 1 << 22}, device="h100-80gb"),
         ],
     )
-    assert inside.breakdown["extrapolated"] == []
-    assert any("B" in why for why in outside.breakdown["extrapolated"])
+    assert not any("B=" in why for why in inside.breakdown["extrapolated"])
+    assert any("B=4194304" in why for why in outside.breakdown["extrapolated"])
+
+
+def test_corrections_far_outside_the_corpus_are_clipped_and_said(shipped, mlp_graph):
+    # this 24-64-5 MLP is far smaller than any corpus step: the raw network output is
+    # absurd here (x1e76 on reserved before the clip)
+    p = shipped.predict(mlp_graph, [Query(sizes={"B": 8}, device="h100-80gb")])[0]
+    assert 1 / 16 <= p.breakdown["correction"] <= 16
+    assert p.upper_bound_bytes <= 16 * p.breakdown["analytic_bytes"] + p.breakdown["floor_bytes"]
+    assert any("clipped" in why for why in p.breakdown["extrapolated"])
