@@ -122,7 +122,15 @@ def profile_cmd(args: argparse.Namespace) -> int:
 
     bundle = resolve_bundle(args)
     cfg = ProfileConfig(backend=args.backend, device=args.device)
-    record = profile(bundle, train_spec(args), parse_sizes(args), cfg)
+    train = train_spec(args)
+    if args.backend != "sim":  # a real step: refuse sizes the model cannot run first
+        from predictor.predict import graph_for_query
+
+        device = cfg.device_profile()
+        target = "cuda" if device.is_gpu else "cpu"
+        graph_for_query(bundle, train, bundle.sizes(parse_sizes(args)), target=target,
+                        sm=device.sm or 80)  # fmt: skip
+    record = profile(bundle, train, parse_sizes(args), cfg)
     if args.json:
         print(json.dumps(record.contract(), indent=2, default=str))
         return 0

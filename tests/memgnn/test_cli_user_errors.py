@@ -177,3 +177,46 @@ def test_capture_progress_goes_to_stderr(user_dir, capsys, caplog, monkeypatch):
     )  # fmt: skip
     assert code == 0, err
     assert any("capturing" in r.getMessage() for r in caplog.records)
+
+
+POSITIONS_MODEL = textwrap.dedent(
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from predictor.spec import ModelBundle
+
+
+    class Positions(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(40, 16), nn.Embedding(32, 16)
+            self.head = nn.Linear(16, 40)
+
+        def forward(self, ids):
+            pos = torch.arange(ids.shape[1], device=ids.device)
+            return self.head(self.tok(ids) + self.pos(pos))
+
+
+    def make():
+        def inputs(sizes, device, dtype):
+            return {"ids": torch.randint(0, 40, (sizes["B"], sizes["S"]), device=device)}
+
+        def loss(m, i):
+            return F.cross_entropy(m(i["ids"]).flatten(0, 1), i["ids"].flatten())
+
+        return ModelBundle(name="positions-32", family="gpt", build=Positions,
+                           make_inputs=inputs, loss=loss, dims={"B": 2, "S": 8})
+    """
+)
+
+
+@pytest.mark.parametrize("command", ["predict", "profile"])
+def test_sequence_past_the_position_table_is_refused(user_dir, capsys, command):
+    (user_dir / "my_positions.py").write_text(POSITIONS_MODEL)
+    extra = ["--backend", "cpu"] if command == "profile" else ["--device", "cpu"]
+    code, _, err = _run(capsys, command, "--model", "py:my_positions:make", "--seq", "64", *extra)
+    sys.modules.pop("my_positions", None)
+    assert code == 2
+    assert "32 rows" in _one_error_line(err)

@@ -70,3 +70,26 @@ def test_graph_for_query_refuses_a_size_the_model_cannot_run(tmp_path):
     with pytest.raises(ValueError, match=r"learned-positions.*32 rows|cannot run"):
         graph_for_query(_bundle(), TrainSpec(), {"B": 2, "S": 4096}, target="cpu",
                         directory=tmp_path)  # fmt: skip
+
+
+def test_hf_gpt2_positions_become_a_guard():
+    """transformers' GPT-2 takes positions as arange(S) + past_seen_tokens into wpe."""
+    transformers = pytest.importorskip("transformers")
+    from functools import partial
+
+    from dataset.zoo.hf import build_hf, causal_inputs, hf_step
+
+    config = transformers.GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, vocab_size=40, n_positions=POSITIONS
+    )
+    bundle = ModelBundle(
+        name="tiny-hf-gpt2",
+        family="gpt2",
+        build=partial(build_hf, config, "causal-lm"),
+        make_inputs=partial(causal_inputs, vocab=40),
+        loss=hf_step,
+        dims={"B": 2, "S": 8},
+    )
+    graph = capture(bundle, TrainSpec(), CaptureConfig(target="cuda"))
+    assert graph.violated_guards(graph.resolve_sizes({"B": 2, "S": POSITIONS})) == []
+    assert graph.violated_guards(graph.resolve_sizes({"B": 2, "S": POSITIONS + 1}))
