@@ -21,12 +21,14 @@ def resolve_bundle(args: argparse.Namespace):
 
 def capture_cmd(args: argparse.Namespace) -> int:
     from predictor.capture import CaptureConfig, capture
+    from predictor.predict import Progress
 
     bundle = resolve_bundle(args)
     sizes = bundle.sizes(parse_sizes(args))
     cfg = CaptureConfig(symbolic=not args.concrete, sizes=sizes, target=args.target)
     t0 = time.perf_counter()
-    graph = capture(bundle, train_spec(args), cfg)
+    with Progress(f"capturing {bundle.name} at {sizes}"):
+        graph = capture(bundle, train_spec(args), cfg)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     gid = graph.save(out)
