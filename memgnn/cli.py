@@ -1,7 +1,9 @@
 """The `memgnn` command line: argument parsing and error reporting.
 
 Each sub-command's work lives in `memgnn.commands`; this module only turns arguments into
-specs. User errors (ValueError) exit with status 2 and one line naming what was wrong.
+specs. User errors (ValueError, `predictor.errors.UserError`) exit with status 2 and one
+line naming what was wrong; anything else is an internal error and keeps its traceback.
+Progress of long steps (captures) goes to stderr through the `predictor.progress` logger.
 """
 
 from __future__ import annotations
@@ -14,7 +16,19 @@ from typing import Any
 
 from predictor.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, STEP_KINDS
 
+METRICS = ("allocated", "reserved", "device_total")
+
 log = logging.getLogger("memgnn")
+
+DESCRIPTION = (
+    "memgnn: predict the peak GPU memory of a PyTorch training step before running it "
+    "(capture the step once with symbolic sizes, answer any batch size, sequence length or "
+    "device), plan the largest config that fits a budget, and serve predictions."
+)
+DEVICE_HELP = "device profile (default: %(default)s; `memgnn devices` lists them)"
+METRIC_HELP = (
+    "allocated | reserved | device_total (default: reserved on a GPU profile, allocated on cpu)"
+)
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -110,7 +124,7 @@ def train_spec(args: argparse.Namespace) -> Any:
 def build_parser() -> argparse.ArgumentParser:
     from memgnn import commands
 
-    parser = argparse.ArgumentParser(prog="memgnn", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="memgnn", description=DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -136,9 +150,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("predict", help="predict a training step's peak memory")
     add_model_args(p), add_size_args(p), add_train_args(p)
-    p.add_argument("--device", default="h100-80gb", help="device profile")
-    p.add_argument("--metric", choices=("allocated", "reserved", "device_total"), default=None)
-    p.add_argument("--scenario", choices=("min", "balanced", "worst"), default="worst")
+    p.add_argument("--device", default="h100-80gb", help=DEVICE_HELP)
+    p.add_argument("--metric", choices=METRICS, default=None, help=METRIC_HELP)
+    p.add_argument(
+        "--scenario",
+        choices=("min", "balanced", "worst"),
+        default="worst",
+        help="data-dependent sizes at their min | balanced | worst (default: %(default)s)",
+    )
     p.add_argument("--url", default=None, help="ask a running `memgnn serve` instead")
     p.add_argument("--token", default=None, help="bearer token for --url")
     p.add_argument("--plot", default=None, help="also draw the simulated step (OUT.png|svg)")
@@ -153,17 +172,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="the best config that fits a memory budget")
     add_model_args(p), add_size_args(p), add_train_args(p)
-    p.add_argument("--budget", required=True, help="bytes (24GiB, 8e9) or a fraction of the device")
-    p.add_argument("--device", default="h100-80gb", help="device profile")
-    p.add_argument("--metric", choices=("allocated", "reserved", "device_total"), default=None)
+    p.add_argument(
+        "--budget",
+        required=True,
+        help="bytes with a unit (24GiB, 8GB) or >= 1024 without (8e9), or a fraction of the "
+        "device: 50%% or 0.5; a bare small integer such as 1 is refused as ambiguous",
+    )
+    p.add_argument("--device", default="h100-80gb", help=DEVICE_HELP)
+    p.add_argument("--metric", choices=METRICS, default=None, help=METRIC_HELP)
     p.add_argument("--threshold", type=float, default=1.0, help="fraction of the budget to use")
     p.add_argument("--max-batch", type=int, default=4096)
     p.add_argument("--accum-choices", default="1", help="comma list of G")
     p.add_argument("--checkpointing-choices", default="none,full")
     p.add_argument("--precision-choices", default=None, help="default: --precision")
     p.add_argument("--effective-batch", type=int, default=None)
-    p.add_argument("--mode", choices=("power", "binsearch"), default="binsearch")
-    p.add_argument("--any-batch", action="store_true", help="not only powers of two")
+    p.add_argument(
+        "--mode",
+        choices=("power", "binsearch"),
+        default=None,
+        help="power: powers of two only (the default); binsearch: bisect between them too "
+        "(the same as --any-batch)",
+    )
+    p.add_argument("--any-batch", action="store_true", help="any batch size (--mode binsearch)")
     p.add_argument("--json", action="store_true")
     add_cache_arg(p)
     p.set_defaults(func=commands.plan_cmd)
@@ -219,10 +249,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("predictor.progress").setLevel(logging.INFO)  # shown without -v
     try:
         return int(args.func(args) or 0)
-    except ValueError as exc:
-        print(f"memgnn {args.command}: error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # UserError and the ValueErrors naming bad input
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"memgnn {args.command}: error: {first}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("memgnn: interrupted", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,12 +22,14 @@ def resolve_bundle(args: argparse.Namespace):
 
 def capture_cmd(args: argparse.Namespace) -> int:
     from predictor.capture import CaptureConfig, capture
+    from predictor.predict import Progress
 
     bundle = resolve_bundle(args)
     sizes = bundle.sizes(parse_sizes(args))
     cfg = CaptureConfig(symbolic=not args.concrete, sizes=sizes, target=args.target)
     t0 = time.perf_counter()
-    graph = capture(bundle, train_spec(args), cfg)
+    with Progress(f"capturing {bundle.name} at {sizes}"):
+        graph = capture(bundle, train_spec(args), cfg)
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     gid = graph.save(out)
@@ -123,6 +126,13 @@ def profile_cmd(args: argparse.Namespace) -> int:
     bundle = resolve_bundle(args)
     cfg = ProfileConfig(backend=args.backend, device=args.device, snapshot_path=args.snapshot)
     train = train_spec(args)
+    if args.backend != "sim":  # a real step: refuse sizes the model cannot run first
+        from predictor.predict import graph_for_query
+
+        device = cfg.device_profile()
+        target = "cuda" if device.is_gpu else "cpu"
+        graph_for_query(bundle, train, bundle.sizes(parse_sizes(args)), target=target,
+                        sm=device.sm or 80)  # fmt: skip
     record = profile(bundle, train, parse_sizes(args), cfg)
     if args.snapshot and args.backend == "sim":
         from memgnn.snapshot_cli import tag_export
@@ -163,9 +173,10 @@ def demo_cmd(args: argparse.Namespace) -> int:
     return run_demo(Path(args.out))
 
 
-def _graph_for(bundle, device, sizes, use_cache: bool = True):
-    """train -> the captured graph, each training config captured (or loaded) once."""
-    from predictor.predict import capture_cached
+def _graph_for(bundle, device, sizes, use_cache: bool = True, scenario: str = "worst"):
+    """train -> a captured graph whose guards hold at `sizes`, each training config
+    captured (or loaded from the cache) once."""
+    from predictor.predict import graph_for_query
 
     target = "cuda" if device.is_gpu else "cpu"
     graphs: dict[str, Any] = {}
@@ -173,9 +184,10 @@ def _graph_for(bundle, device, sizes, use_cache: bool = True):
     def graph_for(train):
         key = json.dumps(train.to_dict(), sort_keys=True)
         if key not in graphs:
-            graphs[key] = capture_cached(
-                bundle, train, target=target, sm=device.sm or 80, sizes=sizes, use_cache=use_cache
-            )
+            graphs[key] = graph_for_query(
+                bundle, train, sizes, target=target, sm=device.sm or 80, scenario=scenario,
+                use_cache=use_cache,
+            )  # fmt: skip
         return graphs[key]
 
     return graph_for
@@ -194,7 +206,7 @@ def _model_info(graph, bundle, train, target: str) -> dict[str, Any]:
 def predict_cmd(args: argparse.Namespace) -> int:
     from dataset.devices import get_profile
     from dataset.replay.exact import ExactConfig, choose_method, predict_with
-    from predictor.predict import Query, default_model
+    from predictor.predict import Query, default_model, unused_sizes
 
     if args.url and args.plot:
         raise ValueError("--plot draws a local simulation; it cannot be used with --url")
@@ -225,18 +237,22 @@ def predict_cmd(args: argparse.Namespace) -> int:
     sizes = bundle.sizes(parse_sizes(args))
     query = Query(sizes=sizes, device=device.name, metric=args.metric, scenario=args.scenario)
     query.resolved_metric(device.is_gpu)
-    graph = _graph_for(bundle, device, sizes, not args.no_cache)(train)
+    graph = _graph_for(bundle, device, sizes, not args.no_cache, args.scenario)(train)
     info = _model_info(graph, bundle, train, "cuda" if device.is_gpu else "cpu")
     exact = ExactConfig(budget_s=args.replay_budget_ms / 1e3)
     learned = default_model() if choose_method(args.method, graph, exact) == "gnn" else None
     t0 = time.perf_counter()
     pred = predict_with(args.method, graph, [query], learned=learned, config=exact)[0]
+    warnings = unused_sizes(graph, parse_sizes(args))
+    for w in warnings:
+        print(f"memgnn predict: warning: {w}", file=sys.stderr)
     out = pred.to_dict() | {
         "sizes": sizes,
         "device": device.name,
         "graph_id": graph.graph_id,
         "predict_seconds": round(time.perf_counter() - t0, 6),
         "model": info,
+        "warnings": warnings,
     }
     if args.plot:
         from memgnn.snapshot_cli import plot_prediction
@@ -258,20 +274,6 @@ def predict_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _budget(text: str, device) -> int:
-    from memgnn.display import parse_bytes
-
-    try:
-        frac = float(text)
-    except ValueError:
-        return parse_bytes(text)
-    if 0 < frac <= 1:
-        if device.total_bytes is None:
-            raise ValueError("a fractional budget needs a device profile with a total")
-        return int(device.total_bytes * frac)
-    return parse_bytes(text)
-
-
 def _csv(text: str, cast=str) -> list:
     try:
         return [cast(x.strip()) for x in text.split(",") if x.strip()]
@@ -281,11 +283,18 @@ def _csv(text: str, cast=str) -> list:
 
 def plan_cmd(args: argparse.Namespace) -> int:
     from dataset.devices import get_profile
-    from predictor.plan import PlanConfig, SearchSpace, plan
+    from predictor.errors import UserError
+    from predictor.plan import PlanConfig, SearchSpace, parse_budget, plan
     from predictor.predict import default_model
 
-    bundle = resolve_bundle(args)
+    if args.batch is not None:
+        raise UserError("plan searches the batch size: cap it with --max-batch N, not --batch")
+    if args.mode == "power" and args.any_batch:
+        raise UserError("--mode power finds powers of two only; --any-batch needs binsearch")
+    any_batch = args.any_batch or args.mode == "binsearch"
     device = get_profile(args.device)
+    budget = parse_budget(args.budget, device.total_bytes)
+    bundle = resolve_bundle(args)
     base = train_spec(args)
     sizes = bundle.sizes(parse_sizes(args))
     precisions = _csv(args.precision_choices) if args.precision_choices else [base.precision]
@@ -298,11 +307,11 @@ def plan_cmd(args: argparse.Namespace) -> int:
         checkpointing=_csv(args.checkpointing_choices),
         precision=precisions,
         effective_batch=args.effective_batch,
-        mode=args.mode,
-        power_of_two=not args.any_batch,
+        mode="binsearch" if any_batch else "power",
+        power_of_two=not any_batch,
     )
     cfg = PlanConfig(
-        budget_bytes=_budget(args.budget, device),
+        budget_bytes=budget,
         device=device.name,
         metric=args.metric,
         threshold=args.threshold,
@@ -322,7 +331,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
     exact = ReplayModel() if device.is_gpu else None  # decides the steps near the budget
     res = plan(default_model(), graph_for, base, space, cfg, n_blocks=info["blocks"], exact=exact)
     if res.best is None:
-        raise ValueError(res.reason)
+        raise UserError(res.reason)
     best = res.best
     chosen = replace(first, precision=best.precision)  # captured by the search already
     out = {

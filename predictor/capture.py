@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from predictor.bounds import index_bound_hooks
 from predictor.branches import (
     BranchState,
     CaptureError,
@@ -121,7 +122,7 @@ class _Run:
             sizes, names = self._symbolic_sizes()
             modules = {name or "<root>": m for name, m in step.model.named_modules()}
             hooks = DataHooks(state, modules, shape_env=self.env, scenario=self.cfg.scenario)
-            table = hooks.table() | eager_hooks() | symbolic_hooks()
+            table = hooks.table() | eager_hooks() | symbolic_hooks() | index_bound_hooks()
             if self.cfg.target == "cpu":
                 table |= cpu_kernel_hooks()
             with ModuleTracker(step.model) as tracker, patched_cond(state), self._kernels():

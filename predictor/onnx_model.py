@@ -5,7 +5,11 @@ A model directory holds `encoder.onnx`, `head.onnx` and `model_card.json` (writt
 embeddings by graph id; `predict_encoded(embedding, graph, queries)` computes the query
 features (a liveness sweep in numpy) and runs the head once for all (query, path) pairs.
 Predicted bytes = analytic estimate x exp(correction); the upper bound likewise, and never
-below the prediction. A multi-path graph reports the worst path and each path's values.
+below the prediction. Neither is ever below the floors of `predictor.trust` (the sweep's
+exact tensor peak, whole 2 MiB segments for reserved); past the card's `training_range`
+in B the correction learned at the range's edge is applied and the answer says so in
+`breakdown["extrapolated"]`. Sizes that break the graph's guards are refused
+(`predict.GuardViolation`). A multi-path graph reports the worst path and each path's values.
 
 `load_default_model()` returns the model shipped in `predictor/default_model/`, or the
 analytic baseline with a warning when none is shipped.
@@ -30,14 +34,29 @@ from predictor.features import (
     graph_inputs,
 )
 from predictor.graph import StepGraph
-from predictor.predict import METRICS, AnalyticModel, MemoryModel, Prediction, Query
+from predictor.predict import (
+    METRICS,
+    AnalyticModel,
+    MemoryModel,
+    Prediction,
+    Query,
+    check_guards,
+)
 from predictor.query_features import PathContext
+from predictor.trust import batch_cap, extrapolation_notes, floors
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL_DIR = Path(__file__).parent / "default_model"
 CARD = "model_card.json"
 CACHE_SIZE = 32
+# A learned correction (measured / analytic) is clipped to [1/16, 16]: far beyond the
+# analytic baseline's errors on the shipped model's validation split (relative error p95
+# 0.28, max 1.63: model card analytic_baseline), so a larger one is the network
+# extrapolating (a graph far smaller or larger than any it saw), not a step's memory;
+# the answer says so in breakdown["extrapolated"].
+MAX_CORRECTION = 16.0
+MAX_LOG_CORRECTION = float(np.log(MAX_CORRECTION))
 
 
 def read_card(directory: str | Path) -> dict[str, Any]:
@@ -172,27 +191,46 @@ class OnnxMemoryModel:
         if embedding.shape[0] != len(contexts):
             raise ValueError(f"embedding has {embedding.shape[0]} rows, graph has "
                              f"{len(contexts)} paths")  # fmt: skip
+        check_guards(graph, queries)
         devices = [get_profile(q.device) for q in queries]
         metrics = [METRICS.index(q.resolved_metric(d.is_gpu)) for q, d in zip(queries, devices)]
         asks = [(q.sizes, d, q.scenario) for q, d in zip(queries, devices)]
-        per_path = [c.query_many(asks) for c in contexts]
-        results = [list(per) for per in zip(*per_path)]  # [query][path]
+        results = [list(per) for per in zip(*(c.query_many(asks) for c in contexts))]
+        # past the corpus's batch range the head sees the query at the range's edge and its
+        # correction applies to the analytic estimate at the real size (predictor.trust)
+        rng = self.card.get("training_range") or {}
+        edge = [(_at_batch(q.sizes, batch_cap(q.sizes, graph.symbols, rng)), d, q.scenario)
+                for q, d in zip(queries, devices)]  # fmt: skip
+        seen = results
+        if any(e[0] != a[0] for e, a in zip(edge, asks)):
+            seen = [list(per) for per in zip(*(c.query_many(edge) for c in contexts))]
         n_paths = len(contexts)
-        feats = np.stack([r.features for per in results for r in per])
+        feats = np.stack([r.features for per in seen for r in per])
         emb = np.tile(embedding.astype(np.float32), (len(queries), 1))
         out = self.head(emb, feats).astype(np.float64).reshape(len(queries), n_paths, 6)
         unknown = self._get(self._unknown, self.graph_id(graph)) or []
         preds = []
         for qi, per in enumerate(results):
-            m = metrics[qi]
+            m, device = metrics[qi], devices[qi]
             analytic = np.array([r.analytic[m] for r in per])
-            value = np.round(analytic * np.exp(out[qi, :, m]))
-            upper = np.ceil(np.maximum(analytic * np.exp(out[qi, :, 3 + m]), value))
+            floor = np.array([floors(r.breakdown["tensor_peak_bytes"], device.is_gpu,
+                                     r.breakdown["context_bytes"])[m] for r in per])  # fmt: skip
+            raw = out[qi, :, [m, 3 + m]]  # [2, paths] log corrections: value, upper bound
+            log_corr = np.clip(raw, -MAX_LOG_CORRECTION, MAX_LOG_CORRECTION)
+            value = np.maximum(np.round(analytic * np.exp(log_corr[0])), floor)
+            upper = np.ceil(np.maximum(analytic * np.exp(log_corr[1]), value))
             worst = int(np.argmax(value))
             breakdown = dict(per[worst].breakdown)
             extra = breakdown["workspace_bytes"] + (breakdown["context_bytes"] if m == 2 else 0)
+            notes = extrapolation_notes(queries[qi].sizes, graph.symbols, rng,
+                                        seen[qi][worst].features)  # fmt: skip
+            if np.any(raw != log_corr):
+                notes.append(f"the network's correction (x{np.exp(raw.max()):.3g} / "
+                             f"x{np.exp(raw.min()):.3g}) is outside x{MAX_CORRECTION:g}"
+                             "^(+-1): clipped there (onnx_model.MAX_CORRECTION)")  # fmt: skip
             breakdown.update(workspace_and_context_bytes=extra, analytic_bytes=int(analytic[worst]),
-                             correction=float(np.exp(out[qi, worst, m])),
+                             correction=float(np.exp(log_corr[0, worst])),
+                             floor_bytes=int(floor[worst]), extrapolated=notes,
                              unknown_ops=unknown)  # fmt: skip
             paths = [
                 {"conditions": c.graph.paths[c.path].conditions,
@@ -211,6 +249,13 @@ class OnnxMemoryModel:
                 )
             )
         return preds
+
+
+def _at_batch(sizes: dict[str, int], cap: int | None) -> dict[str, int]:
+    """`sizes` with B lowered to `cap` where it is above it."""
+    if cap is None or sizes.get("B", 0) <= cap:
+        return sizes
+    return {**sizes, "B": cap}
 
 
 def load_default_model(directory: str | Path | None = None) -> MemoryModel:

@@ -12,12 +12,15 @@ per unit of cost, cost = recompute overhead of C x precision cost of P.
 from __future__ import annotations
 
 import logging
+import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from predictor.errors import UserError
 from predictor.graph import StepGraph
-from predictor.predict import MemoryModel, Prediction, Query
+from predictor.predict import GuardViolation, MemoryModel, Prediction, Query
 from predictor.spec import PRECISIONS, TrainSpec
 
 log = logging.getLogger(__name__)
@@ -103,6 +106,54 @@ class PlanResult:
         }
 
 
+_UNITS = {
+    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+}  # fmt: skip
+_BUDGET_RE = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(%|[kmgt]i?b|b)?$")
+
+
+def parse_budget(text: str, device_total: int | None) -> int:
+    """A memory budget in bytes from the CLI's text, with explicit semantics:
+
+    - a byte size with a unit: `24GiB`, `8GB`, `512MiB`, `100B`;
+    - a whole number of bytes of at least 1024 without a unit: `8000000000`, `8e9`;
+    - a fraction of the device's total: a percentage `50%`, or a number with a decimal
+      point in (0, 1]: `0.5`, `1.0`.
+    A bare small integer (`1`, `2`: one byte or the whole device?) is ambiguous and
+    refused, like anything non-finite, non-positive or unreadable (`UserError`)."""
+    s = text.strip().lower().replace(" ", "")
+    m = _BUDGET_RE.match(s)
+    if m is None:
+        raise UserError(
+            f"cannot read a budget from {text!r}: give bytes with a unit (24GiB, 8GB), "
+            "a percentage of the device (50%) or a fraction (0.5)"
+        )
+    number, unit = m.group(1), m.group(2)
+    value = float(number)
+    if not math.isfinite(value) or value > 1 << 80:
+        raise UserError(f"budget {text!r} is not a finite number of bytes")
+    if value <= 0:
+        raise UserError(f"budget must be positive, got {text!r}")
+    fraction = None
+    if unit == "%":
+        fraction = value / 100
+    elif unit is None and "." in number and "e" not in number:
+        fraction = value
+    if fraction is not None:
+        if fraction > 1:
+            raise UserError(f"budget {text!r} is a fraction of the device above 1 (100%)")
+        if not device_total:
+            raise UserError(f"budget {text!r} is a fraction, but the device has no total")
+        return int(device_total * fraction)
+    if unit is None and value < 1024:
+        raise UserError(
+            f"budget {text!r} is ambiguous: write 100% (or 1.0) for the whole device, or "
+            f"bytes with a unit ({number}B, {number}GiB)"
+        )
+    return int(value * _UNITS[unit or "b"])
+
+
 def cost(train: TrainSpec, n_blocks: int | None = None) -> float:
     """Relative step cost of checkpointing and precision (1.0 = plain fp32)."""
     blocks = train.checkpoint_blocks
@@ -136,6 +187,7 @@ class _Prober:
         self.queries = 0
         self.cache: dict[int, Prediction] = {}
         self.exact_cache: dict[int, Prediction] = {}
+        self.refused: GuardViolation | None = None
 
     def predict(self, batch: int) -> Prediction:
         if batch in self.exact_cache:
@@ -161,6 +213,19 @@ class _Prober:
         return self.exact_cache[batch].upper_bound_bytes <= self.cfg.limit
 
     def fits(self, batch: int) -> bool:
+        """Whether `batch` fits under the limit: by the learned bound, or by the exact model
+        near the limit; a batch size where the graph's guards fail (another graph would be
+        needed) does not fit."""
+        return self._guarded(self._fits, batch)
+
+    def _guarded(self, check, batch: int) -> bool:
+        try:
+            return check(batch)
+        except GuardViolation as exc:
+            self.refused = exc
+            return False
+
+    def _fits(self, batch: int) -> bool:
         if self.exact is None or batch in self.exact_cache:
             return self.bound(batch) <= self.cfg.limit
         limit, p = self.cfg.limit, self.predict(batch)
@@ -174,7 +239,8 @@ class _Prober:
         """Check the answer and the step after it by the exact model; where the learned
         model misled, search again deciding every step exactly."""
         nxt = max(1, b * 2 if mode == "power" or power_of_two else b + 1)
-        if (b == 0 or self.exact_fits(b)) and not (nxt <= max_batch and self.exact_fits(nxt)):
+        fits_now = b == 0 or self._guarded(self.exact_fits, b)
+        if fits_now and not (nxt <= max_batch and self._guarded(self.exact_fits, nxt)):
             return b
         self.margin = float("inf")
         return largest_batch(self, max_batch, mode, power_of_two)
@@ -219,6 +285,8 @@ def plan(
     With `exact` (e.g. the replay), the steps near the limit and the answer are decided
     by it: no batch is refused whose exact answer fits, none admitted whose does not."""
     candidates: list[Candidate] = []
+    closest: Candidate | None = None  # the smallest bound at B=1, when nothing fits
+    refused: GuardViolation | None = None
     queries = 0
     for precision in space.precision:
         for ckpt in space.checkpointing:
@@ -229,31 +297,56 @@ def plan(
                 if exact is not None:
                     b = prober.settle(b, space.max_batch, space.mode, space.power_of_two)
                 queries += prober.queries
+                refused = refused or prober.refused
+                if b == 0 and 1 in prober.cache:
+                    one = _candidate(prober, 1, g, train, n_blocks)
+                    if closest is None or one.bound_bytes < closest.bound_bytes:
+                        closest = one
                 if b and space.effective_batch:
                     b, g = _fit_effective(b, g, space.effective_batch)
                 if b == 0:
                     continue
-                pred = prober.predict(b)
-                candidates.append(
-                    Candidate(
-                        batch_size=b,
-                        grad_accum=g,
-                        checkpointing=ckpt,
-                        precision=precision,
-                        objective=b * g / cost(train, n_blocks),
-                        bound_bytes=prober.bound(b),
-                        prediction=pred.to_dict(),
-                    )
-                )
+                candidates.append(_candidate(prober, b, g, train, n_blocks))
     candidates.sort(key=lambda c: (-c.objective, -c.batch_size, c.bound_bytes))
     if not candidates:
         return PlanResult(
             best=None,
-            runners_up=[],
+            runners_up=[closest] if closest else [],
             queries=queries,
-            reason=f"no config in the space fits {cfg.limit} bytes, not even batch size 1",
+            reason=_no_fit_reason(cfg, closest, refused),
         )
     return PlanResult(best=candidates[0], runners_up=candidates[1:top], queries=queries)
+
+
+def _candidate(prober: _Prober, b: int, g: int, train: TrainSpec, n_blocks: int | None):
+    return Candidate(
+        batch_size=b,
+        grad_accum=g,
+        checkpointing=train.checkpointing,
+        precision=train.precision,
+        objective=b * g / cost(train, n_blocks),
+        bound_bytes=prober.bound(b),
+        prediction=prober.predict(b).to_dict(),
+    )
+
+
+def _no_fit_reason(cfg: PlanConfig, closest: Candidate | None, refused: Any) -> str:
+    which = "upper bound" if cfg.use_upper_bound else "predicted peak"
+    text = (
+        f"no config in the space fits {cfg.limit} bytes (budget {cfg.budget_bytes} x "
+        f"threshold {cfg.threshold}), not even batch size 1; each config's {which} was "
+        "compared with it"
+    )
+    if closest is not None:
+        p = closest.prediction
+        text += (
+            f"; the closest, B=1 G={closest.grad_accum} checkpointing={closest.checkpointing} "
+            f"precision={closest.precision}, has an upper bound of {p['upper_bound_bytes']} "
+            f"bytes ({p['metric']} prediction {p['predicted_peak_bytes']})"
+        )
+    if refused is not None:
+        text += f"; some sizes were refused: {refused}"
+    return text
 
 
 def _fit_effective(b: int, g_class: int, effective: int) -> tuple[int, int]:

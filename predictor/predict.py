@@ -14,13 +14,19 @@ and keeps it on disk, keyed on everything that decides the graph.
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from predictor.analytic import sweep
 from predictor.capture_cache import cache_dir, capture_cached, capture_key  # noqa: F401
+from predictor.errors import UserError
 from predictor.graph import StepGraph
+from predictor.spec import ModelBundle, TrainSpec
 from predictor.vocab import cublas_workspaces
 
 log = logging.getLogger(__name__)
@@ -67,6 +73,32 @@ class Prediction:
         return asdict(self)
 
 
+class GuardViolation(UserError):
+    """A query outside the sizes a captured graph is valid for (its shape guards)."""
+
+    def __init__(self, message: str, guards: list[str], sizes: dict[str, int]):
+        super().__init__(message)
+        self.guards, self.sizes = guards, sizes
+
+
+def check_guards(graph: StepGraph, queries: Sequence[Query]) -> None:
+    """Raise `GuardViolation` when a query's sizes break a guard of `graph`.
+
+    A capture records the conditions the traced code relied on (e.g. `S < 256` where a
+    sliding-window model takes another branch past its window, or a model's position
+    limit): at sizes that break one, the step runs other code than the graph holds, so
+    no answer from this graph is right. Recapture at the query's sizes instead."""
+    for q in queries:
+        bad = graph.violated_guards(graph.resolve_sizes(q.sizes, q.scenario))
+        if bad:
+            raise GuardViolation(
+                f"sizes {q.sizes} break the captured graph's guard(s) {', '.join(bad)} "
+                f"(captured at {graph.symbols}); recapture at these sizes",
+                bad,
+                dict(q.sizes),
+            )
+
+
 class MemoryModel(Protocol):
     version: str
 
@@ -81,6 +113,7 @@ class AnalyticModel:
     def predict(self, graph: StepGraph, queries: Sequence[Query]) -> list[Prediction]:
         from dataset.devices import get_profile
 
+        check_guards(graph, queries)
         out = []
         for q in queries:
             device = get_profile(q.device)
@@ -121,6 +154,108 @@ def _extra_bytes(graph: StepGraph, path: int, device: Any, metric: str) -> int:
     p = graph.paths[path]
     extra = cublas_workspaces(p.nodes["op"], p.nodes["phase"]) * device.cublas_workspace_bytes
     return extra + (device.context_bytes if metric == "device_total" else 0)
+
+
+def graph_for_query(
+    bundle: ModelBundle,
+    train: TrainSpec,
+    sizes: dict[str, int],
+    *,
+    target: str = "cuda",
+    sm: int = 80,
+    scenario: str = "worst",
+    directory: Path | None = None,
+    use_cache: bool = True,
+) -> StepGraph:
+    """A captured graph whose guards hold at `sizes`.
+
+    The cached capture (traced at the example sizes) when its guards hold there; else a
+    capture traced at `sizes` themselves (logged; not cached: the cache keys on the
+    example sizes). `GuardViolation` when even that graph's guards fail at `sizes`: the
+    model itself cannot run there (e.g. more positions than its position table)."""
+    from predictor.branches import CaptureError
+    from predictor.capture import CaptureConfig, capture
+
+    with Progress(f"capturing {bundle.name} for a {target} target"):
+        graph = capture_cached(
+            bundle, train, target=target, sm=sm, sizes=sizes, directory=directory,
+            use_cache=use_cache,
+        )  # fmt: skip
+    bad = graph.violated_guards(graph.resolve_sizes(sizes, scenario))
+    if not bad:
+        return graph
+    log.info(
+        "%s: the graph traced at %s does not hold at %s (guards %s): capturing at %s",
+        bundle.name, graph.symbols, sizes, ", ".join(bad), sizes,
+    )  # fmt: skip
+    trace = bundle.sizes(sizes)
+    try:
+        with Progress(f"capturing {bundle.name} at {trace}"):
+            graph = capture(bundle, train, CaptureConfig(target=target, sm=sm, sizes=trace))
+    except CaptureError as exc:
+        raise GuardViolation(f"{bundle.name} cannot run at {sizes}: {exc}", bad, sizes) from exc
+    bad = graph.violated_guards(graph.resolve_sizes(sizes, scenario))
+    if bad:
+        raise GuardViolation(
+            f"{bundle.name} cannot run at {sizes}: {', '.join(bad)} fails even when traced "
+            "at these sizes (a limit of the model)",
+            bad,
+            dict(sizes),
+        )
+    return graph
+
+
+def unused_sizes(graph: StepGraph, names: Sequence[str]) -> list[str]:
+    """A warning per size in `names` that no byte count of `graph` depends on: the model's
+    make_inputs ignored it, so the answer is the same at any value of it."""
+    used: set[str] = set()
+    texts = [*graph.exprs, *(d[k] for d in graph.data_symbols.values() for k in ("lo", "hi"))]
+    for text in texts:
+        used.update(_NAME_RE.findall(text))
+    return [
+        f"size {name} never reaches the captured step (no tensor's bytes depend on it): "
+        f"the answer is the same at any {name}; does make_inputs read sizes[{name!r}]?"
+        for name in names
+        if name in graph.symbols and name not in used
+    ]
+
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class Progress:
+    """`with Progress("capturing gpt2"):` says on the `predictor.progress` logger (the CLI
+    shows it on stderr) that the block is still running, after `first` seconds and then
+    every `every` seconds, and when it ends; a block faster than `first` says nothing."""
+
+    first = 2.0
+    every = 10.0
+
+    def __init__(self, what: str):
+        self.what = what
+        self._done = threading.Event()
+        self._t0 = 0.0
+        self._said = False
+
+    def _beat(self) -> None:
+        wait = self.first
+        while not self._done.wait(wait):
+            self._said = True
+            _progress.info("%s ... (%.0f s)", self.what, time.perf_counter() - self._t0)
+            wait = self.every
+
+    def __enter__(self) -> Progress:
+        self._t0 = time.perf_counter()
+        threading.Thread(target=self._beat, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._said and exc[0] is None:
+            _progress.info("%s: done in %.1f s", self.what, time.perf_counter() - self._t0)
+
+
+_progress = logging.getLogger("predictor.progress")
 
 
 def default_model() -> MemoryModel:

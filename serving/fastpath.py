@@ -24,7 +24,7 @@ import numpy as np
 from predictor.analytic import STEP_NAMES, live_index
 from predictor.expr import ExprTable
 from predictor.graph import StepGraph
-from predictor.predict import AnalyticModel, Prediction, Query
+from predictor.predict import AnalyticModel, Prediction, Query, check_guards
 from predictor.vocab import CATEGORIES, PHASES, cublas_workspaces
 
 
@@ -187,6 +187,7 @@ class EncodedAnalytic(AnalyticModel):
 
         if not queries:
             return []
+        check_guards(graph, queries)  # as AnalyticModel.predict: no answer from a wrong graph
         devices = [get_profile(q.device) for q in queries]
         metrics = [q.resolved_metric(d.is_gpu) for q, d in zip(queries, devices)]
         resolved = [graph.resolve_sizes(q.sizes, q.scenario) for q in queries]

@@ -207,6 +207,7 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def _finish(cfg, data, sp, model, history, tracker, out: Path, t0: float) -> dict[str, Any]:
+    from predictor.trust import training_range
     from training.export import export_onnx, weights_hash, write_card
     from training.fit import cross_calibrate, evaluate, predict_log
     from training.tracking import parity_plot
@@ -242,6 +243,7 @@ def _finish(cfg, data, sp, model, history, tracker, out: Path, t0: float) -> dic
         "metrics": metrics, "analytic_baseline": baseline, "onnx": onnx_info,
         "train_seconds": round(time.perf_counter() - t0, 1),
         "dropped": data.dropped,  # corrupt corpus data left out (--allow-corrupt)
+        "training_range": training_range(data.q[sp.train]),
     }  # fmt: skip
     write_card(model_dir, card)
     flat = {f"{split_}/{key}/{stat}": v for split_, groups in metrics.items()

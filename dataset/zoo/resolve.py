@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
+import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
+from predictor.errors import UserError
 from predictor.spec import ModelBundle
 
 from . import dynamic, hf, hf_families, recurrent, transformers_inhouse, vision
@@ -69,21 +73,40 @@ def resolve(
 
 
 def _from_python(spec: str, model_args: Mapping[str, str]) -> ModelBundle:
+    """`py:module:factory`: import `module` (from sys.path, then the current directory, as
+    `python -m` would) and call `factory(**model_args)`, which must return a ModelBundle.
+    Model args arrive as strings; a factory converts them (see the README's example)."""
     parts = spec[3:].split(":")
     if len(parts) != 2 or not all(parts):
-        raise ValueError(f"bad model spec {spec!r}; expected py:module:factory")
+        raise UserError(f"bad model spec {spec!r}; expected py:module:factory")
     module_name, attr = parts
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)  # after installed packages: a local file cannot shadow them
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"{spec}: cannot import module {module_name!r}: {exc}") from exc
+        raise UserError(
+            f"{spec}: cannot import module {module_name!r} (looked on sys.path and in {cwd}): {exc}"
+        ) from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise ValueError(f"{spec}: module {module_name!r} has no callable {attr!r}")
+        raise UserError(f"{spec}: module {module_name!r} has no callable {attr!r}")
+    try:
+        inspect.signature(factory).bind(**model_args)
+    except TypeError as exc:
+        raise UserError(
+            f"{spec}: model args {sorted(model_args)} do not fit {attr}{_signature(factory)}: {exc}"
+        ) from None
     bundle = factory(**model_args)
     if not isinstance(bundle, ModelBundle):
-        raise ValueError(
-            f"{spec}: factory returned {type(bundle).__name__}, expected a ModelBundle"
-        )
+        raise UserError(f"{spec}: factory returned {type(bundle).__name__}, expected a ModelBundle")
     logger.debug("resolved %s to bundle %s", spec, bundle.name)
     return bundle
+
+
+def _signature(fn: Any) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "(...)"

@@ -47,6 +47,10 @@ def test_train_end_to_end_with_crash_and_resume(tiny_corpus, tmp_path, monkeypat
     assert state["phase"] == "done" and state["run_id"] == first["run_id"]
     assert card["epochs"] == 5 and card["holdout_families"] == ["rnn"]  # 3 joint + 2 head
     assert card["metrics"]["test_family"]["primary"]["n"] > 0
+    rng = card["training_range"]  # the range predictions check for extrapolation
+    assert (
+        rng["B"][0] >= 1 and rng["B"][1] >= rng["B"][0] and len(rng["query_features"]["max"]) == 62
+    )
     for name in ("encoder.onnx", "head.onnx", "model_card.json"):
         assert (out / "model" / name).is_file()
 

@@ -1,0 +1,109 @@
+"""What a learned answer may claim: hard floors, and the range the model was trained on.
+
+A learned correction is only as good as the corpus behind it. Two rules keep an answer
+honest far from that corpus:
+
+- **Floors.** The liveness sweep's tensor peak is bytes the step really holds at once
+  (exact, rounded to the CUDA allocator's 512-byte blocks on a GPU), so `allocated` is
+  never predicted below it; `reserved` is at least that rounded up to whole 2 MiB
+  segments (every segment the caching allocator reserves is a multiple of 2 MiB), and
+  `device_total` at least reserved plus the profile's CUDA context.
+- **Training range.** The model card's `training_range` records the largest batch B and
+  the largest tokens (product of the input sizes) in the training split, and optionally
+  the [min, max] of each query feature. A query beyond the batch range is answered with
+  the correction learned at the range's edge (same graph, same other sizes), applied to
+  the analytic estimate at the real size: monotone in B wherever the analytic estimate
+  is, instead of whatever the network does outside what it saw. Every answer lists in
+  `breakdown["extrapolated"]` why it is outside the range ([] when inside).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from predictor.features import QUERY_COLUMNS
+
+__all__ = ["SEGMENT", "batch_cap", "extrapolation_notes", "floors", "training_range"]
+
+SEGMENT = 2 << 20  # every caching-allocator segment is a multiple of 2 MiB
+
+
+def floors(tensor_peak: float, is_gpu: bool, context_bytes: int) -> np.ndarray:
+    """Bytes each metric (allocated, reserved, device_total) is at least, given the
+    sweep's exact tensor peak (already block-rounded on a GPU)."""
+    peak = float(tensor_peak)
+    if not is_gpu:
+        return np.array([peak, peak, peak])
+    reserved = math.ceil(peak / SEGMENT) * SEGMENT
+    return np.array([peak, float(reserved), float(reserved + context_bytes)])
+
+
+def _unlog(value: float, scale: float) -> int:
+    """Inverse of `features.log_scale` (rounded to the nearest int)."""
+    return round(2.0 ** (value * scale) - 1.0)
+
+
+def training_range(q: np.ndarray) -> dict[str, Any]:
+    """The card's `training_range` from the training split's query features [R, F]."""
+    cols = {name: k for k, name in enumerate(QUERY_COLUMNS)}
+    lo, hi = q.min(axis=0), q.max(axis=0)
+    return {
+        "B": [_unlog(lo[cols["log_b"]], 16), _unlog(hi[cols["log_b"]], 16)],
+        "tokens": [_unlog(lo[cols["log_tokens"]], 40), _unlog(hi[cols["log_tokens"]], 40)],
+        "query_features": {"min": lo.astype(float).tolist(), "max": hi.astype(float).tolist()},
+        "source": "training split query features",
+    }
+
+
+def _tokens(sizes: Mapping[str, int], symbols: Any) -> int:
+    return math.prod(int(v) for k, v in sizes.items() if k in symbols)
+
+
+def batch_cap(sizes: Mapping[str, int], symbols: Any, rng: Mapping[str, Any]) -> int | None:
+    """The largest B inside the range at these other sizes (None: no B or no range)."""
+    if "B" not in sizes or "B" not in symbols or not rng.get("B"):
+        return None
+    cap = int(rng["B"][1])
+    if rng.get("tokens"):
+        other = _tokens({k: v for k, v in sizes.items() if k != "B"}, symbols)
+        cap = min(cap, max(1, int(rng["tokens"][1]) // max(other, 1)))
+    return max(cap, 1)
+
+
+def extrapolation_notes(
+    sizes: Mapping[str, int],
+    symbols: Any,
+    rng: Mapping[str, Any],
+    features: np.ndarray | None = None,
+) -> list[str]:
+    """Why a query lies outside the training range, one sentence each ([] if inside)."""
+    notes = []
+    b = sizes.get("B")
+    cap = batch_cap(sizes, symbols, rng)
+    if cap is not None and b is not None and b > cap:
+        notes.append(
+            f"B={b} is beyond the corpus's range (B <= {rng['B'][1]}, at most "
+            f"{rng.get('tokens', [0, '?'])[1]} tokens): the correction learned at B={cap} "
+            "is applied to the analytic estimate"
+        )
+    if rng.get("tokens"):
+        per_sample = _tokens({k: v for k, v in sizes.items() if k != "B"}, symbols)
+        if per_sample > int(rng["tokens"][1]):
+            notes.append(
+                f"{per_sample} tokens per sample is above the corpus's largest "
+                f"{rng['tokens'][1]} (the correction is the network's extrapolation)"
+            )
+    span = rng.get("query_features")
+    if span is not None and features is not None:
+        lo, hi = np.asarray(span["min"]), np.asarray(span["max"])
+        eps = 1e-6 + 1e-3 * (hi - lo)
+        outside = np.flatnonzero((features < lo - eps) | (features > hi + eps))
+        skip = {"log_b", "log_tokens"}  # said above in words
+        names = [QUERY_COLUMNS[k] for k in outside if QUERY_COLUMNS[k] not in skip]
+        if names:
+            notes.append(f"query features outside the training range: {', '.join(names)}")
+    return notes

@@ -1,0 +1,64 @@
+"""Answers memgnn can vouch for: never below the bytes it computes exactly, monotone in
+B far outside the training range, extrapolation said out loud, guards honoured."""
+
+from __future__ import annotations
+
+import pytest
+
+from predictor.capture import CaptureConfig, capture
+from predictor.onnx_model import load_default_model
+from predictor.predict import Query
+from predictor.spec import TrainSpec
+from tests.tiny_models import tiny_mlp_bundle
+
+BATCHES = [2**k for k in range(0, 25, 2)]  # 1 .. 16M, far past the corpus's B <= 256
+EDGE = 256  # the shipped card's training_range: B <= 256
+
+
+@pytest.fixture(scope="module")
+def mlp_graph():
+    return capture(tiny_mlp_bundle(), TrainSpec(), CaptureConfig(target="cuda"))
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    model = load_default_model()
+    if not hasattr(model, "card"):
+        pytest.skip("no learned model shipped")
+    return model
+
+
+@pytest.mark.parametrize("metric", ["allocated", "reserved", "device_total"])
+def test_learned_answer_never_below_exact_bytes_and_monotone_in_batch(shipped, mlp_graph, metric):
+    queries = [Query(sizes={"B": b}, device="h100-80gb", metric=metric) for b in BATCHES]
+    preds = shipped.predict(mlp_graph, queries)
+    values = [p.predicted_peak_bytes for p in preds]
+    for b, p in zip(BATCHES, preds):
+        exact = p.breakdown["tensor_peak_bytes"]
+        assert p.predicted_peak_bytes >= exact, (b, p.predicted_peak_bytes, exact)
+        assert p.upper_bound_bytes >= p.predicted_peak_bytes
+        if metric != "allocated":  # reserved holds whole 2 MiB segments
+            assert p.predicted_peak_bytes >= -(-exact // (2 << 20)) * (2 << 20)
+    beyond = [v for b, v in zip(BATCHES, values) if b >= EDGE]
+    assert len(beyond) > 5 and beyond == sorted(beyond), values
+
+
+def test_extrapolation_is_reported(shipped, mlp_graph):
+    inside, outside = shipped.predict(
+        mlp_graph,
+        [
+            Query(sizes={"B": 8}, device="h100-80gb"),
+            Query(sizes={"B": 1 << 22}, device="h100-80gb"),
+        ],
+    )
+    assert not any("B=" in why for why in inside.breakdown["extrapolated"])
+    assert any("B=4194304" in why for why in outside.breakdown["extrapolated"])
+
+
+def test_corrections_far_outside_the_corpus_are_clipped_and_said(shipped, mlp_graph):
+    # this 24-64-5 MLP is far smaller than any corpus step: the raw network output is
+    # absurd here (x1e76 on reserved before the clip)
+    p = shipped.predict(mlp_graph, [Query(sizes={"B": 8}, device="h100-80gb")])[0]
+    assert 1 / 16 <= p.breakdown["correction"] <= 16
+    assert p.upper_bound_bytes <= 16 * p.breakdown["analytic_bytes"] + p.breakdown["floor_bytes"]
+    assert any("clipped" in why for why in p.breakdown["extrapolated"])
