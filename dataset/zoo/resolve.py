@@ -59,7 +59,9 @@ def resolve(
     if spec.startswith("hf:"):
         path = spec[3:]
         if not path:
-            raise ValueError("hf: spec needs a path or a name, e.g. hf:models/gpt2/config.json or hf:gpt2")
+            raise ValueError(
+                "hf: spec needs a path or a name, e.g. hf:models/gpt2/config.json or hf:gpt2"
+            )
         return hf.bundle_from_config_file(path, task, model_args)
     if spec.startswith("py:"):
         return _from_python(spec, model_args)
