@@ -195,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.devices_cmd)
 
+    p = sub.add_parser("models", help="the bundled catalog of real models (hf:ORG/NAME)")
+    p.add_argument("names", nargs="*", help="only names containing these (case-insensitive)")
+    p.add_argument("--check", action="store_true", help="exit 1 unless counts match")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.models_cmd)
+
     p = sub.add_parser("demo", help="the end-to-end demo on an embedded default model")
     p.add_argument("--out", default=".demo", help="working folder")
     p.set_defaults(func=commands.demo_cmd)

@@ -33,6 +33,7 @@ __all__ = [
     "CatalogEntry",
     "catalog_entries",
     "catalog_names",
+    "describe",
     "hub_cache_dir",
     "param_count",
     "resolve_config_file",
@@ -201,3 +202,26 @@ def param_count(config: Any, task: str) -> int:
         model = cls(config)
     model.tie_weights()  # no_init_weights skips the tying post_init would do
     return sum(p.numel() for p in model.parameters())
+
+
+def describe(entry: CatalogEntry) -> dict[str, Any]:
+    """What `memgnn models` shows for one entry: its config's shape, the class the default
+    task builds, the parameter count computed on the meta device, and the check against
+    the published figure (`params_match` None where no exact figure is recorded)."""
+    from .hf import infer_task, model_class, require_transformers
+
+    tf = require_transformers()
+    config = tf.AutoConfig.from_pretrained(str(entry.path), local_files_only=True)
+    task = infer_task(config)
+    params = param_count(config, task)
+    published = entry.published_params
+    return {
+        "name": entry.name,
+        "model_type": config.model_type,
+        "task": task,
+        "class": model_class(config, task).__name__,
+        "params": params,
+        "published_params": published,
+        "params_match": None if published is None else params == published,
+        "aliases": sorted(a for a, n in ALIASES.items() if n == entry.name),
+    }
