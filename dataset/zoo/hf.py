@@ -128,7 +128,8 @@ def _takes_kwargs(model_type: type) -> bool:
 
 def hf_step(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """`model(**inputs).loss` (shift_labels dropped for a forward that cannot take it)."""
-    if "shift_labels" in inputs and not _takes_kwargs(type(model)):
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    if "shift_labels" in inputs and not _takes_kwargs(type(base)):
         inputs = {k: v for k, v in inputs.items() if k != "shift_labels"}
     return model(**inputs).loss
 
