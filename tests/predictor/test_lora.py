@@ -9,6 +9,7 @@ import torch
 
 from dataset import zoo
 from dataset.profile import ProfileConfig, profile
+from predictor.model_info import describe
 from predictor.spec import ModelBundle, TrainSpec
 from predictor.step import TrainingStep
 
@@ -87,6 +88,9 @@ def test_lora_freezes_the_base_and_trains_only_adapters(tiny_llama):
     assert set(step.optimizer.state) == set(step.params)
     exp_avg = sum(s["exp_avg"].numel() for s in step.optimizer.state.values())
     assert exp_avg == _adapter_params(2, ["q_proj", "v_proj"])
+    info = describe(step.model, tiny_llama, train)
+    assert info.module_class == "LlamaForCausalLM + LoRA r=2"
+    assert info.trainable_parameters == _adapter_params(2, ["q_proj", "v_proj"])
     assert len(state["gradient"]) in (0, len(step.params))
 
 
