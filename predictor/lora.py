@@ -69,7 +69,10 @@ def apply_lora(model: nn.Module, train: TrainSpec) -> nn.Module:
         with _fake_safe_adapter_moves():
             wrapped: Any = peft.get_peft_model(model, config)
     except ValueError as exc:
-        raise ValueError(f"--peft lora on {type(model).__name__}: {exc}") from exc
+        hint = ""
+        if targets is None:
+            hint = f"; name them with --lora-targets (modules: {', '.join(module_names(model))})"
+        raise ValueError(f"--peft lora on {type(model).__name__}: {exc}{hint}") from exc
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     logger.debug("LoRA r=%d targets=%s: %d trainable parameters", train.lora_r, targets, trainable)
     return wrapped

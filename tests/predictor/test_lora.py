@@ -100,6 +100,11 @@ def test_a_lora_target_the_model_lacks_names_the_option(tiny_llama):
         TrainingStep(tiny_llama, train, device=CPU, target="cpu")
 
 
+def test_a_model_peft_has_no_default_targets_for_asks_for_lora_targets(tiny_gpt):
+    with pytest.raises(ValueError, match="--lora-targets"):
+        TrainingStep(tiny_gpt, TrainSpec(peft="lora"), device=CPU, target="cpu")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
