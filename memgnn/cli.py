@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from predictor.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, STEP_KINDS
+from predictor.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PEFT_METHODS, PRECISIONS, STEP_KINDS
 
 METRICS = ("allocated", "reserved", "device_total")
 
@@ -67,6 +67,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         default="none",
         help="zero_grad(set_to_none=True) ('none', the default) or keep zeroed grads",
     )
+    g.add_argument("--peft", choices=PEFT_METHODS, default="none", help="LoRA through peft")
+    g.add_argument("--lora-r", type=int, default=8)
+    g.add_argument("--lora-alpha", type=float, default=16.0)
+    g.add_argument("--lora-dropout", type=float, default=0.0)
+    g.add_argument("--lora-targets", default="", help="q_proj,v_proj,...; default: peft's")
 
 
 def add_cache_arg(p: argparse.ArgumentParser) -> None:
@@ -118,6 +123,11 @@ def train_spec(args: argparse.Namespace) -> Any:
         grad_accum=args.grad_accum,
         steps=args.steps,
         set_to_none=args.zero_grad == "none",
+        peft=args.peft,
+        lora_r=args.lora_r,
+        lora_alpha=args.lora_alpha,
+        lora_dropout=args.lora_dropout,
+        lora_targets=args.lora_targets,
     )
 
 
@@ -235,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("devices", help="list device profiles")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.devices_cmd)
+
+    p = sub.add_parser("models", help="the bundled catalog of real models (hf:ORG/NAME)")
+    p.add_argument("names", nargs="*", help="only names containing these (case-insensitive)")
+    p.add_argument("--check", action="store_true", help="exit 1 unless counts match")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=commands.models_cmd)
 
     p = sub.add_parser("demo", help="the end-to-end demo on an embedded default model")
     p.add_argument("--out", default=".demo", help="working folder")

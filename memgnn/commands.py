@@ -100,6 +100,39 @@ def graph_info_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def models_cmd(args: argparse.Namespace) -> int:
+    """The catalog, parameter counts computed on the meta device, checked against the
+    published figures; `--check` exits 1 on a mismatch."""
+    from dataset.zoo import hub
+
+    wanted = [w.lower() for w in args.names]
+    entries = [
+        e for e in hub.catalog_entries() if not wanted or any(w in e.name.lower() for w in wanted)
+    ]
+    if not entries:
+        raise ValueError(f"no catalog model matches {' '.join(args.names)!r}")
+    rows = [hub.describe(e) for e in entries]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        check = {True: "ok", False: "MISMATCH", None: "no exact published figure"}
+        print_table(
+            ["hf:NAME", "model_type", "class (default task)", "parameters", "published", "check"],
+            [
+                [
+                    r["name"],
+                    r["model_type"],
+                    f"{r['class']} ({r['task']})",
+                    f"{r['params']:,}",
+                    "-" if r["published_params"] is None else f"{r['published_params']:,}",
+                    check[r["params_match"]],
+                ]
+                for r in rows
+            ],
+        )
+    return 1 if args.check and any(r["params_match"] is False for r in rows) else 0
+
+
 def devices_cmd(args: argparse.Namespace) -> int:
     from dataset.devices import PROFILES
 

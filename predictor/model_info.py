@@ -83,6 +83,14 @@ def _config_int(config: Any, keys: tuple[str, ...]) -> int | None:
     return None
 
 
+def _class_name(model: nn.Module, train: TrainSpec) -> str:
+    """The model's class; under --peft lora the wrapped class, e.g. `LlamaForCausalLM + LoRA
+    r=16` (not peft's PeftModel)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lora = f" + LoRA r={train.lora_r}" if train.peft == "lora" else ""
+    return f"{type(base).__name__}{lora}"
+
+
 def describe(model: nn.Module, bundle: ModelBundle, train: TrainSpec) -> ModelInfo:
     """The identity of a built model (see the module docstring)."""
     params = list(model.parameters())  # unique: tied weights once
@@ -95,7 +103,7 @@ def describe(model: nn.Module, bundle: ModelBundle, train: TrainSpec) -> ModelIn
         spec=bundle.name,
         kind=spec_kind(bundle.name),
         family=bundle.family,
-        module_class=type(model).__name__,
+        module_class=_class_name(model, train),
         parameters=sum(p.numel() for p in params),
         trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
         parameter_bytes=sum(p.numel() * p.element_size() for p in params),

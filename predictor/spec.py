@@ -17,6 +17,7 @@ from torch import nn
 
 PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
 OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")
+PEFT_METHODS = ("none", "lora")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
 STEP_KINDS = ("first", "steady", "both")
 _CKPT_RE = re.compile(r"^(none|full|blocks:(\d+))$")
@@ -38,8 +39,22 @@ class TrainSpec:
     grad_accum: int = 1
     set_to_none: bool = True  # optimizer.zero_grad(set_to_none=...)
     steps: str = "both"  # first | steady | both
+    # parameter-efficient fine-tuning through the peft library (see predictor/lora.py)
+    peft: str = "none"  # none | lora
+    lora_r: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0  # peft's LoraConfig default
+    lora_targets: str = ""  # comma-separated module names; "" = peft's default for the model
 
     def __post_init__(self) -> None:
+        if self.peft not in PEFT_METHODS:
+            raise ValueError(f"unknown --peft {self.peft!r}; expected one of {PEFT_METHODS}")
+        if self.lora_r < 1:
+            raise ValueError(f"--lora-r must be >= 1, got {self.lora_r}")
+        if not self.lora_alpha > 0:
+            raise ValueError(f"--lora-alpha must be > 0, got {self.lora_alpha}")
+        if not 0.0 <= self.lora_dropout < 1.0:
+            raise ValueError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; expected one of {PRECISIONS}")
         if self.optimizer not in OPTIMIZERS:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from predictor.lora import apply_lora
 from predictor.spec import ModelBundle, TrainSpec, default_blocks
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,9 @@ class TrainingStep:
             if not blocks:
                 raise ValueError(f"model {bundle.name!r} has no repeated blocks to checkpoint")
             self.checkpointed = _apply_checkpointing(model, blocks, train.checkpoint_blocks)
+        if train.peft == "lora":
+            with torch.device(device), _default_dtype(train.param_dtype):
+                model = self.model = apply_lora(model, train)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, train, target)
         self.scaler = None

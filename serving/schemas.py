@@ -14,7 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints,
 from dataset.devices import PROFILES
 from dataset.zoo import TASKS
 from predictor.predict import METRICS
-from predictor.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, STEP_KINDS, TrainSpec
+from predictor.spec import (
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PEFT_METHODS,
+    PRECISIONS,
+    STEP_KINDS,
+    TrainSpec,
+)
 
 MAX_SIZE = (1 << 31) - 1
 SymbolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
@@ -59,6 +66,11 @@ class TrainIn(Strict):
     grad_accum: int = Field(default=1, ge=1, le=1_000_000)
     set_to_none: bool = True
     steps: Literal[STEP_KINDS] = "both"  # type: ignore[valid-type]
+    peft: Literal[PEFT_METHODS] = "none"  # type: ignore[valid-type]
+    lora_r: int = Field(default=8, ge=1, le=65_536)
+    lora_alpha: float = Field(default=16.0, gt=0, le=1e6)
+    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
+    lora_targets: str = Field(default="", max_length=4096)
 
     def to_spec(self) -> TrainSpec:
         return TrainSpec(**self.model_dump())

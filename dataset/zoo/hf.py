@@ -20,7 +20,6 @@ import logging
 from collections.abc import Mapping
 from contextlib import nullcontext
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,6 +27,7 @@ from torch import nn
 
 from predictor.spec import ModelBundle
 
+from .hub import resolve_config_file
 from .layers import IGNORE_INDEX, fake_mode_active, image_inputs, shifted_labels
 from .registry import coerce_like
 
@@ -128,7 +128,8 @@ def _takes_kwargs(model_type: type) -> bool:
 
 def hf_step(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """`model(**inputs).loss` (shift_labels dropped for a forward that cannot take it)."""
-    if "shift_labels" in inputs and not _takes_kwargs(type(model)):
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft
+    if "shift_labels" in inputs and not _takes_kwargs(type(base)):
         inputs = {k: v for k, v in inputs.items() if k != "shift_labels"}
     return model(**inputs).loss
 
@@ -203,17 +204,15 @@ def _max_positions(config: Any) -> int | None:
 def bundle_from_config_file(
     path: str, task: str | None = None, overrides: Mapping[str, str] | None = None
 ) -> ModelBundle:
-    """A bundle for a local transformers config.json (or a folder holding one), built offline.
+    """A bundle for a transformers config.json, built offline: `path` is a file, a folder
+    holding one, or a Hub name (`ORG/NAME`) from the bundled catalog or the local HF cache
+    (`hub.resolve_config_file`).
 
     `overrides` (CLI model args) set config attributes, converted to each attribute's type.
     """
     if task is not None and task not in HF_TASKS:
         raise ValueError(f"unknown task {task!r} for hf: models; expected one of {HF_TASKS}")
-    file = Path(path)
-    if file.is_dir():
-        file = file / "config.json"
-    if not file.is_file():
-        raise ValueError(f"hf config file not found: {path}")
+    file = resolve_config_file(path)
     tf = require_transformers()
     try:
         config = tf.AutoConfig.from_pretrained(str(file), local_files_only=True)

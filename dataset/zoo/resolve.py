@@ -51,7 +51,8 @@ def resolve(
 
     - `NAME`: a zoo family; `model_args` (strings) override hparams, converted to the type
       of each default. `task`, if given, must be the family's task.
-    - `hf:PATH/config.json`: a local transformers config built offline with `from_config`;
+    - `hf:PATH/config.json` or `hf:ORG/NAME` (the bundled catalog of published configs, then
+      the local Hugging Face cache; see `hub`): a transformers config built offline;
       `task` is causal-lm | seq-cls | masked-lm | seq2seq | image-cls (default: inferred
       from the config's architectures); `model_args` override config fields.
     - `py:module:factory`: `factory(**model_args)` must return a ModelBundle.
@@ -62,7 +63,9 @@ def resolve(
     if spec.startswith("hf:"):
         path = spec[3:]
         if not path:
-            raise ValueError("hf: spec needs a path, e.g. hf:models/gpt2/config.json")
+            raise ValueError(
+                "hf: spec needs a path or a name, e.g. hf:models/gpt2/config.json or hf:gpt2"
+            )
         return hf.bundle_from_config_file(path, task, model_args)
     if spec.startswith("py:"):
         return _from_python(spec, model_args)

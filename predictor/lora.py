@@ -1,0 +1,106 @@
+"""LoRA through the peft library, applied to a built model as `get_peft_model` does it.
+
+peft freezes every base parameter (no gradient, no optimizer state for it), adds the
+`lora_A`/`lora_B` adapter weights next to each target module (in fp32 when the base is
+bf16/fp16: peft's `autocast_adapter_dtype`), and with `lora_dropout > 0` a dropout on each
+adapter's input, whose masks are saved for backward. The step then trains only what is left
+with `requires_grad` (see `predictor.step.TrainingStep`).
+
+peft is optional: imported here only when a spec asks for LoRA; a missing install is a
+ValueError telling the user to install memgnn[peft].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+
+from predictor.spec import TrainSpec
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["apply_lora", "lora_targets", "module_names"]
+
+
+def lora_targets(train: TrainSpec) -> list[str] | None:
+    """The target module names of `--lora-targets`; None: peft's default for the model."""
+    names = [t.strip() for t in train.lora_targets.split(",") if t.strip()]
+    return names or None
+
+
+def module_names(model: nn.Module) -> list[str]:
+    """The leaf names (last dotted part) of the Linear and Conv1D modules LoRA can target."""
+    kinds = {"Linear", "Conv1D", "Conv2d", "Embedding"}
+    return sorted(
+        {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if type(m).__name__ in kinds}
+    )
+
+
+def apply_lora(model: nn.Module, train: TrainSpec) -> nn.Module:
+    """`peft.get_peft_model(model, LoraConfig(...))` for `train`; a target the model lacks
+    is a ValueError naming --lora-targets and the module names the model has."""
+    try:
+        import peft
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ValueError("--peft lora needs the peft library: install memgnn[peft]") from exc
+    targets = lora_targets(train)
+    if targets is not None:
+        have = set(module_names(model))
+        missing = [t for t in targets if t not in have]
+        if missing:
+            raise ValueError(
+                f"--lora-targets: {type(model).__name__} has no module named "
+                f"{', '.join(missing)}; its Linear/Conv/Embedding module names: "
+                f"{', '.join(sorted(have)) or 'none'}"
+            )
+    config = peft.LoraConfig(
+        r=train.lora_r,
+        lora_alpha=train.lora_alpha,
+        lora_dropout=train.lora_dropout,
+        target_modules=targets,
+    )
+    try:
+        with _fake_safe_adapter_moves():
+            wrapped: Any = peft.get_peft_model(model, config)
+    except ValueError as exc:
+        hint = ""
+        if targets is None:
+            hint = f"; name them with --lora-targets (modules: {', '.join(module_names(model))})"
+        raise ValueError(f"--peft lora on {type(model).__name__}: {exc}{hint}") from exc
+    trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
+    logger.debug("LoRA r=%d targets=%s: %d trainable parameters", train.lora_r, targets, trainable)
+    return wrapped
+
+
+@contextlib.contextmanager
+def _fake_safe_adapter_moves() -> Iterator[None]:
+    """peft moves each new adapter to its base layer's device and dtype with `Module.to`,
+    which (torch 2.13) swaps FakeTensor parameters and fails on the weakrefs the fake mode
+    holds. The step builds adapters in the base's device and dtype already, so on fake
+    tensors that move is a no-op: while peft wraps the model, a `Module.to` whose tensors
+    are all fake and already where (and in the dtype) it asks returns the module as is."""
+    original = nn.Module.to
+
+    def to(self: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+        device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        tensors = [*self.parameters(), *self.buffers()]
+        if tensors and all(
+            isinstance(t, FakeTensor)
+            and (device is None or t.device == device)
+            and (dtype is None or not t.is_floating_point() or t.dtype == dtype)
+            for t in tensors
+        ):
+            return self
+        return original(self, *args, **kwargs)
+
+    nn.Module.to = to  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.to = original  # type: ignore[method-assign]

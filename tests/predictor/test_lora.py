@@ -1,0 +1,119 @@
+"""--peft lora through peft: frozen base, adapter weights/grads/states, dropout; sim == cpu."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dataset import zoo
+from dataset.profile import ProfileConfig, profile
+from predictor.model_info import describe
+from predictor.spec import ModelBundle, TrainSpec
+from predictor.step import TrainingStep
+
+pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+
+CPU = torch.device("cpu")
+HIDDEN, KV, LAYERS, VOCAB, MLP = 64, 32, 2, 256, 128
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> ModelBundle:
+    path: Path = tmp_path_factory.mktemp("llama") / "config.json"
+    transformers.LlamaConfig(
+        hidden_size=HIDDEN,
+        intermediate_size=MLP,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+    ).to_json_file(str(path))
+    return zoo.resolve(f"hf:{path}")
+
+
+def _adapter_params(r: int, targets: list[str]) -> int:
+    """By hand: lora_A (r x in) + lora_B (out x r) per target per layer."""
+    shape = {"q_proj": (HIDDEN, HIDDEN), "k_proj": (HIDDEN, KV), "v_proj": (HIDDEN, KV)}
+    shape["o_proj"] = (HIDDEN, HIDDEN)
+    return LAYERS * sum(r * shape[t][0] + shape[t][1] * r for t in targets)
+
+
+BASE_PARAMS = (
+    2 * VOCAB * HIDDEN
+    + LAYERS * (2 * HIDDEN * HIDDEN + 2 * HIDDEN * KV + 3 * HIDDEN * MLP + 2 * HIDDEN)
+    + HIDDEN
+)
+
+
+@pytest.mark.parametrize(
+    "train",
+    [
+        TrainSpec(peft="lora", lora_r=4, lora_targets="q_proj,v_proj"),
+        TrainSpec(
+            peft="lora",
+            lora_r=4,
+            lora_dropout=0.1,
+            lora_targets="q_proj,k_proj,v_proj,o_proj",
+            precision="bf16",
+        ),
+    ],
+)
+def test_lora_sim_equals_a_real_peft_step_on_cpu(tiny_llama, train):
+    sizes = {"B": 2, "S": 16}
+    real = profile(tiny_llama, train, sizes, ProfileConfig(backend="cpu"))
+    sim = profile(tiny_llama, train, sizes, ProfileConfig(backend="sim", device="cpu"))
+    assert sim.peak_allocated_bytes == real.peak_allocated_bytes
+    targets = train.lora_targets.split(",")
+    adapters = _adapter_params(train.lora_r, targets)
+    base_bytes = BASE_PARAMS * train.param_dtype.itemsize
+    rotary = 2 * (HIDDEN // 4 // 2) * 4  # inv_freq and original_inv_freq buffers, fp32
+    # peft keeps adapters in fp32 on a bf16 base (autocast_adapter_dtype)
+    assert sim.breakdown["categories"]["parameter"] == base_bytes + 4 * adapters + rotary
+
+
+def test_lora_freezes_the_base_and_trains_only_adapters(tiny_llama):
+    train = TrainSpec(peft="lora", lora_r=2, lora_targets="q_proj,v_proj", steps="first")
+    step = TrainingStep(tiny_llama, train, device=CPU, target="cpu")
+    names = [n for n, p in step.model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+    assert sum(p.numel() for p in step.params) == _adapter_params(2, ["q_proj", "v_proj"])
+    step.run({"B": 2, "S": 8})
+    state = step.state_tensors()
+    frozen = [p for p in step.model.parameters() if not p.requires_grad]
+    assert all(p.grad is None for p in frozen)
+    assert set(step.optimizer.state) == set(step.params)
+    exp_avg = sum(s["exp_avg"].numel() for s in step.optimizer.state.values())
+    assert exp_avg == _adapter_params(2, ["q_proj", "v_proj"])
+    info = describe(step.model, tiny_llama, train)
+    assert info.module_class == "LlamaForCausalLM + LoRA r=2"
+    assert info.trainable_parameters == _adapter_params(2, ["q_proj", "v_proj"])
+    assert len(state["gradient"]) in (0, len(step.params))
+
+
+def test_a_lora_target_the_model_lacks_names_the_option(tiny_llama):
+    train = TrainSpec(peft="lora", lora_targets="q_proj,c_attn")
+    with pytest.raises(ValueError, match=r"--lora-targets: .* no module named c_attn.*q_proj"):
+        TrainingStep(tiny_llama, train, device=CPU, target="cpu")
+
+
+def test_a_model_peft_has_no_default_targets_for_asks_for_lora_targets(tiny_gpt):
+    with pytest.raises(ValueError, match="--lora-targets"):
+        TrainingStep(tiny_gpt, TrainSpec(peft="lora"), device=CPU, target="cpu")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"peft": "qlora"}, "unknown --peft"),
+        ({"lora_r": 0}, "--lora-r"),
+        ({"lora_alpha": 0.0}, "--lora-alpha"),
+        ({"lora_dropout": 1.0}, "--lora-dropout"),
+    ],
+)
+def test_bad_lora_options_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainSpec(**kwargs)
