@@ -93,9 +93,10 @@ class Candidate:
 @dataclass(kw_only=True, slots=True)
 class PlanResult:
     best: Candidate | None
-    runners_up: list[Candidate]
+    runners_up: list[Candidate]  # configs that fit, after `best`
     queries: int  # predictions made
     reason: str = ""  # why nothing fits, when best is None
+    closest: Candidate | None = None  # when nothing fits: the smallest bound at B=1 (over)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +104,7 @@ class PlanResult:
             "runners_up": [c.to_dict() for c in self.runners_up],
             "queries": self.queries,
             "reason": self.reason,
+            "closest": self.closest.to_dict() if self.closest else None,
         }
 
 
@@ -311,9 +313,10 @@ def plan(
     if not candidates:
         return PlanResult(
             best=None,
-            runners_up=[closest] if closest else [],
+            runners_up=[],
             queries=queries,
             reason=_no_fit_reason(cfg, closest, refused),
+            closest=closest,
         )
     return PlanResult(best=candidates[0], runners_up=candidates[1:top], queries=queries)
 

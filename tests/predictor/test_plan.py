@@ -93,3 +93,14 @@ def test_plan_with_analytic_model_on_real_graphs(tiny_gpt):
     res = plan(AnalyticModel(), real_graph_for, TrainSpec(), space, cfg)
     assert res.best is not None and res.best.bound_bytes <= cfg.limit
     assert res.best.prediction["metric"] == "reserved"
+
+
+def test_a_plan_that_fits_nothing_lists_no_runner_up_and_names_the_closest_apart():
+    """The closest config (B=1, over the limit) is not a candidate: a caller that takes
+    best-or-first-runner-up must not be handed a config that does not fit."""
+    space = SearchSpace(checkpointing=["none", "full"], power_of_two=True)
+    res = plan(LinearModel(), graph_for, TrainSpec(), space, PlanConfig(budget_bytes=1100))
+    assert res.best is None and res.runners_up == []
+    assert res.closest is not None and res.closest.batch_size == 1
+    assert res.closest.bound_bytes > 1100  # 1000 + 100 + 50 with checkpointing
+    assert res.to_dict()["closest"]["batch_size"] == 1 and "B=1" in res.reason
