@@ -50,6 +50,7 @@ class ServeConfig:
     correction_window: int = 32
     correction_ttl_s: float = 1.0
     allow_local_specs: bool = False
+    allow_anonymous_writes: bool = True
     blas_threads: int = 1
 
     def __post_init__(self) -> None:

@@ -18,13 +18,14 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
+from predictor.errors import UserError
 from predictor.graph import StepGraph
-from predictor.predict import MemoryModel, Prediction, Query
+from predictor.predict import EncodingModel, MemoryModel, Prediction, Query
 from predictor.spec import ModelBundle, TrainSpec
 from serving.config import ServeConfig
 from serving.graphs import RequestError, build_graph, decode_body, graph_bytes, unknown_ops
 from serving.metrics import Metrics
-from serving.models import can_encode, op_checker
+from serving.models import as_encoding_model, op_checker
 from serving.store import Correction, Sample, Store
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ class Engine:
     ):
         self.config, self.store = config, store
         self.metrics = metrics or Metrics()
-        self._model = model
+        self._model = as_encoding_model(model)
         self._lock = threading.Lock()
         self._capture_lock = threading.Lock()
         self._model_lock = threading.Lock()
@@ -84,8 +85,12 @@ class Engine:
 
     # ---- model --------------------------------------------------------------------------
     @property
-    def model(self) -> MemoryModel:
+    def model(self) -> EncodingModel:
         return self._model
+
+    @property
+    def thread_safe(self) -> bool:
+        return self._model.thread_safe
 
     @property
     def version(self) -> str:
@@ -93,6 +98,7 @@ class Engine:
 
     def set_model(self, model: MemoryModel) -> None:
         """Swap the model; cached encodings and corrections belong to the old one."""
+        model = as_encoding_model(model)
         with self._lock:
             self._model = model
             self._graphs.clear()
@@ -100,15 +106,15 @@ class Engine:
         log.info("serving model %s", model.version)
 
     # ---- graphs -------------------------------------------------------------------------
-    def _guard(self, model: MemoryModel) -> AbstractContextManager:
+    def _guard(self, model: EncodingModel) -> AbstractContextManager:
         """Calls into a model run one at a time unless it says it is thread-safe (the
         learned model keeps unlocked caches; handlers run in a thread pool)."""
-        return nullcontext() if getattr(model, "thread_safe", False) else self._model_lock
+        return nullcontext() if model.thread_safe else self._model_lock
 
     def _make_entry(self, graph: StepGraph, graph_id: str | None = None) -> GraphEntry:
         model = self._model
         with self._guard(model):
-            encoding = model.encode(graph) if can_encode(model) else None
+            encoding = model.encode(graph)
         return GraphEntry(
             graph=graph,
             graph_id=graph_id or graph.graph_id,
@@ -190,13 +196,15 @@ class Engine:
         model = self._model
         if entry.model_version != model.version:
             entry = self.entry(entry.graph_id)
+        for i, q in enumerate(queries):  # the caller's sizes against the graph's symbols
+            try:
+                entry.graph.resolve_sizes(q.sizes, q.scenario)
+            except (ValueError, ArithmeticError) as exc:
+                raise RequestError(str(exc), loc=("body", "configs", i, "sizes")) from None
         try:
             with self._guard(model):
-                if entry.encoding is not None:
-                    raw = model.predict_encoded(entry.encoding, entry.graph, queries)
-                else:
-                    raw = model.predict(entry.graph, queries)
-        except (ValueError, ArithmeticError) as exc:
+                raw = model.predict_encoded(entry.encoding, entry.graph, queries)
+        except (UserError, ArithmeticError) as exc:
             raise self._locate(entry, queries, exc) from None
         for i, p in enumerate(raw):
             if not (
@@ -213,13 +221,12 @@ class Engine:
         return out
 
     def _locate(self, entry: GraphEntry, queries: Sequence[Query], exc: Exception) -> RequestError:
-        """A batch failed: find the first failing query to name it in the error."""
+        """A batch failed on the caller's sizes: find the first failing query to name it."""
         for i, q in enumerate(queries):
             try:
-                entry.graph.resolve_sizes(q.sizes, q.scenario)
                 with self._guard(self._model):
                     self._model.predict(entry.graph, [q])
-            except (ValueError, ArithmeticError) as one:
+            except (UserError, ArithmeticError) as one:
                 return RequestError(f"{one}", loc=("body", "configs", i, "sizes"))
         return RequestError(f"{exc}", loc=("body", "configs"))
 

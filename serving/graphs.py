@@ -22,6 +22,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from predictor.errors import UserError
 from predictor.graph import FORMAT, StepGraph
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ MAX_EXPR_CHARS = 4096
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
-class RequestError(ValueError):
+class RequestError(UserError):
     """A bad request: `status` (404, 413, 422) and `loc`, the path of the field at fault."""
 
     def __init__(self, message: str, *, status: int = 422, loc: Iterable[str | int] = ("body",)):

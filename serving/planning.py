@@ -107,7 +107,10 @@ def run_plan(engine: Engine, req: Any) -> dict[str, Any]:
             raise RequestError(
                 f"model {bundle.name!r} has no batch dim B to plan", loc=("body", "model", "spec")
             )
-        base = req.model.train.to_spec()
+        try:
+            base = req.model.train.to_spec()
+        except ValueError as exc:
+            raise RequestError(str(exc), loc=("body", "model", "train")) from None
         try:
             sizes = bundle.sizes({k: v for k, v in req.space.sizes.items()})
         except ValueError as exc:

@@ -22,6 +22,7 @@ class FakeLearned:
     """Analytic x 1.5 with a bound at x 2; counts its calls; knows a few ops."""
 
     version = "fake-learned-7"
+    thread_safe = False  # keeps call counts: the server must serialise its calls
 
     def __init__(self, known_ops: set[str]):
         self.op_vocab = known_ops
