@@ -18,6 +18,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from predictor.errors import UserError
 from predictor.graph import StepGraph
 from predictor.predict import EncodingModel, MemoryModel, Prediction, Query
@@ -66,6 +68,33 @@ def corrected(pred: Prediction, corr: Correction) -> Prediction:
         for p in pred.paths
     ]
     return replace(pred, predicted_peak_bytes=peak, upper_bound_bytes=bound, paths=paths)
+
+
+def _check_sizes(graph: StepGraph, queries: Sequence[Query]) -> None:
+    """The caller's sizes against the graph: every symbol given, and no size formula
+    (a byte count) negative at them. RequestError names the config."""
+    resolved = []
+    for i, q in enumerate(queries):
+        try:
+            resolved.append(graph.resolve_sizes(q.sizes, q.scenario))
+        except (ValueError, ArithmeticError) as exc:
+            raise RequestError(str(exc), loc=("body", "configs", i, "sizes")) from None
+    if not resolved or not graph.exprs:
+        return
+    columns = {s: np.array([r[s] for r in resolved], dtype=np.int64) for s in graph.all_symbols}
+    try:
+        values = graph.table().evaluate(columns).reshape(len(graph.exprs), -1)
+    except (UserError, ArithmeticError):
+        return  # too large for int64: the model's own checks locate and name it
+    negative = values < 0
+    if negative.any():
+        i = int(np.flatnonzero(negative.any(axis=0))[0])  # the first failing config
+        expr = int(np.flatnonzero(negative[:, i])[0])
+        raise RequestError(
+            f"size formula {graph.exprs[expr][:80]!r} is negative ({int(values[expr, i])}) "
+            "at these sizes: the graph does not hold there",
+            loc=("body", "configs", i if values.shape[1] > 1 else 0, "sizes"),
+        )
 
 
 class Engine:
@@ -196,11 +225,7 @@ class Engine:
         model = self._model
         if entry.model_version != model.version:
             entry = self.entry(entry.graph_id)
-        for i, q in enumerate(queries):  # the caller's sizes against the graph's symbols
-            try:
-                entry.graph.resolve_sizes(q.sizes, q.scenario)
-            except (ValueError, ArithmeticError) as exc:
-                raise RequestError(str(exc), loc=("body", "configs", i, "sizes")) from None
+        _check_sizes(entry.graph, queries)
         try:
             with self._guard(model):
                 raw = model.predict_encoded(entry.encoding, entry.graph, queries)

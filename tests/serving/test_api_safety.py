@@ -303,3 +303,88 @@ def test_samples_for_unknown_graph_is_404(client):
     s = {"graph_id": "f" * 32, "sizes": {"B": 2}, "device": "cpu", "measured_peak_bytes": 1}
     r = client.post("/samples", json=s, headers={"authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 404
+
+
+# ---- integer constants and negative sizes (issue 12 item 9) ----------------------------
+def test_a_constant_wider_than_64_bits_is_422_naming_the_formula(client, data):
+    bad = copy.deepcopy(data)
+    wide = 2**65  # (B * 2**65) // 2**65 is B exactly, but not in int64
+    bad["exprs"].append(f"(B * {wide}) // {wide}")
+    bad["paths"][0]["storages"]["nbytes"][0] = len(bad["exprs"]) - 1
+    r = upload(client, bad)
+    assert r.status_code == 422, r.text
+    assert locs(r)[0] == ["body", "exprs", len(bad["exprs"]) - 1]
+    assert "64 bits" in r.text
+    r = client.post("/predict", json={"graph": bad, "configs": [{"sizes": {"B": 4}}]})
+    assert r.status_code == 422 and locs(r)[0][:3] == ["body", "graph", "exprs"]
+
+
+def test_sizes_that_evaluate_negative_are_rejected(client, data):
+    bad = copy.deepcopy(data)
+    bad["exprs"].append("B - 1000000")  # negative at the example size
+    bad["paths"][0]["storages"]["nbytes"][0] = len(bad["exprs"]) - 1
+    r = upload(client, bad)
+    assert r.status_code == 422, r.text
+    assert locs(r)[0] == ["body", "exprs", len(bad["exprs"]) - 1] and "negative" in r.text
+    # positive at the example size, negative at the queried one
+    bad["exprs"][-1] = "B - 3"
+    bad["symbols"] = {k: 8 for k in bad["symbols"]}
+    r = upload(client, bad)
+    assert r.status_code == 201, r.text
+    body = {"graph_id": r.json()["graph_id"], "configs": [{"sizes": {"B": 8}}, {"sizes": {"B": 2}}]}
+    r = client.post("/predict", json=body)
+    assert r.status_code == 422, r.text
+    assert locs(r)[0][:4] == ["body", "configs", 1, "sizes"] and "negative" in r.text
+
+
+# ---- the caller's fault or the server's ----------------------------------------------
+class _Broken:
+    """An EncodingModel whose internals fail: a bug, not the caller's mistake."""
+
+    version = "broken-1"
+    thread_safe = True
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    def encode(self, graph):
+        return None
+
+    def predict_encoded(self, encoding, graph, queries):
+        raise self.exc
+
+    def predict(self, graph, queries):
+        raise self.exc
+
+
+@pytest.mark.parametrize(
+    "exc, status",
+    [
+        (ValueError("operands could not be broadcast together"), 500),  # numpy's
+        (json.JSONDecodeError("Expecting value", "", 0), 500),  # a ValueError too
+        (KeyError("paths"), 500),
+    ],
+)
+def test_internal_errors_are_500_not_the_callers_fault(tmp_path, data, exc, status, caplog):
+    cfg = ServeConfig(state_dir=tmp_path, token=TOKEN)
+    with TestClient(create_app(cfg, model=_Broken(exc)), raise_server_exceptions=False) as c:
+        gid = c.post("/graphs", json=data, headers={"authorization": f"Bearer {TOKEN}"})
+        gid = gid.json()["graph_id"]
+        with caplog.at_level("ERROR", logger="serving.errors"):
+            r = c.post("/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 2}}]})
+    assert r.status_code == status, r.text
+    assert "traceback" in r.json()["detail"]
+    assert any(rec.exc_info for rec in caplog.records)  # the traceback is in the log
+
+
+def test_a_user_error_from_the_model_is_422(tmp_path, data):
+    from predictor.errors import UserError
+
+    cfg = ServeConfig(state_dir=tmp_path, token=TOKEN)
+    model = _Broken(UserError("sizes too large for this model"))
+    with TestClient(create_app(cfg, model=model)) as c:
+        gid = c.post("/graphs", json=data, headers={"authorization": f"Bearer {TOKEN}"})
+        r = c.post(
+            "/predict", json={"graph_id": gid.json()["graph_id"], "configs": [{"sizes": {"B": 2}}]}
+        )
+    assert r.status_code == 422 and locs(r)[0][:3] == ["body", "configs", 0]
