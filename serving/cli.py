@@ -45,6 +45,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--graph-cache", type=int, default=None, help="graphs kept in memory")
     g.add_argument("--blas-threads", type=int, default=None, help="BLAS threads per worker (1)")
     g.add_argument(
+        "--allow-anonymous-writes",
+        action="store_true",
+        help="accept uploads and samples without a token (trusted networks only; "
+        "default: writes need --token, else they are refused)",
+    )
+    g.add_argument(
         "--allow-local-specs",
         action="store_true",
         help="accept hf:PATH and py:module:factory specs (trusted clients only)",
@@ -61,6 +67,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         "database_url": args.db,
         "token": args.token or os.environ.get(TOKEN_ENV_VAR) or None,
         "allow_local_specs": args.allow_local_specs,
+        "allow_anonymous_writes": args.allow_anonymous_writes,
     }
     if args.state_dir:
         fields["state_dir"] = args.state_dir
@@ -85,8 +92,10 @@ def serve_cmd(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     config = config_from_args(args)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and config.token is None:
+    if config.token is None and config.allow_anonymous_writes:
         log.warning("serving on %s without a token: write endpoints are open", args.host)
+    elif config.token is None:
+        log.info("no --token: write endpoints (uploads, samples, reloads) are refused")
     common = {"host": args.host, "port": args.port, "log_level": args.log_level}
     if args.workers == 1:
         from serving.app import create_app

@@ -31,7 +31,10 @@ class ServeConfig:
       (`models:/NAME@ALIAS`, `models:/NAME/VERSION`, `runs:/ID/PATH`).
     - `database_url`: any SQLAlchemy URL; default `sqlite:///<state_dir>/samples.db` (WAL,
       synchronous=FULL). Replicas that share one database share samples and graphs.
-    - `token`: bearer token required on write endpoints (`/samples`, `/admin/reload`).
+    - `token`: bearer token required on write endpoints (`POST /graphs`, `/samples`,
+      `/admin/reload`). Without one the server refuses writes unless
+      `allow_anonymous_writes` (a trusted network only: anyone reaching the port could
+      poison the corrections every client gets).
     - `allow_local_specs`: accept `hf:PATH` and `py:module:factory` model specs (they read
       server files and import code: only for trusted clients). Zoo names always work.
     - `blas_threads`: BLAS threads per server process (numpy's live-byte curves). Requests
@@ -50,7 +53,7 @@ class ServeConfig:
     correction_window: int = 32
     correction_ttl_s: float = 1.0
     allow_local_specs: bool = False
-    allow_anonymous_writes: bool = True
+    allow_anonymous_writes: bool = False
     blas_threads: int = 1
 
     def __post_init__(self) -> None:

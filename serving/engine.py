@@ -161,15 +161,17 @@ class Engine:
                 self._graphs.popitem(last=False)
         return entry
 
-    def register(self, graph: StepGraph, blob: bytes | None = None) -> tuple[GraphEntry, bool]:
-        """Store a graph durably and cache it; (entry, newly stored)."""
+    def register(
+        self, graph: StepGraph, blob: bytes | None = None, *, persist: bool = True
+    ) -> tuple[GraphEntry, bool]:
+        """Store a graph durably (`persist`) and cache it; (entry, newly stored)."""
         graph_id = graph.graph_id
         with self._lock:
             entry = self._graphs.get(graph_id)
         if entry is not None and entry.model_version == self._model.version:
             return self._remember(entry), False  # cached here: stored when it was cached
         entry = self._make_entry(graph, graph_id)
-        if self.store.has_graph(graph_id):
+        if not persist or self.store.has_graph(graph_id):
             return self._remember(entry), False
         blob = blob if blob is not None and blob[:2] == b"\x1f\x8b" else graph_bytes(graph)
         stored = self.store.put_graph(entry.graph_id, blob, entry.n_nodes)
@@ -323,7 +325,14 @@ class Engine:
         return bundle
 
     def spec_entry(
-        self, bundle: ModelBundle, train: TrainSpec, *, target: str, sm: int, sizes: dict[str, int]
+        self,
+        bundle: ModelBundle,
+        train: TrainSpec,
+        *,
+        target: str,
+        sm: int,
+        sizes: dict[str, int],
+        persist: bool = False,
     ) -> GraphEntry:
         """The captured graph of a model spec (memo, then disk cache, then a capture)."""
         static = {d: sizes[d] for d in bundle.static_dims if d in sizes}
@@ -356,7 +365,7 @@ class Engine:
                     loc=("body", "model"),
                 ) from None
             log.info("graph of %s ready in %.2fs", bundle.name, time.perf_counter() - t0)
-        entry, _ = self.register(graph)
+        entry, _ = self.register(graph, persist=persist)
         with self._lock:
             self._spec_ids[key] = entry.graph_id
             while len(self._spec_ids) > 4096:

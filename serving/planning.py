@@ -48,11 +48,14 @@ def spec_graphs(
     bundle: ModelBundle,
     device: DeviceProfile,
     sizes: dict[str, int],
+    persist: bool,
 ) -> Callable[[TrainSpec], StepGraph]:
     target = "cuda" if device.is_gpu else "cpu"
 
     def graph_for(train: TrainSpec) -> StepGraph:
-        entry = engine.spec_entry(bundle, train, target=target, sm=device.sm or 80, sizes=sizes)
+        entry = engine.spec_entry(
+            bundle, train, target=target, sm=device.sm or 80, sizes=sizes, persist=persist
+        )
         return adapter.add(entry, _variant(train))
 
     return graph_for
@@ -95,7 +98,7 @@ def _count_blocks(bundle: ModelBundle) -> int | None:
         return None
 
 
-def run_plan(engine: Engine, req: Any) -> dict[str, Any]:
+def run_plan(engine: Engine, req: Any, *, persist: bool = False) -> dict[str, Any]:
     """Answer a validated `PlanRequest` (see `serving.schemas`)."""
     device = get_profile(req.device)
     adapter = EngineModel(engine, correct=req.apply_correction)
@@ -116,7 +119,7 @@ def run_plan(engine: Engine, req: Any) -> dict[str, Any]:
         except ValueError as exc:
             raise RequestError(str(exc), loc=("body", "space", "sizes")) from None
         space_fields["sizes"] = {k: v for k, v in sizes.items() if k != "B"}
-        graph_for = spec_graphs(engine, adapter, bundle, device, sizes)
+        graph_for = spec_graphs(engine, adapter, bundle, device, sizes, persist)
         n_blocks = _count_blocks(bundle)
     else:
         base, variants = uploaded_graphs(engine, adapter, req.graph_ids)

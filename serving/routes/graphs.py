@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 
 from serving import schemas as s
-from serving.deps import Config, Eng
+from serving.deps import Config, Eng, require_writer
 from serving.graphs import build_graph, decode_body, parse_json
 
 router = APIRouter(tags=["graphs"])
@@ -33,6 +33,7 @@ _GRAPH_BODY = {
     status_code=201,
     openapi_extra=_GRAPH_BODY,
     responses={200: {"model": s.GraphOut, "description": "already stored"}},
+    dependencies=[Depends(require_writer)],
 )
 async def upload_graph(request: Request, eng: Eng, config: Config) -> Any:
     """Upload a StepGraph once; its id (content hash) is what /predict and /samples take.

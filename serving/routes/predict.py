@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from dataset.devices import PROFILES
 from serving import schemas as s
-from serving.deps import Config, Eng
+from serving.deps import Config, Eng, Persist
 from serving.graphs import RequestError
 from serving.predicting import run_predict
 
@@ -27,9 +27,11 @@ def _pairs(req: s.PredictRequest) -> list[tuple[str, str]]:
 
 
 @router.post("/predict", response_model=s.PredictResponse)
-async def predict(req: s.PredictRequest, eng: Eng, config: Config) -> Any:
+async def predict(req: s.PredictRequest, eng: Eng, config: Config, persist: Persist) -> Any:
     """Per config: predicted peak, upper bound, metric, breakdown, model version, with
-    the residual correction from /samples applied (see `correction`)."""
+    the residual correction from /samples applied (see `correction`). An inline `graph`
+    or a captured `model` is stored in the database only for a caller who may write
+    (else it is cached in this process's memory)."""
     if len(req.configs) > config.max_configs:
         raise RequestError(
             f"{len(req.configs)} configs, over the limit of {config.max_configs}",
@@ -39,4 +41,6 @@ async def predict(req: s.PredictRequest, eng: Eng, config: Config) -> Any:
     if req.graph_id is not None and eng.thread_safe and eng.is_warm(req.graph_id, _pairs(req)):
         # all in memory, no lock to wait for: cheaper inline than a thread hop
         return run_predict(eng, req, max_nodes=config.max_nodes)
-    return await run_in_threadpool(run_predict, eng, req, max_nodes=config.max_nodes)
+    return await run_in_threadpool(
+        run_predict, eng, req, max_nodes=config.max_nodes, persist=persist
+    )

@@ -45,7 +45,7 @@ def gz(graph) -> bytes:
 
 @pytest.fixture(scope="module")
 def gid(client, graph) -> str:
-    r = client.post("/graphs", content=gz(graph), headers={"content-encoding": "gzip"})
+    r = client.post("/graphs", content=gz(graph), headers={"content-encoding": "gzip"} | AUTH)
     assert r.status_code in (200, 201), r.text
     return r.json()["graph_id"]
 
@@ -100,13 +100,13 @@ def test_upload_forms_give_one_id(client, graph, tmp_path):
         (gz(graph), {"content-encoding": "gzip"}),
         (json.dumps(graph.content()).encode(), {"content-type": "application/json"}),
     ]:
-        r = client.post("/graphs", content=body, headers=headers)
+        r = client.post("/graphs", content=body, headers=headers | AUTH)
         assert r.status_code in (200, 201), r.text
         ids.add(r.json()["graph_id"])
         assert r.json()["nodes"] == sum(p.num_nodes for p in graph.paths)
         assert r.json()["has_unknown_ops"] is False
     assert ids == {graph.graph_id}
-    again = client.post("/graphs", content=gz(graph), headers={"content-encoding": "gzip"})
+    again = client.post("/graphs", content=gz(graph), headers={"content-encoding": "gzip"} | AUTH)
     assert again.status_code == 200 and again.json()["stored"] is False
 
 
