@@ -36,7 +36,14 @@ def _lifespan(config: ServeConfig, load: Callable[[], MemoryModel]) -> Callable:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         blas = threadpool_limits(limits=config.blas_threads, user_api="blas")
-        store = await run_in_threadpool(Store, config.db_url, window=config.correction_window)
+        store = await run_in_threadpool(
+            lambda: Store(
+                config.db_url,
+                window=config.correction_window,
+                prior=config.correction_prior,
+                max_scale=config.correction_max_scale,
+            )
+        )
         try:
             loaded = await run_in_threadpool(load)
             app.state.engine = Engine(config, store, loaded, app.state.metrics)

@@ -143,7 +143,9 @@ class MemgnnClient:
         metric: str | None = None,
         scenario: str = "worst",
         key: str | None = None,
+        source: str | None = None,
     ) -> dict[str, Any]:
+        """Send a measured peak (bytes); `source` labels who measured (kept with it)."""
         body = {
             "graph_id": graph_id,
             "sizes": sizes,
@@ -152,6 +154,7 @@ class MemgnnClient:
             "scenario": scenario,
             "measured_peak_bytes": measured_peak_bytes,
             "key": key,
+            "source": source,
         }
         return self._call("POST", "/samples", json=body)
 

@@ -37,6 +37,12 @@ class ServeConfig:
       poison the corrections every client gets).
     - `allow_local_specs`: accept `hf:PATH` and `py:module:factory` model specs (they read
       server files and import code: only for trusted clients). Zoo names always work.
+    - `correction_prior`: how many samples' worth of trust the model's own answer gets
+      (the log-correction of n samples is shrunk by n / (n + prior)); 1 by default: on
+      the accuracy benchmark a fully trusted single sample made the reserved p95 worse
+      (15.95% -> 19.05%, `benchmarks/results/accuracy.md`, "gnn + 1 live"), so one sample
+      moves an answer half-way. `correction_max_scale`: no correction scales an answer
+      by more than this factor, either way.
     - `blas_threads`: BLAS threads per server process (numpy's live-byte curves). Requests
       are small; extra BLAS threads only spin and take the CPU other workers need.
     """
@@ -51,6 +57,8 @@ class ServeConfig:
     max_configs: int = 256
     graph_cache_size: int = 64
     correction_window: int = 32
+    correction_prior: float = 1.0
+    correction_max_scale: float = 4.0
     correction_ttl_s: float = 1.0
     allow_local_specs: bool = False
     allow_anonymous_writes: bool = False
@@ -72,6 +80,12 @@ class ServeConfig:
         if not 1 <= self.correction_window <= 10_000:
             raise ValueError(
                 f"correction_window must be in [1, 10000], got {self.correction_window}"
+            )
+        if not 0 <= self.correction_prior <= 1000:
+            raise ValueError(f"correction_prior must be in [0, 1000], got {self.correction_prior}")
+        if not 1 <= self.correction_max_scale <= 1000:
+            raise ValueError(
+                f"correction_max_scale must be in [1, 1000], got {self.correction_max_scale}"
             )
         if self.correction_ttl_s < 0:
             raise ValueError(f"correction_ttl_s must be >= 0, got {self.correction_ttl_s}")

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from dataset.devices import get_profile
 from predictor.errors import UserError
 from predictor.graph import StepGraph
 from predictor.predict import EncodingModel, MemoryModel, Prediction, Query
@@ -94,6 +95,40 @@ def _check_sizes(graph: StepGraph, queries: Sequence[Query]) -> None:
             f"size formula {graph.exprs[expr][:80]!r} is negative ({int(values[expr, i])}) "
             "at these sizes: the graph does not hold there",
             loc=("body", "configs", i if values.shape[1] > 1 else 0, "sizes"),
+        )
+
+
+def resident_bytes(graph: StepGraph, query: Query) -> int:
+    """The exact bytes the graph holds before its step starts (parameters, optimizer
+    state, inputs: the storages alive at entry), at the query's sizes, unrounded; the
+    smallest over the control-flow paths. Any measured peak of the step includes them."""
+    values = graph.table().evaluate_exact(graph.resolve_sizes(query.sizes, query.scenario))
+    per_path = []
+    for p in graph.paths:
+        alive = p.array("storages", "nbytes")[p.array("storages", "alloc") < 0]
+        per_path.append(sum(values[i] for i in alive.tolist()))
+    return min(per_path, default=0)
+
+
+def check_measurement(graph: StepGraph, query: Query, measured_bytes: int) -> None:
+    """Refuse a measured peak the graph makes impossible: not positive, below the bytes
+    the step holds before it starts, or above the device's memory."""
+    where = ("body", "measured_peak_bytes")
+    if measured_bytes <= 0:
+        raise RequestError(f"measured peak must be > 0 bytes, got {measured_bytes}", loc=where)
+    floor = resident_bytes(graph, query)
+    if measured_bytes < floor:
+        raise RequestError(
+            f"measured peak {measured_bytes} bytes is below the {floor} bytes this graph "
+            f"holds before its step starts at sizes {query.sizes} (parameters, optimizer "
+            "state, inputs): not a measurement of this step",
+            loc=where,
+        )
+    total = get_profile(query.device).total_bytes
+    if total is not None and measured_bytes > total:
+        raise RequestError(
+            f"measured peak {measured_bytes} bytes exceeds the {total} bytes of {query.device}",
+            loc=where,
         )
 
 
@@ -272,14 +307,22 @@ class Engine:
         return corr
 
     def add_sample(
-        self, *, graph_id: str, query: Query, measured_bytes: int, key: str | None = None
+        self,
+        *,
+        graph_id: str,
+        query: Query,
+        measured_bytes: int,
+        key: str | None = None,
+        provenance: dict[str, str | None] | None = None,
     ) -> tuple[int, bool, Prediction, Correction]:
         """Store a measurement against the model's own prediction for its config; the
         updated correction is what later predictions get (this process: at once;
-        other replicas: within `correction_ttl_s`)."""
+        other replicas: within `correction_ttl_s`). A measurement the graph makes
+        impossible is refused (`check_measurement`)."""
         entry = self.entry(graph_id)
         served = self.predict(entry, [query], correct=False)[0]
         raw = served.raw
+        check_measurement(entry.graph, query, measured_bytes)
         sample = Sample(
             graph_id=graph_id,
             device=query.device,
@@ -291,6 +334,7 @@ class Engine:
             predicted_bytes=raw.predicted_peak_bytes,
             bound_bytes=raw.upper_bound_bytes,
             key=key,
+            **(provenance or {}),
         )
         row_id, created = self.store.add_sample(sample)
         self.metrics.inc("samples_received_total")

@@ -4,24 +4,32 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query, Request
 
 from predictor.predict import Query as PredictQuery
 from serving import schemas as s
-from serving.deps import Eng, require_writer
+from serving.deps import Eng, Writer
 
 router = APIRouter(tags=["samples"])
 
 
-@router.post("/samples", response_model=s.SampleOut, dependencies=[Depends(require_writer)])
-def add_sample(req: s.SampleIn, eng: Eng) -> Any:
+@router.post("/samples", response_model=s.SampleOut)
+def add_sample(req: s.SampleIn, eng: Eng, writer: Writer, request: Request) -> Any:
     """Store a live measurement (committed before the reply); returns the residual
     correction /predict applies from now on for this graph, device and metric."""
     query = PredictQuery(
         sizes=req.sizes, device=req.device, metric=req.metric, scenario=req.scenario
     )
     row, created, raw, corr = eng.add_sample(
-        graph_id=req.graph_id, query=query, measured_bytes=req.measured_peak_bytes, key=req.key
+        graph_id=req.graph_id,
+        query=query,
+        measured_bytes=req.measured_peak_bytes,
+        key=req.key,
+        provenance={
+            "principal": writer,
+            "client": request.client.host if request.client else None,
+            "source": req.source,
+        },
     )
     return {
         "stored": created,
