@@ -50,6 +50,8 @@ def _lifespan(config: ServeConfig, load: Callable[[], MemoryModel]) -> Callable:
             log.info("serving model %s, database %s", loaded.version, store.engine.url)
             yield
         finally:
+            if app.state.engine is not None:
+                app.state.engine.close()
             app.state.engine = None
             store.close()
             blas.restore_original_limits()

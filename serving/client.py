@@ -247,10 +247,15 @@ def local_server(
     import uvicorn
 
     from serving.app import create_app
+    from serving.cli import GRACEFUL_S, Server
 
     port = port or free_port(host)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(config), host=host, port=port, log_level="warning")
+    app = create_app(config)
+    server = Server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACEFUL_S
+        ),
+        app,
     )
     thread = threading.Thread(target=server.run, name="memgnn-serve", daemon=True)
     thread.start()
@@ -267,6 +272,8 @@ def local_server(
     try:
         yield url
     finally:
+        if app.state.engine is not None:
+            app.state.engine.close()  # a capture in flight does not hold the shutdown
         server.should_exit = True
         thread.join(timeout_s)
 

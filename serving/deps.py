@@ -9,13 +9,18 @@ not be able to poison the corrections every client gets.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-from typing import Annotated
+import time
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from serving.captures import Work
 from serving.config import ServeConfig
 from serving.engine import Engine
 
@@ -70,9 +75,48 @@ async def may_persist(request: Request, creds: Credentials) -> bool:
     return _token_ok(config, creds)
 
 
+def new_work(request: Request) -> Work:
+    """The request's budget for captures (time, count); cancelled when it disconnects."""
+    config = get_config(request)
+    return Work(
+        deadline=time.monotonic() + config.request_timeout_s,
+        max_captures=config.max_captures_per_request,
+    )
+
+
+async def run_watched(
+    request: Request, work: Work, fn: Callable[..., Any], *args: Any, **kw: Any
+) -> Any:
+    """`fn(*args, work=work, **kw)` in the thread pool; if the client goes away
+    meanwhile, the work is cancelled (a capture in flight is killed) instead of running on
+    for nobody."""
+    task = asyncio.ensure_future(run_in_threadpool(fn, *args, work=work, **kw))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.25)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                work.cancelled.set()
+    finally:
+        if not task.done():  # this handler was cancelled (server stopping): stop the work
+            work.cancelled.set()
+
+
 Config = Annotated[ServeConfig, Depends(get_config)]
 Eng = Annotated[Engine, Depends(get_engine)]
 Writer = Annotated[str, Depends(require_writer)]
 Persist = Annotated[bool, Depends(may_persist)]
+NewWork = Annotated[Work, Depends(new_work)]
 
-__all__ = ["Config", "Eng", "Persist", "Writer", "get_config", "get_engine", "require_writer"]
+__all__ = [
+    "Config",
+    "Eng",
+    "NewWork",
+    "Persist",
+    "Writer",
+    "get_config",
+    "get_engine",
+    "require_writer",
+    "run_watched",
+]

@@ -25,6 +25,7 @@ from predictor.errors import UserError
 from predictor.graph import StepGraph
 from predictor.predict import EncodingModel, MemoryModel, Prediction, Query
 from predictor.spec import ModelBundle, TrainSpec
+from serving.captures import CaptureWorker, Work
 from serving.config import ServeConfig
 from serving.graphs import RequestError, build_graph, decode_body, graph_bytes, unknown_ops
 from serving.metrics import Metrics
@@ -140,12 +141,16 @@ class Engine:
         self.metrics = metrics or Metrics()
         self._model = as_encoding_model(model)
         self._lock = threading.Lock()
-        self._capture_lock = threading.Lock()
+        self.captures = CaptureWorker(timeout_s=config.capture_timeout_s)
         self._model_lock = threading.Lock()
         self._graphs: OrderedDict[str, GraphEntry] = OrderedDict()
         self._corrections: dict[tuple[str, str, str, str], tuple[float, Correction]] = {}
         self._spec_ids: OrderedDict[str, str] = OrderedDict()
         self._bundles: OrderedDict[str, ModelBundle] = OrderedDict()
+
+    def close(self) -> None:
+        """Shutdown: stop the capture worker (a capture in flight answers 503)."""
+        self.captures.close()
 
     # ---- model --------------------------------------------------------------------------
     @property
@@ -362,23 +367,52 @@ class Engine:
                 bundle = resolve(spec, model_args, task)
             except ValueError as exc:
                 raise RequestError(str(exc), loc=("body", "model")) from None
+            if not spec.startswith(("hf:", "py:")):
+                self._check_hparams(spec, bundle)
             with self._lock:
                 self._bundles[key] = bundle
                 while len(self._bundles) > 64:
                     self._bundles.popitem(last=False)
         return bundle
 
+    def _check_hparams(self, spec: str, bundle: ModelBundle) -> None:
+        """A zoo model's integer hparams stay within max_hparam_scale x the largest value
+        of the zoo's range (or its default): a capture's cost grows with them."""
+        from dataset.zoo import get_family
+
+        family = get_family(spec)
+        for name, value in bundle.hparams.items():
+            if isinstance(value, bool) or not isinstance(value, int):
+                continue
+            known = [v for v in [family.defaults.get(name), *family.ranges.get(name, [])]]
+            known = [v for v in known if isinstance(v, int) and not isinstance(v, bool)]
+            if not known:
+                continue
+            limit = int(max(known) * self.config.max_hparam_scale)
+            if value > limit:
+                raise RequestError(
+                    f"{spec} {name}={value} is over this server's limit of {limit} "
+                    f"({self.config.max_hparam_scale:g} x the zoo's largest {name}); "
+                    "capture it locally and upload the graph",
+                    loc=("body", "model", "model_args", name),
+                )
+
     def spec_entry(
         self,
         bundle: ModelBundle,
         train: TrainSpec,
         *,
+        spec: tuple[str, dict[str, str], str | None],
         target: str,
         sm: int,
         sizes: dict[str, int],
         persist: bool = False,
+        work: Work | None = None,
     ) -> GraphEntry:
-        """The captured graph of a model spec (memo, then disk cache, then a capture)."""
+        """The captured graph of a model spec (memo, then disk cache, then a capture in
+        the worker process: see `serving.captures`). `spec`: (spec, model_args, task)
+        as the request gave them; `work`: the request's budget."""
+        work = work or Work.unbounded()
         static = {d: sizes[d] for d in bundle.static_dims if d in sizes}
         key = json.dumps(
             [bundle.name, bundle.hparams, train.to_dict(), target, sm, static],
@@ -392,24 +426,23 @@ class Engine:
                 return self.entry(graph_id)
             except RequestError:
                 pass
-        from predictor.predict import capture_cached
-
-        with self._capture_lock:
-            t0 = time.perf_counter()
-            try:
-                graph = capture_cached(bundle, train, target=target, sm=sm, sizes=sizes)
-            except ValueError as exc:
-                raise RequestError(
-                    f"cannot capture {bundle.name}: {exc}", loc=("body", "model")
-                ) from None
-            except Exception as exc:  # the model's own code failed on these hparams
-                log.exception("capture of %s failed", bundle.name)
-                raise RequestError(
-                    f"cannot capture {bundle.name}: {type(exc).__name__}: {exc}",
-                    loc=("body", "model"),
-                ) from None
-            log.info("graph of %s ready in %.2fs", bundle.name, time.perf_counter() - t0)
-        entry, _ = self.register(graph, persist=persist)
+        work.check()
+        work.take_capture(bundle.name)
+        job = {
+            "spec": spec[0],
+            "model_args": spec[1],
+            "task": spec[2],
+            "train": train.to_dict(),
+            "target": target,
+            "sm": sm,
+            "sizes": sizes,
+        }
+        t0 = time.perf_counter()
+        blob = self.captures.capture(job, work)
+        raw = decode_body(blob, "gzip", max_bytes=self.config.max_decompressed_bytes)
+        graph = build_graph(json.loads(raw), max_nodes=self.config.max_nodes, loc=("body", "model"))
+        log.info("graph of %s ready in %.2fs", bundle.name, time.perf_counter() - t0)
+        entry, _ = self.register(graph, blob, persist=persist)
         with self._lock:
             self._spec_ids[key] = entry.graph_id
             while len(self._spec_ids) > 4096:

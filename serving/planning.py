@@ -12,6 +12,7 @@ from predictor.graph import StepGraph
 from predictor.plan import Candidate, PlanConfig, SearchSpace, plan
 from predictor.predict import Prediction, Query
 from predictor.spec import ModelBundle, TrainSpec, default_blocks
+from serving.captures import Work
 from serving.engine import Engine, GraphEntry
 from serving.graphs import RequestError
 
@@ -48,13 +49,23 @@ def spec_graphs(
     bundle: ModelBundle,
     device: DeviceProfile,
     sizes: dict[str, int],
+    *,
+    spec: tuple[str, dict[str, str], str | None],
     persist: bool,
+    work: Work | None,
 ) -> Callable[[TrainSpec], StepGraph]:
     target = "cuda" if device.is_gpu else "cpu"
 
     def graph_for(train: TrainSpec) -> StepGraph:
         entry = engine.spec_entry(
-            bundle, train, target=target, sm=device.sm or 80, sizes=sizes, persist=persist
+            bundle,
+            train,
+            spec=spec,
+            target=target,
+            sm=device.sm or 80,
+            sizes=sizes,
+            persist=persist,
+            work=work,
         )
         return adapter.add(entry, _variant(train))
 
@@ -98,7 +109,9 @@ def _count_blocks(bundle: ModelBundle) -> int | None:
         return None
 
 
-def run_plan(engine: Engine, req: Any, *, persist: bool = False) -> dict[str, Any]:
+def run_plan(
+    engine: Engine, req: Any, *, persist: bool = False, work: Work | None = None
+) -> dict[str, Any]:
     """Answer a validated `PlanRequest` (see `serving.schemas`)."""
     device = get_profile(req.device)
     adapter = EngineModel(engine, correct=req.apply_correction)
@@ -119,7 +132,17 @@ def run_plan(engine: Engine, req: Any, *, persist: bool = False) -> dict[str, An
         except ValueError as exc:
             raise RequestError(str(exc), loc=("body", "space", "sizes")) from None
         space_fields["sizes"] = {k: v for k, v in sizes.items() if k != "B"}
-        graph_for = spec_graphs(engine, adapter, bundle, device, sizes, persist)
+        m = req.model
+        graph_for = spec_graphs(
+            engine,
+            adapter,
+            bundle,
+            device,
+            sizes,
+            spec=(m.spec, m.args(), m.task),
+            persist=persist,
+            work=work,
+        )
         n_blocks = _count_blocks(bundle)
     else:
         base, variants = uploaded_graphs(engine, adapter, req.graph_ids)

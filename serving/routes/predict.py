@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 
 from dataset.devices import PROFILES
 from serving import schemas as s
-from serving.deps import Config, Eng, Persist
+from serving.deps import Config, Eng, NewWork, Persist, run_watched
 from serving.graphs import RequestError
 from serving.predicting import run_predict
 
@@ -27,7 +27,14 @@ def _pairs(req: s.PredictRequest) -> list[tuple[str, str]]:
 
 
 @router.post("/predict", response_model=s.PredictResponse)
-async def predict(req: s.PredictRequest, eng: Eng, config: Config, persist: Persist) -> Any:
+async def predict(
+    req: s.PredictRequest,
+    eng: Eng,
+    config: Config,
+    persist: Persist,
+    work: NewWork,
+    request: Request,
+) -> Any:
     """Per config: predicted peak, upper bound, metric, breakdown, model version, with
     the residual correction from /samples applied (see `correction`). An inline `graph`
     or a captured `model` is stored in the database only for a caller who may write
@@ -41,6 +48,10 @@ async def predict(req: s.PredictRequest, eng: Eng, config: Config, persist: Pers
     if req.graph_id is not None and eng.thread_safe and eng.is_warm(req.graph_id, _pairs(req)):
         # all in memory, no lock to wait for: cheaper inline than a thread hop
         return run_predict(eng, req, max_nodes=config.max_nodes)
-    return await run_in_threadpool(
-        run_predict, eng, req, max_nodes=config.max_nodes, persist=persist
+    if req.model is None:
+        return await run_in_threadpool(
+            run_predict, eng, req, max_nodes=config.max_nodes, persist=persist
+        )
+    return await run_watched(
+        request, work, run_predict, eng, req, max_nodes=config.max_nodes, persist=persist
     )
