@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
+from fastapi_offline import FastAPIOffline
 from threadpoolctl import threadpool_limits
 
 from predictor.predict import MemoryModel
@@ -66,7 +67,9 @@ def create_app(config: ServeConfig, *, model: MemoryModel | None = None) -> Fast
     def load() -> MemoryModel:
         return model if model is not None else load_model(config.model)
 
-    app = FastAPI(
+    # /docs and /redoc with their JavaScript and CSS served from the package, so they
+    # render on a machine without internet access
+    app = FastAPIOffline(
         title="memgnn",
         version="1",
         lifespan=_lifespan(config, load),
