@@ -101,6 +101,7 @@ async def run_watched(
     finally:
         if not task.done():  # this handler was cancelled (server stopping): stop the work
             work.cancelled.set()
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
 
 
 Config = Annotated[ServeConfig, Depends(get_config)]

@@ -132,6 +132,18 @@ def run_plan(
         except ValueError as exc:
             raise RequestError(str(exc), loc=("body", "space", "sizes")) from None
         space_fields["sizes"] = {k: v for k, v in sizes.items() if k != "B"}
+        space = req.space
+        variants = len(space.precision) * len(space.checkpointing)
+        variants *= len({g > 1 for g in space.grad_accum})
+        limit = engine.config.max_captures_per_request
+        if variants > limit:  # each variant is a graph to capture: refuse before any
+            raise RequestError(
+                f"the search space spans {variants} training variants (precision x "
+                f"checkpointing x accumulation), each a capture; this server captures at "
+                f"most {limit} per request (max_captures_per_request)",
+                status=413,
+                loc=("body", "space"),
+            )
         m = req.model
         graph_for = spec_graphs(
             engine,

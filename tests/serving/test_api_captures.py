@@ -65,8 +65,11 @@ def test_captures_per_request_are_bounded(tmp_path):
             "device": "cpu",
             "space": {"checkpointing": ["none", "full"], "grad_accum": [1, 2]},
         }
+        t0 = time.monotonic()
         r = c.post("/plan", json=body)  # 4 variants, 4 graphs
         assert r.status_code == 413 and "max_captures_per_request" in r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "space"]
+        assert time.monotonic() - t0 < 2  # refused before capturing anything
 
 
 def test_a_capture_past_its_time_limit_is_killed(tmp_path):
