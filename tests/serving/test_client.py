@@ -139,6 +139,13 @@ def test_serve_arguments(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMGNN_TOKEN", "from-env")
     cfg = config_from_args(parser.parse_args(["--state-dir", str(tmp_path)]))
     assert cfg.token == "from-env" and cfg.db_url == f"sqlite:///{tmp_path / 'samples.db'}"
+    monkeypatch.delenv("MEMGNN_TOKEN")
+    cfg = config_from_args(parser.parse_args([]))
+    assert cfg.token is None and not cfg.allow_anonymous_writes  # writes refused by default
+    cfg = config_from_args(
+        parser.parse_args(["--allow-anonymous-writes", "--capture-timeout", "9"])
+    )
+    assert cfg.allow_anonymous_writes and cfg.capture_timeout_s == 9.0
 
 
 def test_config_validation_and_env_round_trip(tmp_path):
