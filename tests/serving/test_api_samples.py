@@ -14,8 +14,8 @@ from predictor.capture import capture
 from predictor.predict import Query
 from predictor.spec import TrainSpec
 from serving.app import create_app
+from serving.checks import resident_bytes
 from serving.config import ServeConfig
-from serving.engine import resident_bytes
 
 TOKEN = "samples"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
