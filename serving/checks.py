@@ -45,9 +45,10 @@ def check_sizes(graph: StepGraph, queries: Sequence[Query]) -> None:
 
 
 def resident_bytes(graph: StepGraph, query: Query) -> int:
-    """The exact bytes the graph holds before its step starts (parameters, optimizer
-    state, inputs: the storages alive at entry), at the query's sizes, unrounded; the
-    smallest over the control-flow paths. Any measured peak of the step includes them."""
+    """The exact bytes the graph holds before its step starts (the storages alive at
+    entry: the parameters, and whatever else the capture found resident), at the query's
+    sizes, unrounded; the smallest over the control-flow paths. Any measured peak of the
+    step includes them."""
     values = graph.table().evaluate_exact(graph.resolve_sizes(query.sizes, query.scenario))
     per_path = []
     for p in graph.paths:
@@ -66,8 +67,8 @@ def check_measurement(graph: StepGraph, query: Query, measured_bytes: int) -> No
     if measured_bytes < floor:
         raise RequestError(
             f"measured peak {measured_bytes} bytes is below the {floor} bytes this graph "
-            f"holds before its step starts at sizes {query.sizes} (parameters, optimizer "
-            "state, inputs): not a measurement of this step",
+            f"holds before its step starts at sizes {query.sizes} (its parameters and other "
+            "resident storages): not a measurement of this step",
             loc=where,
         )
     total = get_profile(query.device).total_bytes

@@ -66,7 +66,7 @@ def test_the_floor_is_the_bytes_held_before_the_step(client, graph):
     gid, _ = _setup(client, graph)
     floor = resident_bytes(graph, Query(sizes=CONFIG["sizes"], device=CONFIG["device"]))
     params = sum(p.numel() * 4 for p in tiny_mlp_bundle().build().parameters())
-    assert floor >= params > 0  # parameters (fp32) at least, plus inputs
+    assert floor >= params > 0  # the parameters (fp32) at least
     assert _sample(client, gid, floor - 1).status_code == 422
     assert _sample(client, gid, floor).status_code == 200
     over = _sample(client, gid, 81920 * 2**20 + 1)  # more than an A100-80GB holds
