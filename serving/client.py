@@ -154,8 +154,9 @@ class MemgnnClient:
             "scenario": scenario,
             "measured_peak_bytes": measured_peak_bytes,
             "key": key,
-            "source": source,
         }
+        if source is not None:
+            body["source"] = source
         return self._call("POST", "/samples", json=body)
 
     def samples(self, graph_id: str, **params: Any) -> dict[str, Any]:
