@@ -64,6 +64,7 @@ def start_server(state: Path, workers: int, model: str) -> tuple[subprocess.Pope
         str(workers),
         "--log-level",
         "warning",
+        "--allow-anonymous-writes",  # loopback only, its own state folder
     ]
     proc = subprocess.Popen(cmd, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from predictor.analytic import sweep
 from predictor.capture_cache import cache_dir, capture_cached, capture_key  # noqa: F401
@@ -103,6 +103,21 @@ class MemoryModel(Protocol):
     version: str
 
     def predict(self, graph: StepGraph, queries: Sequence[Query]) -> list[Prediction]: ...
+
+
+@runtime_checkable
+class EncodingModel(MemoryModel, Protocol):
+    """A `MemoryModel` that encodes a graph once (`encode`, cached by graph id in the
+    server) and answers batches of queries from the encoding (`predict_encoded`).
+    `thread_safe`: calls may run concurrently; otherwise the server serialises them."""
+
+    thread_safe: bool
+
+    def encode(self, graph: StepGraph) -> Any: ...
+
+    def predict_encoded(
+        self, encoding: Any, graph: StepGraph, queries: Sequence[Query]
+    ) -> list[Prediction]: ...
 
 
 class AnalyticModel:

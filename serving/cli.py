@@ -12,10 +12,30 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from typing import Any
+
+import uvicorn
 
 from serving.config import TOKEN_ENV_VAR, ServeConfig, default_state_dir
 
 log = logging.getLogger(__name__)
+
+GRACEFUL_S = 10  # uvicorn cancels requests still running this long after a SIGTERM
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server that, on SIGINT/SIGTERM, also stops the capture in flight at
+    once: requests waiting on it answer 503 and shutdown does not wait for a capture."""
+
+    def __init__(self, config: uvicorn.Config, app: Any):
+        super().__init__(config)
+        self.memgnn_app = app
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        engine = getattr(self.memgnn_app.state, "engine", None)
+        if engine is not None:
+            engine.close()
+        super().handle_exit(sig, frame)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,10 +60,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--token", default=None, help=f"bearer token for write endpoints (or ${TOKEN_ENV_VAR})"
     )
+    g.add_argument("--capture-timeout", type=float, default=None, help="seconds per capture (120)")
     g.add_argument("--max-request-bytes", type=int, default=None)
     g.add_argument("--max-nodes", type=int, default=None)
     g.add_argument("--graph-cache", type=int, default=None, help="graphs kept in memory")
     g.add_argument("--blas-threads", type=int, default=None, help="BLAS threads per worker (1)")
+    g.add_argument(
+        "--allow-anonymous-writes",
+        action="store_true",
+        help="accept uploads and samples without a token (trusted networks only; "
+        "default: writes need --token, else they are refused)",
+    )
     g.add_argument(
         "--allow-local-specs",
         action="store_true",
@@ -61,6 +88,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         "database_url": args.db,
         "token": args.token or os.environ.get(TOKEN_ENV_VAR) or None,
         "allow_local_specs": args.allow_local_specs,
+        "allow_anonymous_writes": args.allow_anonymous_writes,
     }
     if args.state_dir:
         fields["state_dir"] = args.state_dir
@@ -69,6 +97,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         ("max_nodes", "max_nodes"),
         ("graph_cache", "graph_cache_size"),
         ("blas_threads", "blas_threads"),
+        ("capture_timeout", "capture_timeout_s"),
     ):
         value = getattr(args, arg)
         if value is not None:
@@ -78,20 +107,26 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
 
 def serve_cmd(args: argparse.Namespace) -> int:
     """Run the server until interrupted; returns the exit status."""
-    import uvicorn
-
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     config = config_from_args(args)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and config.token is None:
+    if config.token is None and config.allow_anonymous_writes:
         log.warning("serving on %s without a token: write endpoints are open", args.host)
-    common = {"host": args.host, "port": args.port, "log_level": args.log_level}
+    elif config.token is None:
+        log.info("no --token: write endpoints (uploads, samples, reloads) are refused")
+    common = {
+        "host": args.host,
+        "port": args.port,
+        "log_level": args.log_level,
+        "timeout_graceful_shutdown": GRACEFUL_S,
+    }
     if args.workers == 1:
         from serving.app import create_app
 
-        uvicorn.run(create_app(config), **common)
+        app = create_app(config)
+        Server(uvicorn.Config(app, **common), app).run()
     else:
         os.environ.update(config.to_env())
         uvicorn.run("serving.app:app_from_env", factory=True, workers=args.workers, **common)

@@ -143,7 +143,9 @@ class MemgnnClient:
         metric: str | None = None,
         scenario: str = "worst",
         key: str | None = None,
+        source: str | None = None,
     ) -> dict[str, Any]:
+        """Send a measured peak (bytes); `source` labels who measured (kept with it)."""
         body = {
             "graph_id": graph_id,
             "sizes": sizes,
@@ -153,6 +155,8 @@ class MemgnnClient:
             "measured_peak_bytes": measured_peak_bytes,
             "key": key,
         }
+        if source is not None:
+            body["source"] = source
         return self._call("POST", "/samples", json=body)
 
     def samples(self, graph_id: str, **params: Any) -> dict[str, Any]:
@@ -244,10 +248,15 @@ def local_server(
     import uvicorn
 
     from serving.app import create_app
+    from serving.cli import GRACEFUL_S, Server
 
     port = port or free_port(host)
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(config), host=host, port=port, log_level="warning")
+    app = create_app(config)
+    server = Server(
+        uvicorn.Config(
+            app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACEFUL_S
+        ),
+        app,
     )
     thread = threading.Thread(target=server.run, name="memgnn-serve", daemon=True)
     thread.start()
@@ -264,6 +273,8 @@ def local_server(
     try:
         yield url
     finally:
+        if app.state.engine is not None:
+            app.state.engine.close()  # a capture in flight does not hold the shutdown
         server.should_exit = True
         thread.join(timeout_s)
 

@@ -31,9 +31,22 @@ class ServeConfig:
       (`models:/NAME@ALIAS`, `models:/NAME/VERSION`, `runs:/ID/PATH`).
     - `database_url`: any SQLAlchemy URL; default `sqlite:///<state_dir>/samples.db` (WAL,
       synchronous=FULL). Replicas that share one database share samples and graphs.
-    - `token`: bearer token required on write endpoints (`/samples`, `/admin/reload`).
+    - `token`: bearer token required on write endpoints (`POST /graphs`, `/samples`,
+      `/admin/reload`). Without one the server refuses writes unless
+      `allow_anonymous_writes` (a trusted network only: anyone reaching the port could
+      poison the corrections every client gets).
     - `allow_local_specs`: accept `hf:PATH` and `py:module:factory` model specs (they read
       server files and import code: only for trusted clients). Zoo names always work.
+    - `correction_prior`: how many samples' worth of trust the model's own answer gets
+      (the log-correction of n samples is shrunk by n / (n + prior)); 1 by default: on
+      the accuracy benchmark a fully trusted single sample made the reserved p95 worse
+      (15.95% -> 19.05%, `benchmarks/results/accuracy.md`, "gnn + 1 live"), so one sample
+      moves an answer half-way. `correction_max_scale`: no correction scales an answer
+      by more than this factor, either way.
+    - Captures of model specs (`/predict`, `/plan` with `model`) run in a worker process
+      that is killed past `capture_timeout_s`; a request may run `max_captures_per_request`
+      captures within `request_timeout_s`; a zoo model's integer hparams may not exceed
+      `max_hparam_scale` x the largest value of the zoo's range (or default).
     - `blas_threads`: BLAS threads per server process (numpy's live-byte curves). Requests
       are small; extra BLAS threads only spin and take the CPU other workers need.
     """
@@ -48,8 +61,15 @@ class ServeConfig:
     max_configs: int = 256
     graph_cache_size: int = 64
     correction_window: int = 32
+    correction_prior: float = 1.0
+    correction_max_scale: float = 4.0
     correction_ttl_s: float = 1.0
     allow_local_specs: bool = False
+    capture_timeout_s: float = 120.0
+    request_timeout_s: float = 300.0
+    max_captures_per_request: int = 8
+    max_hparam_scale: float = 8.0
+    allow_anonymous_writes: bool = False
     blas_threads: int = 1
 
     def __post_init__(self) -> None:
@@ -69,6 +89,22 @@ class ServeConfig:
             raise ValueError(
                 f"correction_window must be in [1, 10000], got {self.correction_window}"
             )
+        if not 0 <= self.correction_prior <= 1000:
+            raise ValueError(f"correction_prior must be in [0, 1000], got {self.correction_prior}")
+        if not 1 <= self.correction_max_scale <= 1000:
+            raise ValueError(
+                f"correction_max_scale must be in [1, 1000], got {self.correction_max_scale}"
+            )
+        for name in ("capture_timeout_s", "request_timeout_s"):
+            if not 0 < getattr(self, name) <= 86_400:
+                raise ValueError(f"{name} must be in (0, 86400], got {getattr(self, name)}")
+        if not 1 <= self.max_captures_per_request <= 1024:
+            raise ValueError(
+                f"max_captures_per_request must be in [1, 1024], got "
+                f"{self.max_captures_per_request}"
+            )
+        if self.max_hparam_scale < 1:
+            raise ValueError(f"max_hparam_scale must be >= 1, got {self.max_hparam_scale}")
         if self.correction_ttl_s < 0:
             raise ValueError(f"correction_ttl_s must be >= 0, got {self.correction_ttl_s}")
         if self.database_url is not None and "://" not in self.database_url:

@@ -18,13 +18,16 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
+from predictor.errors import UserError
 from predictor.graph import StepGraph
-from predictor.predict import MemoryModel, Prediction, Query
+from predictor.predict import EncodingModel, MemoryModel, Prediction, Query
 from predictor.spec import ModelBundle, TrainSpec
+from serving.captures import CaptureWorker, Work
+from serving.checks import check_hparams, check_measurement, check_sizes
 from serving.config import ServeConfig
 from serving.graphs import RequestError, build_graph, decode_body, graph_bytes, unknown_ops
 from serving.metrics import Metrics
-from serving.models import can_encode, op_checker
+from serving.models import as_encoding_model, op_checker
 from serving.store import Correction, Sample, Store
 
 log = logging.getLogger(__name__)
@@ -73,19 +76,27 @@ class Engine:
     ):
         self.config, self.store = config, store
         self.metrics = metrics or Metrics()
-        self._model = model
+        self._model = as_encoding_model(model)
         self._lock = threading.Lock()
-        self._capture_lock = threading.Lock()
+        self.captures = CaptureWorker(timeout_s=config.capture_timeout_s)
         self._model_lock = threading.Lock()
         self._graphs: OrderedDict[str, GraphEntry] = OrderedDict()
         self._corrections: dict[tuple[str, str, str, str], tuple[float, Correction]] = {}
         self._spec_ids: OrderedDict[str, str] = OrderedDict()
         self._bundles: OrderedDict[str, ModelBundle] = OrderedDict()
 
+    def close(self) -> None:
+        """Shutdown: stop the capture worker (a capture in flight answers 503)."""
+        self.captures.close()
+
     # ---- model --------------------------------------------------------------------------
     @property
-    def model(self) -> MemoryModel:
+    def model(self) -> EncodingModel:
         return self._model
+
+    @property
+    def thread_safe(self) -> bool:
+        return self._model.thread_safe
 
     @property
     def version(self) -> str:
@@ -93,6 +104,7 @@ class Engine:
 
     def set_model(self, model: MemoryModel) -> None:
         """Swap the model; cached encodings and corrections belong to the old one."""
+        model = as_encoding_model(model)
         with self._lock:
             self._model = model
             self._graphs.clear()
@@ -100,15 +112,15 @@ class Engine:
         log.info("serving model %s", model.version)
 
     # ---- graphs -------------------------------------------------------------------------
-    def _guard(self, model: MemoryModel) -> AbstractContextManager:
+    def _guard(self, model: EncodingModel) -> AbstractContextManager:
         """Calls into a model run one at a time unless it says it is thread-safe (the
         learned model keeps unlocked caches; handlers run in a thread pool)."""
-        return nullcontext() if getattr(model, "thread_safe", False) else self._model_lock
+        return nullcontext() if model.thread_safe else self._model_lock
 
     def _make_entry(self, graph: StepGraph, graph_id: str | None = None) -> GraphEntry:
         model = self._model
         with self._guard(model):
-            encoding = model.encode(graph) if can_encode(model) else None
+            encoding = model.encode(graph)
         return GraphEntry(
             graph=graph,
             graph_id=graph_id or graph.graph_id,
@@ -126,15 +138,17 @@ class Engine:
                 self._graphs.popitem(last=False)
         return entry
 
-    def register(self, graph: StepGraph, blob: bytes | None = None) -> tuple[GraphEntry, bool]:
-        """Store a graph durably and cache it; (entry, newly stored)."""
+    def register(
+        self, graph: StepGraph, blob: bytes | None = None, *, persist: bool = True
+    ) -> tuple[GraphEntry, bool]:
+        """Store a graph durably (`persist`) and cache it; (entry, newly stored)."""
         graph_id = graph.graph_id
         with self._lock:
             entry = self._graphs.get(graph_id)
         if entry is not None and entry.model_version == self._model.version:
             return self._remember(entry), False  # cached here: stored when it was cached
         entry = self._make_entry(graph, graph_id)
-        if self.store.has_graph(graph_id):
+        if not persist or self.store.has_graph(graph_id):
             return self._remember(entry), False
         blob = blob if blob is not None and blob[:2] == b"\x1f\x8b" else graph_bytes(graph)
         stored = self.store.put_graph(entry.graph_id, blob, entry.n_nodes)
@@ -190,13 +204,11 @@ class Engine:
         model = self._model
         if entry.model_version != model.version:
             entry = self.entry(entry.graph_id)
+        check_sizes(entry.graph, queries)
         try:
             with self._guard(model):
-                if entry.encoding is not None:
-                    raw = model.predict_encoded(entry.encoding, entry.graph, queries)
-                else:
-                    raw = model.predict(entry.graph, queries)
-        except (ValueError, ArithmeticError) as exc:
+                raw = model.predict_encoded(entry.encoding, entry.graph, queries)
+        except (UserError, ArithmeticError) as exc:
             raise self._locate(entry, queries, exc) from None
         for i, p in enumerate(raw):
             if not (
@@ -213,13 +225,12 @@ class Engine:
         return out
 
     def _locate(self, entry: GraphEntry, queries: Sequence[Query], exc: Exception) -> RequestError:
-        """A batch failed: find the first failing query to name it in the error."""
+        """A batch failed on the caller's sizes: find the first failing query to name it."""
         for i, q in enumerate(queries):
             try:
-                entry.graph.resolve_sizes(q.sizes, q.scenario)
                 with self._guard(self._model):
                     self._model.predict(entry.graph, [q])
-            except (ValueError, ArithmeticError) as one:
+            except (UserError, ArithmeticError) as one:
                 return RequestError(f"{one}", loc=("body", "configs", i, "sizes"))
         return RequestError(f"{exc}", loc=("body", "configs"))
 
@@ -238,14 +249,22 @@ class Engine:
         return corr
 
     def add_sample(
-        self, *, graph_id: str, query: Query, measured_bytes: int, key: str | None = None
+        self,
+        *,
+        graph_id: str,
+        query: Query,
+        measured_bytes: int,
+        key: str | None = None,
+        provenance: dict[str, str | None] | None = None,
     ) -> tuple[int, bool, Prediction, Correction]:
         """Store a measurement against the model's own prediction for its config; the
         updated correction is what later predictions get (this process: at once;
-        other replicas: within `correction_ttl_s`)."""
+        other replicas: within `correction_ttl_s`). A measurement the graph makes
+        impossible is refused (`check_measurement`)."""
         entry = self.entry(graph_id)
         served = self.predict(entry, [query], correct=False)[0]
         raw = served.raw
+        check_measurement(entry.graph, query, measured_bytes)
         sample = Sample(
             graph_id=graph_id,
             device=query.device,
@@ -257,6 +276,7 @@ class Engine:
             predicted_bytes=raw.predicted_peak_bytes,
             bound_bytes=raw.upper_bound_bytes,
             key=key,
+            **(provenance or {}),
         )
         row_id, created = self.store.add_sample(sample)
         self.metrics.inc("samples_received_total")
@@ -284,6 +304,8 @@ class Engine:
                 bundle = resolve(spec, model_args, task)
             except ValueError as exc:
                 raise RequestError(str(exc), loc=("body", "model")) from None
+            if not spec.startswith(("hf:", "py:")):
+                check_hparams(spec, bundle, self.config.max_hparam_scale)
             with self._lock:
                 self._bundles[key] = bundle
                 while len(self._bundles) > 64:
@@ -291,9 +313,21 @@ class Engine:
         return bundle
 
     def spec_entry(
-        self, bundle: ModelBundle, train: TrainSpec, *, target: str, sm: int, sizes: dict[str, int]
+        self,
+        bundle: ModelBundle,
+        train: TrainSpec,
+        *,
+        spec: tuple[str, dict[str, str], str | None],
+        target: str,
+        sm: int,
+        sizes: dict[str, int],
+        persist: bool = False,
+        work: Work | None = None,
     ) -> GraphEntry:
-        """The captured graph of a model spec (memo, then disk cache, then a capture)."""
+        """The captured graph of a model spec (memo, then disk cache, then a capture in
+        the worker process: see `serving.captures`). `spec`: (spec, model_args, task)
+        as the request gave them; `work`: the request's budget."""
+        work = work or Work.unbounded()
         static = {d: sizes[d] for d in bundle.static_dims if d in sizes}
         key = json.dumps(
             [bundle.name, bundle.hparams, bundle.fingerprint, train.to_dict(), target, sm, static],
@@ -307,24 +341,23 @@ class Engine:
                 return self.entry(graph_id)
             except RequestError:
                 pass
-        from predictor.predict import capture_cached
-
-        with self._capture_lock:
-            t0 = time.perf_counter()
-            try:
-                graph = capture_cached(bundle, train, target=target, sm=sm, sizes=sizes)
-            except ValueError as exc:
-                raise RequestError(
-                    f"cannot capture {bundle.name}: {exc}", loc=("body", "model")
-                ) from None
-            except Exception as exc:  # the model's own code failed on these hparams
-                log.exception("capture of %s failed", bundle.name)
-                raise RequestError(
-                    f"cannot capture {bundle.name}: {type(exc).__name__}: {exc}",
-                    loc=("body", "model"),
-                ) from None
-            log.info("graph of %s ready in %.2fs", bundle.name, time.perf_counter() - t0)
-        entry, _ = self.register(graph)
+        work.check()
+        work.take_capture(bundle.name)
+        job = {
+            "spec": spec[0],
+            "model_args": spec[1],
+            "task": spec[2],
+            "train": train.to_dict(),
+            "target": target,
+            "sm": sm,
+            "sizes": sizes,
+        }
+        t0 = time.perf_counter()
+        blob = self.captures.capture(job, work)
+        raw = decode_body(blob, "gzip", max_bytes=self.config.max_decompressed_bytes)
+        graph = build_graph(json.loads(raw), max_nodes=self.config.max_nodes, loc=("body", "model"))
+        log.info("graph of %s ready in %.2fs", bundle.name, time.perf_counter() - t0)
+        entry, _ = self.register(graph, blob, persist=persist)
         with self._lock:
             self._spec_ids[key] = entry.graph_id
             while len(self._spec_ids) > 4096:

@@ -22,16 +22,18 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from predictor.errors import UserError
 from predictor.graph import FORMAT, StepGraph
 
 log = logging.getLogger(__name__)
 
 MAX_EXPONENT = 16
+INT64_MAX = (1 << 63) - 1
 MAX_EXPR_CHARS = 4096
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
-class RequestError(ValueError):
+class RequestError(UserError):
     """A bad request: `status` (404, 413, 422) and `loc`, the path of the field at fault."""
 
     def __init__(self, message: str, *, status: int = 422, loc: Iterable[str | int] = ("body",)):
@@ -101,7 +103,7 @@ def build_graph(data: Any, *, max_nodes: int, loc: tuple[str | int, ...] = ("bod
     _check_symbols(data, loc)
     _check_formulas(data, loc)
     try:
-        return StepGraph.from_dict(data, "graph")
+        graph = StepGraph.from_dict(data, "graph")
     except ValueError as exc:
         raise RequestError(str(exc), loc=loc) from None
     except (
@@ -115,6 +117,23 @@ def build_graph(data: Any, *, max_nodes: int, loc: tuple[str | int, ...] = ("bod
         MemoryError,
     ) as exc:
         raise RequestError(f"malformed step graph: {type(exc).__name__}: {exc}", loc=loc) from None
+    _check_sizes_at_example(graph, loc)
+    return graph
+
+
+def _check_sizes_at_example(graph: StepGraph, loc: tuple) -> None:
+    """Every size formula is a byte count: non-negative at the graph's example sizes."""
+    try:
+        values = graph.table().evaluate_exact(graph.resolve_sizes(graph.symbols))
+    except (ValueError, ArithmeticError) as exc:
+        raise RequestError(f"size formulas fail at the example sizes: {exc}", loc=loc) from None
+    for i, v in enumerate(values):
+        if v < 0:
+            raise RequestError(
+                f"size formula {graph.exprs[i][:80]!r} is negative ({v}) at the example sizes "
+                f"{graph.symbols}",
+                loc=(*loc, "exprs", i),
+            )
 
 
 def _check_shape(data: dict[str, Any], loc: tuple) -> None:
@@ -190,6 +209,12 @@ def _check_formulas(data: dict[str, Any], loc: tuple) -> None:
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             raise RequestError(f"malformed size formula {src[:80]!r}", loc=where) from None
         for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and type(node.value) is int:
+                if abs(node.value) > INT64_MAX:
+                    raise RequestError(
+                        f"integer constant wider than 64 bits in size formula {src[:80]!r}",
+                        loc=where,
+                    )
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
                 exp = node.right
                 if not (

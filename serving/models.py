@@ -1,38 +1,70 @@
 """Which `MemoryModel` the server answers with: the shipped default, the analytic baseline,
 an exported model directory, or an mlflow registry/run URI.
 
-The server codes against the `MemoryModel` protocol (`version`, `predict`) and uses
-`encode(graph)` / `predict_encoded(embedding, graph, queries)` when the model has them.
-The plain analytic baseline is swapped for `EncodedAnalytic`, which gives the same
-answers with the per-graph work cached.
+The server codes against the `EncodingModel` protocol (`predictor.predict`): a model that
+encodes a graph once and answers batches from the encoding. A plain `MemoryModel` is
+served through `Unencoded` (nothing cached per graph, calls serialised). The plain
+analytic baseline is swapped for `EncodedAnalytic`, which gives the same answers with the
+per-graph work cached.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from predictor.predict import AnalyticModel, MemoryModel, default_model
-from serving.fastpath import EncodedAnalytic
+from predictor.encoded_analytic import EncodedAnalytic
+from predictor.graph import StepGraph
+from predictor.predict import (
+    AnalyticModel,
+    EncodingModel,
+    MemoryModel,
+    Prediction,
+    Query,
+    default_model,
+)
 
 log = logging.getLogger(__name__)
 
 MLFLOW_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
 
 
-def can_encode(model: Any) -> bool:
-    return callable(getattr(model, "encode", None)) and callable(
-        getattr(model, "predict_encoded", None)
-    )
+class Unencoded:
+    """A plain `MemoryModel` as an `EncodingModel`: the encoding is the graph itself,
+    every call goes to `predict`, one at a time (nothing says it is thread-safe)."""
+
+    thread_safe = False
+
+    def __init__(self, model: MemoryModel):
+        self.model = model
+        self.version = model.version
+
+    def encode(self, graph: StepGraph) -> None:
+        return None
+
+    def predict_encoded(
+        self, encoding: Any, graph: StepGraph, queries: Sequence[Query]
+    ) -> list[Prediction]:
+        return self.model.predict(graph, queries)
+
+    def predict(self, graph: StepGraph, queries: Sequence[Query]) -> list[Prediction]:
+        return self.model.predict(graph, queries)
+
+
+def as_encoding_model(model: MemoryModel) -> EncodingModel:
+    """`model` itself when it is an `EncodingModel`, else wrapped in `Unencoded`."""
+    return model if isinstance(model, EncodingModel) else Unencoded(model)
 
 
 def op_checker(model: Any) -> Callable[[str], bool] | None:
     """A predicate "this op is unknown to the model": from the model's `op_vocab` when it
     has one, from the learned models' feature vocabulary (`predictor.features.op_id`) for
     `OnnxMemoryModel`; None (the caller checks the torch op registry) otherwise."""
+    if isinstance(model, Unencoded):
+        model = model.model
     vocab = getattr(model, "op_vocab", None)
     if vocab is not None:
         known = {str(op) for op in vocab}

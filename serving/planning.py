@@ -12,6 +12,7 @@ from predictor.graph import StepGraph
 from predictor.plan import Candidate, PlanConfig, SearchSpace, plan
 from predictor.predict import Prediction, Query
 from predictor.spec import ModelBundle, TrainSpec, default_blocks
+from serving.captures import Work
 from serving.engine import Engine, GraphEntry
 from serving.graphs import RequestError
 
@@ -48,11 +49,24 @@ def spec_graphs(
     bundle: ModelBundle,
     device: DeviceProfile,
     sizes: dict[str, int],
+    *,
+    spec: tuple[str, dict[str, str], str | None],
+    persist: bool,
+    work: Work | None,
 ) -> Callable[[TrainSpec], StepGraph]:
     target = "cuda" if device.is_gpu else "cpu"
 
     def graph_for(train: TrainSpec) -> StepGraph:
-        entry = engine.spec_entry(bundle, train, target=target, sm=device.sm or 80, sizes=sizes)
+        entry = engine.spec_entry(
+            bundle,
+            train,
+            spec=spec,
+            target=target,
+            sm=device.sm or 80,
+            sizes=sizes,
+            persist=persist,
+            work=work,
+        )
         return adapter.add(entry, _variant(train))
 
     return graph_for
@@ -95,7 +109,9 @@ def _count_blocks(bundle: ModelBundle) -> int | None:
         return None
 
 
-def run_plan(engine: Engine, req: Any) -> dict[str, Any]:
+def run_plan(
+    engine: Engine, req: Any, *, persist: bool = False, work: Work | None = None
+) -> dict[str, Any]:
     """Answer a validated `PlanRequest` (see `serving.schemas`)."""
     device = get_profile(req.device)
     adapter = EngineModel(engine, correct=req.apply_correction)
@@ -107,13 +123,38 @@ def run_plan(engine: Engine, req: Any) -> dict[str, Any]:
             raise RequestError(
                 f"model {bundle.name!r} has no batch dim B to plan", loc=("body", "model", "spec")
             )
-        base = req.model.train.to_spec()
+        try:
+            base = req.model.train.to_spec()
+        except ValueError as exc:
+            raise RequestError(str(exc), loc=("body", "model", "train")) from None
         try:
             sizes = bundle.sizes({k: v for k, v in req.space.sizes.items()})
         except ValueError as exc:
             raise RequestError(str(exc), loc=("body", "space", "sizes")) from None
         space_fields["sizes"] = {k: v for k, v in sizes.items() if k != "B"}
-        graph_for = spec_graphs(engine, adapter, bundle, device, sizes)
+        space = req.space
+        variants = len(space.precision) * len(space.checkpointing)
+        variants *= len({g > 1 for g in space.grad_accum})
+        limit = engine.config.max_captures_per_request
+        if variants > limit:  # each variant is a graph to capture: refuse before any
+            raise RequestError(
+                f"the search space spans {variants} training variants (precision x "
+                f"checkpointing x accumulation), each a capture; this server captures at "
+                f"most {limit} per request (max_captures_per_request)",
+                status=413,
+                loc=("body", "space"),
+            )
+        m = req.model
+        graph_for = spec_graphs(
+            engine,
+            adapter,
+            bundle,
+            device,
+            sizes,
+            spec=(m.spec, m.args(), m.task),
+            persist=persist,
+            work=work,
+        )
         n_blocks = _count_blocks(bundle)
     else:
         base, variants = uploaded_graphs(engine, adapter, req.graph_ids)

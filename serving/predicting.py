@@ -7,20 +7,22 @@ from typing import Any
 
 from dataset.devices import get_profile
 from predictor.predict import Query
+from serving.captures import Work
 from serving.engine import Engine, GraphEntry, Served
 from serving.graphs import RequestError, build_graph
 
 
-def _entries(engine: Engine, req: Any, max_nodes: int) -> tuple[list[GraphEntry], list[dict]]:
+def _entries(
+    engine: Engine, req: Any, max_nodes: int, persist: bool, work: Work | None
+) -> tuple[list[GraphEntry], list[dict]]:
     """Per config: its graph entry, and its sizes (a spec's example dims filled in)."""
     sizes = [dict(c.sizes) for c in req.configs]
     if req.graph_id is not None:
         entry = engine.entry(req.graph_id)
         return [entry] * len(req.configs), sizes
     if req.graph is not None:
-        entry, _ = engine.register(
-            build_graph(req.graph, max_nodes=max_nodes, loc=("body", "graph"))
-        )
+        graph = build_graph(req.graph, max_nodes=max_nodes, loc=("body", "graph"))
+        entry, _ = engine.register(graph, persist=persist)
         return [entry] * len(req.configs), sizes
     m = req.model
     bundle = engine.bundle(m.spec, m.args(), m.task)
@@ -41,14 +43,27 @@ def _entries(engine: Engine, req: Any, max_nodes: int) -> tuple[list[GraphEntry]
             raise RequestError(str(exc), loc=("body", "configs", i, "sizes")) from None
         target = "cuda" if device.is_gpu else "cpu"
         entries.append(
-            engine.spec_entry(bundle, train, target=target, sm=device.sm or 80, sizes=sizes[i])
+            engine.spec_entry(
+                bundle,
+                train,
+                spec=(m.spec, m.args(), m.task),
+                target=target,
+                sm=device.sm or 80,
+                sizes=sizes[i],
+                persist=persist,
+                work=work,
+            )
         )
     return entries, sizes
 
 
-def run_predict(engine: Engine, req: Any, *, max_nodes: int) -> dict[str, Any]:
-    """Answer a validated `PredictRequest` (see `serving.schemas`)."""
-    entries, sizes = _entries(engine, req, max_nodes)
+def run_predict(
+    engine: Engine, req: Any, *, max_nodes: int, persist: bool = False, work: Work | None = None
+) -> dict[str, Any]:
+    """Answer a validated `PredictRequest` (see `serving.schemas`); `persist`: store
+    inline or captured graphs in the database (else only in the memory cache); `work`:
+    the request's capture budget (`serving.captures.Work`)."""
+    entries, sizes = _entries(engine, req, max_nodes, persist, work)
     queries = [
         Query(sizes=sz, device=c.device, metric=c.metric, scenario=c.scenario)
         for sz, c in zip(sizes, req.configs)

@@ -227,15 +227,24 @@ class PlanResponse(BaseModel):
 
 class SampleIn(Strict):
     """A live measurement of a config of an uploaded (or spec-captured) graph. `key`, if
-    given, makes retries idempotent: a sample with a key already stored is not added."""
+    given, makes retries idempotent: a sample with a key already stored is not added.
+    Refused (422): a peak below the bytes the graph holds before its step starts, or
+    above the device's memory."""
 
     graph_id: GraphId
     sizes: Sizes
     device: Device
     metric: Metric | None = None
     scenario: Scenario = "worst"
-    measured_peak_bytes: Bytes
+    measured_peak_bytes: Annotated[StrictInt, Field(ge=1, le=1 << 60)]
     key: str | None = Field(default=None, min_length=1, max_length=128)
+    source: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        description="who measured (a run, host or tool), kept with the sample",
+        examples=["governor/run-17"],
+    )
 
     @model_validator(mode="after")
     def _metric_fits_device(self) -> SampleIn:

@@ -5,17 +5,24 @@ and a power cut); any database URL (PostgreSQL) lets several replicas share samp
 graphs. Every write commits before the call returns.
 
 Residual correction for (graph id, device, metric, model version), over the last
-`window` samples: `peak_scale` = median of measured / predicted peak (robust to outliers;
-may be < 1), `bound_scale` = max(1, max of measured / predicted upper bound) (the bound is
-never lowered and covers every recent measurement). Ratios are clipped to
-[RATIO_MIN, RATIO_MAX] so one absurd sample cannot blow predictions up. Samples of another
-model version do not count: a reloaded model starts uncorrected.
+`window` samples. Each ratio measured / predicted is first clipped to
+[1/max_scale, max_scale] (a correction's step is bounded: no sample, however absurd, moves
+an answer by more than that factor). `peak_scale` = exp(n / (n + prior) * log(median of
+the peak ratios)): the median is robust to outliers, and `prior` (in samples) is how much
+the model's own answer is trusted, so one sample moves the peak half-way (in log) at
+prior = 1, three samples three quarters. `bound_scale` = max(1, max of the bound ratios):
+the bound is never lowered and covers every recent measurement up to max_scale. Samples of
+another model version do not count: a reloaded model starts uncorrected.
+
+Each sample keeps its provenance: who wrote it (`principal`: "token" or "anonymous"),
+from where (`client`, the peer address), the caller's `source` label, and when.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -33,6 +40,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
     select,
     text,
 )
@@ -42,7 +50,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 log = logging.getLogger(__name__)
 
-RATIO_MIN, RATIO_MAX = 1e-3, 1e3
+RATIO_MIN, RATIO_MAX = 1e-3, 1e3  # what a stored ratio can hold
+DEFAULT_PRIOR = 1.0  # see the module docstring and ServeConfig.correction_prior
+DEFAULT_MAX_SCALE = 4.0
+PROVENANCE = ("principal", "client", "source")  # columns added after the first release
 
 
 class Base(DeclarativeBase):
@@ -65,6 +76,9 @@ class SampleRow(Base):
     peak_ratio: Mapped[float] = mapped_column(Float)
     bound_ratio: Mapped[float] = mapped_column(Float)
     created_at: Mapped[float] = mapped_column(Float)
+    principal: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    client: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    source: Mapped[str | None] = mapped_column(String(128), nullable=True)
 
     __table_args__ = (
         Index("ix_memgnn_samples_lookup", "graph_id", "device", "metric", "model_version", "id"),
@@ -91,10 +105,13 @@ class Sample:
     predicted_bytes: int
     bound_bytes: int
     key: str | None = None
+    principal: str | None = None  # who wrote it: "token" or "anonymous"
+    client: str | None = None  # the peer address
+    source: str | None = None  # the caller's label (a run, a host, a tool)
 
     def __post_init__(self) -> None:
-        if self.measured_bytes < 0:
-            raise ValueError("measured_bytes must be >= 0")
+        if self.measured_bytes <= 0:
+            raise ValueError(f"measured_bytes must be > 0, got {self.measured_bytes}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -117,13 +134,29 @@ def ratio(measured: int, predicted: int) -> float:
     return min(max(measured / predicted, RATIO_MIN), RATIO_MAX)
 
 
-def correction_from(peak_ratios: list[float], bound_ratios: list[float]) -> Correction:
+def correction_from(
+    peak_ratios: list[float],
+    bound_ratios: list[float],
+    *,
+    prior: float = DEFAULT_PRIOR,
+    max_scale: float = DEFAULT_MAX_SCALE,
+) -> Correction:
+    """The correction of a window of ratios (see the module docstring)."""
     if not peak_ratios:
         return Correction()
+    if prior < 0 or max_scale < 1:
+        raise ValueError(f"need prior >= 0 and max_scale >= 1, got {prior}, {max_scale}")
+
+    def clip(r: float) -> float:
+        return min(max(r, 1.0 / max_scale), max_scale)
+
+    n = len(peak_ratios)
+    median = statistics.median(clip(r) for r in peak_ratios)
+    trust = n / (n + prior)
     return Correction(
-        peak_scale=float(statistics.median(peak_ratios)),
-        bound_scale=max(1.0, max(bound_ratios)),
-        samples=len(peak_ratios),
+        peak_scale=median if trust == 1 else math.exp(trust * math.log(median)),
+        bound_scale=max(1.0, max(clip(r) for r in bound_ratios)),
+        samples=n,
     )
 
 
@@ -138,10 +171,18 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 class Store:
     """Samples and graphs in one database (see the module docstring)."""
 
-    def __init__(self, url: str, *, window: int = 32):
+    def __init__(
+        self,
+        url: str,
+        *,
+        window: int = 32,
+        prior: float = DEFAULT_PRIOR,
+        max_scale: float = DEFAULT_MAX_SCALE,
+    ):
         if window < 1:
             raise ValueError("window must be >= 1")
-        self.url, self.window = url, window
+        correction_from([1.0], [1.0], prior=prior, max_scale=max_scale)  # validates them
+        self.url, self.window, self.prior, self.max_scale = url, window, prior, max_scale
         kwargs: dict[str, Any] = {"pool_pre_ping": True}
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
@@ -159,11 +200,25 @@ class Store:
         for attempt in range(3):  # replicas starting together race on CREATE TABLE
             try:
                 Base.metadata.create_all(self.engine)
+                self._add_provenance_columns()
                 return
             except OperationalError as exc:
                 if attempt == 2:
                     raise ValueError(f"cannot create tables in {self.url!r}: {exc}") from None
                 time.sleep(0.2 * (attempt + 1))
+
+    def _add_provenance_columns(self) -> None:
+        """A database created before samples kept their provenance gains its columns."""
+        have = {c["name"] for c in inspect(self.engine).get_columns(SampleRow.__tablename__)}
+        with self.engine.begin() as conn:
+            for name in PROVENANCE:
+                if name not in have:
+                    conn.execute(
+                        text(
+                            f"ALTER TABLE {SampleRow.__tablename__} ADD COLUMN {name} VARCHAR(128)"
+                        )
+                    )
+                    log.info("database %s: added column samples.%s", self.url, name)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -194,6 +249,9 @@ class Store:
             peak_ratio=ratio(s.measured_bytes, s.predicted_bytes),
             bound_ratio=ratio(s.measured_bytes, s.bound_bytes),
             created_at=time.time(),
+            principal=s.principal,
+            client=s.client,
+            source=s.source,
         )
         with self.sessions() as session:
             session.add(row)
@@ -224,7 +282,9 @@ class Store:
         )
         with self.sessions() as session:
             rows = session.execute(stmt).all()
-        return correction_from([r[0] for r in rows], [r[1] for r in rows])
+        return correction_from(
+            [r[0] for r in rows], [r[1] for r in rows], prior=self.prior, max_scale=self.max_scale
+        )
 
     def samples(
         self, graph_id: str, device: str | None = None, metric: str | None = None, limit: int = 100
@@ -294,4 +354,7 @@ def _sample_dict(r: SampleRow) -> dict[str, Any]:
         "bound_bytes": r.bound_bytes,
         "peak_ratio": r.peak_ratio,
         "created_at": r.created_at,
+        "principal": r.principal,
+        "client": r.client,
+        "source": r.source,
     }

@@ -1,1 +1,1 @@
-"""HTTP route groups of the service (FastAPI routers included by `serving.app.create_app`)."""
+"""The HTTP API, one `APIRouter` per resource; `serving.app.create_app` includes them."""

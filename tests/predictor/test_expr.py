@@ -96,3 +96,31 @@ def test_table_evaluates_with_more_than_64_symbols():
     assert table.evaluate(sizes).tolist() == [sum(range(80)), 158]
     points = {s: np.array([k, k + 1]) for k, s in enumerate(symbols)}
     assert table.evaluate(points)[1].tolist() == [158, 160]
+
+
+def test_constants_wider_than_64_bits_are_rejected():
+    from predictor.errors import UserError
+
+    with pytest.raises(UserError, match="64 bits"):
+        validate_source(f"B * {2**64}", ["B"])
+    validate_source(f"B * {2**63 - 1}", ["B"])  # the widest int64 is fine
+
+
+def test_no_silent_wrap_inside_a_formula_at_small_sizes():
+    """(B * 2**62) // 2**62 is B; in int64 the product wraps to 0 at B = 4."""
+    c = 2**62
+    table = ExprTable([f"(B * {c}) // {c}", "B * 8"], ["B"])
+    with pytest.raises(ValueError, match="overflow"):
+        table.evaluate({"B": np.array([4])})
+    assert table.evaluate_exact({"B": 4}) == [4, 32]  # exact evaluation is still right
+    ok = ExprTable(["B * 8", "(S - 3) // 2"], ["B", "S"])
+    assert ok.evaluate({"B": np.array([3, 2**20]), "S": np.array([9, 9])}).tolist() == [
+        [24, 8 * 2**20],
+        [3, 3],
+    ]
+
+
+def test_intermediate_overflow_at_large_sizes_is_an_error():
+    table = ExprTable(["(B * 1099511627776) // 1099511627776"], ["B"])  # B * 2**40 / 2**40
+    with pytest.raises(ValueError, match="overflow"):
+        table.evaluate({"B": np.array([2**30])})

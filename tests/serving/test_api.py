@@ -45,7 +45,7 @@ def gz(graph) -> bytes:
 
 @pytest.fixture(scope="module")
 def gid(client, graph) -> str:
-    r = client.post("/graphs", content=gz(graph), headers={"content-encoding": "gzip"})
+    r = client.post("/graphs", content=gz(graph), headers={"content-encoding": "gzip"} | AUTH)
     assert r.status_code in (200, 201), r.text
     return r.json()["graph_id"]
 
@@ -100,13 +100,13 @@ def test_upload_forms_give_one_id(client, graph, tmp_path):
         (gz(graph), {"content-encoding": "gzip"}),
         (json.dumps(graph.content()).encode(), {"content-type": "application/json"}),
     ]:
-        r = client.post("/graphs", content=body, headers=headers)
+        r = client.post("/graphs", content=body, headers=headers | AUTH)
         assert r.status_code in (200, 201), r.text
         ids.add(r.json()["graph_id"])
         assert r.json()["nodes"] == sum(p.num_nodes for p in graph.paths)
         assert r.json()["has_unknown_ops"] is False
     assert ids == {graph.graph_id}
-    again = client.post("/graphs", content=gz(graph), headers={"content-encoding": "gzip"})
+    again = client.post("/graphs", content=gz(graph), headers={"content-encoding": "gzip"} | AUTH)
     assert again.status_code == 200 and again.json()["stored"] is False
 
 
@@ -187,7 +187,8 @@ def test_residual_correction_changes_later_predictions(client, gid):
         assert r.json()["predicted_peak_bytes"] == raw["predicted_peak_bytes"]  # uncorrected
     corr = r.json()["correction"]
     assert corr["samples"] == 3
-    assert corr["peak_scale"] == pytest.approx(1.20, rel=1e-6)  # median
+    # the median, 1.2, trusted 3 / (3 + 1) of the way (in log): few samples count less
+    assert corr["peak_scale"] == pytest.approx(1.20**0.75, rel=1e-6)
     assert corr["bound_scale"] == pytest.approx(1.30, rel=1e-6)  # max, >= 1
     after = client.post("/predict", json={"graph_id": gid, "configs": [config]}).json()
     p = after["predictions"][0]
@@ -206,7 +207,7 @@ def test_residual_correction_changes_later_predictions(client, gid):
     r = client.post(
         "/samples",
         headers=AUTH,
-        json={"graph_id": gid, "measured_peak_bytes": 1, "key": "s0", **config},
+        json={"graph_id": gid, "measured_peak_bytes": measured[0], "key": "s0", **config},
     )
     assert r.json()["stored"] is False and r.json()["correction"]["samples"] == 3
     listed = client.get(
@@ -223,7 +224,7 @@ def test_samples_lower_the_peak_but_never_the_bound(client, gid):
     r = client.post(
         "/samples", headers=AUTH, json={"graph_id": gid, "measured_peak_bytes": m, **config}
     )
-    assert r.json()["correction"]["peak_scale"] == pytest.approx(0.5, rel=1e-3)
+    assert r.json()["correction"]["peak_scale"] == pytest.approx(0.5**0.5, rel=1e-3)
     assert r.json()["correction"]["bound_scale"] == 1.0
     p = client.post("/predict", json={"graph_id": gid, "configs": [config]}).json()
     assert p["predictions"][0]["predicted_peak_bytes"] < pred["predicted_peak_bytes"]

@@ -65,7 +65,9 @@ def test_samples_survive_kill_9(tmp_path):
     auth = {"authorization": f"Bearer {TOKEN}"}
     proc = start(db, port)
     try:
-        gid = httpx.post(f"{url}/graphs", json=graph.content(), timeout=30).json()["graph_id"]
+        gid = httpx.post(f"{url}/graphs", json=graph.content(), headers=auth, timeout=30).json()[
+            "graph_id"
+        ]
         acked = []
         with httpx.Client(base_url=url, headers=auth, timeout=30) as c:
             for i in range(25):

@@ -22,6 +22,7 @@ class FakeLearned:
     """Analytic x 1.5 with a bound at x 2; counts its calls; knows a few ops."""
 
     version = "fake-learned-7"
+    thread_safe = False  # keeps call counts: the server must serialise its calls
 
     def __init__(self, known_ops: set[str]):
         self.op_vocab = known_ops
@@ -64,7 +65,9 @@ def test_learned_model_path(tmp_path, graph):
     ops = {op for p in graph.paths for op in p.nodes["op"]}
     known = ops - {sorted(ops)[0]}
     model = FakeLearned(known)
-    with TestClient(create_app(ServeConfig(state_dir=tmp_path), model=model)) as c:
+    with TestClient(
+        create_app(ServeConfig(state_dir=tmp_path, allow_anonymous_writes=True), model=model)
+    ) as c:
         assert c.get("/readyz").json()["model_version"] == "fake-learned-7"
         up = c.post("/graphs", json=graph.content()).json()
         assert up["unknown_ops"] == [sorted(ops)[0]]  # judged by the model's vocabulary
@@ -93,7 +96,9 @@ def test_learned_model_path(tmp_path, graph):
 
 def test_concurrent_requests_on_a_model_that_is_not_thread_safe(tmp_path, graph):
     model = FakeLearned(set())
-    cfg = ServeConfig(state_dir=tmp_path, correction_ttl_s=0)  # every request: thread pool
+    cfg = ServeConfig(
+        state_dir=tmp_path, correction_ttl_s=0, allow_anonymous_writes=True
+    )  # every request: thread pool
     with TestClient(create_app(cfg, model=model)) as c:
         gid = c.post("/graphs", json=graph.content()).json()["graph_id"]
         errors = []
@@ -124,7 +129,7 @@ def test_registry_uris_and_reload_to_another_model(tmp_path, graph, monkeypatch)
     cfg = ServeConfig(model="analytic", state_dir=tmp_path / "s", token="tk")
     auth = {"authorization": "Bearer tk"}
     with TestClient(create_app(cfg)) as c:
-        gid = c.post("/graphs", json=graph.content()).json()["graph_id"]
+        gid = c.post("/graphs", json=graph.content(), headers=auth).json()["graph_id"]
         body = {"graph_id": gid, "configs": [{"sizes": {"B": 4}}]}
         before = c.post("/predict", json=body).json()["predictions"][0]
         r = c.post("/admin/reload", json={"model": "models:/memgnn@candidate"}, headers=auth)

@@ -7,6 +7,7 @@ import gzip
 import json
 
 import pytest
+from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
 from tiny_models import tiny_mlp_bundle
 
@@ -16,6 +17,10 @@ from serving.app import create_app
 from serving.config import ServeConfig
 
 TOKEN = "s3cret"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+# POST routes that only read (their answers are computed, nothing the caller sent is
+# stored for others). Frozen: a new POST route is a write unless added here on purpose.
+READ_ONLY_POSTS = frozenset({"/predict", "/plan"})
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +50,7 @@ def client(tmp_path_factory, graph):
 
 @pytest.fixture(scope="module")
 def gid(client, data) -> str:
-    r = client.post("/graphs", json=data)
+    r = client.post("/graphs", json=data, headers=AUTH)
     assert r.status_code == 201, r.text
     return r.json()["graph_id"]
 
@@ -56,7 +61,9 @@ def locs(r) -> list[list]:
 
 def upload(client, data) -> object:
     return client.post(
-        "/graphs", content=json.dumps(data).encode(), headers={"content-type": "application/json"}
+        "/graphs",
+        content=json.dumps(data).encode(),
+        headers={"content-type": "application/json"} | AUTH,
     )
 
 
@@ -72,7 +79,7 @@ def upload(client, data) -> object:
     ],
 )
 def test_malformed_uploads_are_422(client, body, headers):
-    r = client.post("/graphs", content=body, headers=headers)
+    r = client.post("/graphs", content=body, headers=headers | AUTH)
     assert r.status_code == 422, r.text
 
 
@@ -129,7 +136,7 @@ def test_division_by_zero_in_a_bound_is_422(client, data):
 
 # ---- limits -----------------------------------------------------------------------------
 def test_huge_payload_is_413(client):
-    r = client.post("/graphs", content=b"x" * (300 * 1024))
+    r = client.post("/graphs", content=b"x" * (300 * 1024), headers=AUTH)
     assert r.status_code == 413
     r = client.post(
         "/predict",
@@ -144,14 +151,16 @@ def test_chunked_payload_over_the_limit_is_413(client):
         for _ in range(40):
             yield b"x" * 8192
 
-    r = client.post("/graphs", content=chunks())  # no Content-Length: counted while read
+    r = client.post(
+        "/graphs", content=chunks(), headers=AUTH
+    )  # no Content-Length: counted while read
     assert r.status_code == 413
 
 
 def test_gzip_bomb_is_413(client):
     bomb = gzip.compress(b'{"format": "' + b"a" * (4 << 20) + b'"}')
     assert len(bomb) < 256 * 1024
-    r = client.post("/graphs", content=bomb, headers={"content-encoding": "gzip"})
+    r = client.post("/graphs", content=bomb, headers={"content-encoding": "gzip"} | AUTH)
     assert r.status_code == 413
 
 
@@ -290,16 +299,140 @@ def test_writes_need_the_token(client, gid):
     assert client.get("/samples", params={"graph_id": gid}).status_code == 200
 
 
-def test_no_token_configured_means_open_writes_but_fixed_model(tmp_path, data):
+def test_writes_are_refused_by_default_without_a_token(tmp_path, data):
+    """No --token and no --allow-anonymous-writes: the server answers, takes no writes."""
     with TestClient(create_app(ServeConfig(model="analytic", state_dir=tmp_path))) as c:
+        r = c.post("/graphs", json=data)
+        assert r.status_code == 403 and "--token" in r.text
+        s = {"graph_id": "a" * 32, "sizes": {"B": 2}, "device": "cpu", "measured_peak_bytes": 1000}
+        assert c.post("/samples", json=s).status_code == 403
+        assert c.post("/admin/reload").status_code == 403
+        # reads work, and an inline graph is answered but not stored
+        r = c.post("/predict", json={"graph": data, "configs": [{"sizes": {"B": 2}}]})
+        assert r.status_code == 200
+        assert not c.app.state.engine.store.has_graph(r.json()["predictions"][0]["graph_id"])
+
+
+def test_anonymous_writes_when_asked_for_but_a_fixed_model(tmp_path, data):
+    cfg = ServeConfig(model="analytic", state_dir=tmp_path, allow_anonymous_writes=True)
+    with TestClient(create_app(cfg)) as c:
         gid = c.post("/graphs", json=data).json()["graph_id"]
-        s = {"graph_id": gid, "sizes": {"B": 2}, "device": "cpu", "measured_peak_bytes": 1000}
+        s = {"graph_id": gid, "sizes": {"B": 2}, "device": "cpu", "measured_peak_bytes": 10**6}
         assert c.post("/samples", json=s).status_code == 200
         assert c.post("/admin/reload").status_code == 200
         assert c.post("/admin/reload", json={"model": "analytic"}).status_code == 403
+
+
+def _write_routes(app) -> list[tuple[str, str]]:
+    out = []
+    for route in iter_route_contexts(app.routes):  # routes of included routers too
+        for method in sorted((getattr(route, "methods", None) or set()) - {"GET", "HEAD"}):
+            if route.path not in READ_ONLY_POSTS:
+                out.append((method, route.path.replace("{", "").replace("}", "")))
+    return out
+
+
+def test_every_write_route_rejects_a_missing_token(client, tmp_path):
+    """Enumerates the app's routes: a new write route cannot be left open."""
+    writes = _write_routes(client.app)
+    assert {("POST", "/graphs"), ("POST", "/samples"), ("POST", "/admin/reload")} <= set(writes)
+    count = client.app.state.engine.store.count_samples()
+    for method, path in writes:
+        for headers in ({}, {"authorization": "Bearer wrong"}):
+            r = client.request(method, path, json={}, headers=headers)
+            assert r.status_code in (401, 403), (method, path, headers, r.status_code)
+    assert client.app.state.engine.store.count_samples() == count
+    with TestClient(create_app(ServeConfig(model="analytic", state_dir=tmp_path))) as open_:
+        for method, path in _write_routes(open_.app):
+            assert open_.request(method, path, json={}).status_code == 403, (method, path)
 
 
 def test_samples_for_unknown_graph_is_404(client):
     s = {"graph_id": "f" * 32, "sizes": {"B": 2}, "device": "cpu", "measured_peak_bytes": 1}
     r = client.post("/samples", json=s, headers={"authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 404
+
+
+# ---- integer constants and negative sizes (issue 12 item 9) ----------------------------
+def test_a_constant_wider_than_64_bits_is_422_naming_the_formula(client, data):
+    bad = copy.deepcopy(data)
+    wide = 2**65  # (B * 2**65) // 2**65 is B exactly, but not in int64
+    bad["exprs"].append(f"(B * {wide}) // {wide}")
+    bad["paths"][0]["storages"]["nbytes"][0] = len(bad["exprs"]) - 1
+    r = upload(client, bad)
+    assert r.status_code == 422, r.text
+    assert locs(r)[0] == ["body", "exprs", len(bad["exprs"]) - 1]
+    assert "64 bits" in r.text
+    r = client.post("/predict", json={"graph": bad, "configs": [{"sizes": {"B": 4}}]})
+    assert r.status_code == 422 and locs(r)[0][:3] == ["body", "graph", "exprs"]
+
+
+def test_sizes_that_evaluate_negative_are_rejected(client, data):
+    bad = copy.deepcopy(data)
+    bad["exprs"].append("B - 1000000")  # negative at the example size
+    bad["paths"][0]["storages"]["nbytes"][0] = len(bad["exprs"]) - 1
+    r = upload(client, bad)
+    assert r.status_code == 422, r.text
+    assert locs(r)[0] == ["body", "exprs", len(bad["exprs"]) - 1] and "negative" in r.text
+    # positive at the example size, negative at the queried one
+    bad["exprs"][-1] = "B - 3"
+    bad["symbols"] = {k: 8 for k in bad["symbols"]}
+    r = upload(client, bad)
+    assert r.status_code == 201, r.text
+    body = {"graph_id": r.json()["graph_id"], "configs": [{"sizes": {"B": 8}}, {"sizes": {"B": 2}}]}
+    r = client.post("/predict", json=body)
+    assert r.status_code == 422, r.text
+    assert locs(r)[0][:4] == ["body", "configs", 1, "sizes"] and "negative" in r.text
+
+
+# ---- the caller's fault or the server's ----------------------------------------------
+class _Broken:
+    """An EncodingModel whose internals fail: a bug, not the caller's mistake."""
+
+    version = "broken-1"
+    thread_safe = True
+
+    def __init__(self, exc: Exception):
+        self.exc = exc
+
+    def encode(self, graph):
+        return None
+
+    def predict_encoded(self, encoding, graph, queries):
+        raise self.exc
+
+    def predict(self, graph, queries):
+        raise self.exc
+
+
+@pytest.mark.parametrize(
+    "exc, status",
+    [
+        (ValueError("operands could not be broadcast together"), 500),  # numpy's
+        (json.JSONDecodeError("Expecting value", "", 0), 500),  # a ValueError too
+        (KeyError("paths"), 500),
+    ],
+)
+def test_internal_errors_are_500_not_the_callers_fault(tmp_path, data, exc, status, caplog):
+    cfg = ServeConfig(state_dir=tmp_path, token=TOKEN)
+    with TestClient(create_app(cfg, model=_Broken(exc)), raise_server_exceptions=False) as c:
+        gid = c.post("/graphs", json=data, headers={"authorization": f"Bearer {TOKEN}"})
+        gid = gid.json()["graph_id"]
+        with caplog.at_level("ERROR", logger="serving.errors"):
+            r = c.post("/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 2}}]})
+    assert r.status_code == status, r.text
+    assert "traceback" in r.json()["detail"]
+    assert any(rec.exc_info for rec in caplog.records)  # the traceback is in the log
+
+
+def test_a_user_error_from_the_model_is_422(tmp_path, data):
+    from predictor.errors import UserError
+
+    cfg = ServeConfig(state_dir=tmp_path, token=TOKEN)
+    model = _Broken(UserError("sizes too large for this model"))
+    with TestClient(create_app(cfg, model=model)) as c:
+        gid = c.post("/graphs", json=data, headers={"authorization": f"Bearer {TOKEN}"})
+        r = c.post(
+            "/predict", json={"graph_id": gid.json()["graph_id"], "configs": [{"sizes": {"B": 2}}]}
+        )
+    assert r.status_code == 422 and locs(r)[0][:3] == ["body", "configs", 0]

@@ -47,11 +47,15 @@ def test_client_round_trip(url, graph, tmp_path):
         assert gid == graph.graph_id == c.upload_graph(graph) == c.upload_graph(graph.content())
         out = c.predict(graph_id=gid, configs=[{"sizes": {"B": 4}, "device": "cpu"}])
         peak = out["predictions"][0]["predicted_peak_bytes"]
-        s = c.add_sample(graph_id=gid, sizes={"B": 4}, device="cpu", measured_peak_bytes=2 * peak)
-        assert s["correction"]["peak_scale"] == pytest.approx(2.0)
+        s = c.add_sample(
+            graph_id=gid, sizes={"B": 4}, device="cpu", measured_peak_bytes=2 * peak, source="ci"
+        )
+        scale = s["correction"]["peak_scale"]
+        assert scale == pytest.approx(2.0**0.5)  # one sample moves half-way (in log)
         again = c.predict(graph_id=gid, configs=[{"sizes": {"B": 4}, "device": "cpu"}])
-        assert again["predictions"][0]["predicted_peak_bytes"] == 2 * peak
-        assert c.samples(gid)["samples"][0]["measured_bytes"] == 2 * peak
+        assert again["predictions"][0]["predicted_peak_bytes"] == round(peak * scale)
+        listed = c.samples(gid)["samples"][0]
+        assert listed["measured_bytes"] == 2 * peak and listed["source"] == "ci"
         plan = c.plan(graph_ids=[gid], budget_bytes=1 << 30, device="cpu")
         assert plan["best"]["under_threshold"]
         assert "memgnn_http_requests_total" in c.metrics()
@@ -135,6 +139,13 @@ def test_serve_arguments(tmp_path, monkeypatch):
     monkeypatch.setenv("MEMGNN_TOKEN", "from-env")
     cfg = config_from_args(parser.parse_args(["--state-dir", str(tmp_path)]))
     assert cfg.token == "from-env" and cfg.db_url == f"sqlite:///{tmp_path / 'samples.db'}"
+    monkeypatch.delenv("MEMGNN_TOKEN")
+    cfg = config_from_args(parser.parse_args([]))
+    assert cfg.token is None and not cfg.allow_anonymous_writes  # writes refused by default
+    cfg = config_from_args(
+        parser.parse_args(["--allow-anonymous-writes", "--capture-timeout", "9"])
+    )
+    assert cfg.allow_anonymous_writes and cfg.capture_timeout_s == 9.0
 
 
 def test_config_validation_and_env_round_trip(tmp_path):

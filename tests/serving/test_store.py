@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 
@@ -27,7 +28,7 @@ def sample(measured: int, predicted: int = 1000, **kw) -> Sample:
 
 @pytest.fixture
 def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'deep' / 'samples.db'}", window=4)
+    s = Store(f"sqlite:///{tmp_path / 'deep' / 'samples.db'}", window=4, prior=0)  # plain stats
     yield s
     s.close()
 
@@ -85,6 +86,8 @@ def test_keys_make_retries_idempotent(store):
     assert store.count_samples() == 1
     with pytest.raises(ValueError):
         sample(-1)
+    with pytest.raises(ValueError):
+        sample(0)
 
 
 def test_samples_listing(store):
@@ -115,7 +118,7 @@ def test_committed_samples_are_visible_to_another_connection(store, tmp_path):
 
 def test_two_stores_share_one_database(tmp_path):
     url = f"sqlite:///{tmp_path / 'shared.db'}"
-    a, b = Store(url), Store(url)  # two replicas
+    a, b = Store(url, prior=0), Store(url, prior=0)  # two replicas
     a.add_sample(sample(3000))
     assert b.correction("g1", "h100-80gb", "reserved", "v1").peak_scale == 3.0
     a.close(), b.close()
@@ -145,3 +148,45 @@ def test_bad_urls_are_value_errors(tmp_path):
     with pytest.raises(ValueError):
         Store("sqlite:///x.db", window=0)
     assert Store(f"sqlite:///{tmp_path / 'p.db'}").ping()
+
+
+def test_few_samples_are_trusted_less():
+    """log(peak_scale) = n / (n + prior) * log(median): half-way at one sample, prior 1."""
+    one = correction_from([2.0], [2.0], prior=1.0)
+    assert one.peak_scale == pytest.approx(math.sqrt(2.0)) and one.bound_scale == 2.0
+    three = correction_from([2.0, 2.0, 2.0], [1.0, 1.0, 1.0], prior=1.0)
+    assert three.peak_scale == pytest.approx(2.0**0.75)
+    assert correction_from([2.0], [2.0], prior=0).peak_scale == 2.0
+    many = correction_from([0.5] * 1000, [0.5] * 1000, prior=1.0)
+    assert many.peak_scale == pytest.approx(0.5, rel=1e-3) and many.bound_scale == 1.0
+
+
+def test_a_correction_step_is_bounded():
+    c = correction_from([1e-3], [1e3], prior=0, max_scale=4.0)
+    assert c.peak_scale == 0.25 and c.bound_scale == 4.0
+    with pytest.raises(ValueError):
+        correction_from([1.0], [1.0], max_scale=0.5)
+
+
+def test_an_old_database_gains_the_provenance_columns(tmp_path):
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)  # the table as the first release created it
+    conn.execute(
+        "CREATE TABLE memgnn_samples (id INTEGER PRIMARY KEY, key VARCHAR(128) UNIQUE, "
+        "graph_id VARCHAR(64), device VARCHAR(64), metric VARCHAR(32), "
+        "model_version VARCHAR(128), scenario VARCHAR(16), sizes TEXT, "
+        "measured_bytes BIGINT, predicted_bytes BIGINT, bound_bytes BIGINT, "
+        "peak_ratio FLOAT, bound_ratio FLOAT, created_at FLOAT)"
+    )
+    conn.execute(
+        "INSERT INTO memgnn_samples VALUES (1, NULL, 'g1', 'h100-80gb', 'reserved', 'v1', "
+        "'worst', '{}', 1100, 1000, 1000, 1.1, 1.1, 0)"
+    )
+    conn.commit(), conn.close()
+    store = Store(f"sqlite:///{path}", prior=0)
+    store.add_sample(sample(1300, principal="token", client="10.0.0.7", source="run-3"))
+    rows = store.samples("g1")
+    assert [r["source"] for r in rows] == ["run-3", None]  # the old row is kept
+    assert rows[0]["principal"] == "token" and rows[0]["client"] == "10.0.0.7"
+    assert store.correction("g1", "h100-80gb", "reserved", "v1").samples == 2
+    store.close()

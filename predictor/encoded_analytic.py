@@ -1,4 +1,5 @@
-"""The analytic baseline with encode-once / query-many, vectorised over a batch of queries.
+"""The analytic baseline as an `EncodingModel`: encode once, query many, vectorised over a
+batch of queries (the model the service answers with for `--model analytic`).
 
 `AnalyticModel.predict` redoes per query what depends only on the graph (columns to
 arrays, sort orders, masks); for a 5k-node graph that is ~5 ms a query. `EncodedAnalytic`
@@ -22,10 +23,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from predictor.analytic import STEP_NAMES, live_index
+from predictor.errors import UserError
 from predictor.expr import ExprTable
 from predictor.graph import StepGraph
 from predictor.predict import AnalyticModel, Prediction, Query, check_guards
 from predictor.vocab import CATEGORIES, PHASES, cublas_workspaces
+
+__all__ = ["AnalyticEncoding", "EncodedAnalytic"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -139,7 +143,7 @@ def _evaluate(table: ExprTable, columns: dict[str, np.ndarray]) -> np.ndarray:
         if bad.any():
             i = int(np.flatnonzero(bad.any(axis=1))[0])
             what = "is undefined" if np.isnan(approx[i]).any() else "overflows int64"
-            raise ValueError(
+            raise UserError(
                 f"sizes too large or invalid: size formula "
                 f"{table.sources[i]!r} {what} at these sizes"
             )
@@ -166,7 +170,7 @@ def _round(values: np.ndarray, round_to: np.ndarray) -> np.ndarray:
 
 
 class EncodedAnalytic(AnalyticModel):
-    """`AnalyticModel` with `encode` / `predict_encoded` (see the module docstring)."""
+    """`AnalyticModel` as an `EncodingModel` (see the module docstring)."""
 
     thread_safe = True  # no state between calls: the server need not serialise them
 
@@ -194,13 +198,13 @@ class EncodedAnalytic(AnalyticModel):
         try:
             columns = {s: np.array([r[s] for r in resolved], dtype=np.int64) for s in resolved[0]}
         except OverflowError:
-            raise ValueError("sizes too large: a size overflows 64-bit integers") from None
+            raise UserError("sizes too large: a size overflows 64-bit integers") from None
         round_to = np.array([512 if d.is_gpu else 1 for d in devices], dtype=np.int64)
         # rounding is per value: round the few expressions, not the many storages
         per_expr = _round(_evaluate(graph.table(), columns), round_to)  # [exprs, Q]
         magnitude = np.abs(per_expr).astype(np.float64)
         if any((pa.uses @ magnitude >= OVERFLOW).any() for pa in enc.paths):
-            raise ValueError("sizes too large: the step's bytes overflow 64-bit integers")
+            raise UserError("sizes too large: the step's bytes overflow 64-bit integers")
         swept = [self._sweep(pa, per_expr) for pa in enc.paths]
         step_peaks = [
             {name: live[idx].max(axis=0) for name, idx in pa.step_nodes.items()}

@@ -1,4 +1,4 @@
-"""The server's encoded analytic model answers exactly what `AnalyticModel` answers."""
+"""`EncodedAnalytic` (the served analytic model) answers exactly what `AnalyticModel` answers."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import itertools
 import pytest
 
 from predictor.capture import capture
-from predictor.predict import AnalyticModel, Query
+from predictor.encoded_analytic import EncodedAnalytic
+from predictor.predict import AnalyticModel, EncodingModel, Query
 from predictor.spec import TrainSpec
-from serving.fastpath import EncodedAnalytic
-from serving.models import can_encode, load_model
 
 
 def _queries(graph) -> list[Query]:
@@ -70,10 +69,7 @@ def test_overflowing_sizes_raise_instead_of_wrapping(graph):
         EncodedAnalytic().predict(graph, [q])
 
 
-def test_empty_batch_and_loader():
+def test_empty_batch_and_protocol():
     assert EncodedAnalytic().predict_encoded(None, None, []) == []
-    model = load_model("analytic")
-    assert isinstance(model, EncodedAnalytic) and can_encode(model)
-    assert model.version == AnalyticModel.version
-    with pytest.raises(ValueError, match="does not exist"):
-        load_model("/no/such/dir")
+    assert isinstance(EncodedAnalytic(), EncodingModel)
+    assert EncodedAnalytic.version == AnalyticModel.version

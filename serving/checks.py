@@ -1,0 +1,105 @@
+"""What a request must satisfy against a graph, before the model or the store sees it:
+sizes that the graph's formulas accept (no negative byte counts), measurements the graph
+makes possible, and zoo hparams within the server's bounds. Errors are `RequestError`s
+naming the field."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from dataset.devices import get_profile
+from predictor.errors import UserError
+from predictor.graph import StepGraph
+from predictor.predict import Query
+from predictor.spec import ModelBundle
+from serving.graphs import RequestError
+
+
+def check_sizes(graph: StepGraph, queries: Sequence[Query]) -> None:
+    """The caller's sizes against the graph: every symbol given, and no size formula
+    (a byte count) negative at them. RequestError names the config."""
+    resolved = []
+    for i, q in enumerate(queries):
+        try:
+            resolved.append(graph.resolve_sizes(q.sizes, q.scenario))
+        except (ValueError, ArithmeticError) as exc:
+            raise RequestError(str(exc), loc=("body", "configs", i, "sizes")) from None
+    if not resolved or not graph.exprs:
+        return
+    columns = {s: np.array([r[s] for r in resolved], dtype=np.int64) for s in graph.all_symbols}
+    try:
+        values = graph.table().evaluate(columns).reshape(len(graph.exprs), -1)
+    except (UserError, ArithmeticError):
+        return  # too large for int64: the model's own checks locate and name it
+    negative = values < 0
+    if negative.any():
+        i = int(np.flatnonzero(negative.any(axis=0))[0])  # the first failing config
+        expr = int(np.flatnonzero(negative[:, i])[0])
+        raise RequestError(
+            f"size formula {graph.exprs[expr][:80]!r} is negative ({int(values[expr, i])}) "
+            "at these sizes: the graph does not hold there",
+            loc=("body", "configs", i if values.shape[1] > 1 else 0, "sizes"),
+        )
+
+
+def resident_bytes(graph: StepGraph, query: Query) -> int:
+    """The exact bytes the graph holds before its step starts (the storages alive at
+    entry: the parameters, and whatever else the capture found resident), at the query's
+    sizes, unrounded; the smallest over the control-flow paths. Any measured peak of the
+    step includes them."""
+    values = graph.table().evaluate_exact(graph.resolve_sizes(query.sizes, query.scenario))
+    per_path = []
+    for p in graph.paths:
+        alive = p.array("storages", "nbytes")[p.array("storages", "alloc") < 0]
+        per_path.append(sum(values[i] for i in alive.tolist()))
+    return min(per_path, default=0)
+
+
+def check_measurement(graph: StepGraph, query: Query, measured_bytes: int) -> None:
+    """Refuse a measured peak the graph makes impossible: not positive, below the bytes
+    the step holds before it starts, or above the device's memory."""
+    where = ("body", "measured_peak_bytes")
+    if measured_bytes <= 0:
+        raise RequestError(f"measured peak must be > 0 bytes, got {measured_bytes}", loc=where)
+    floor = resident_bytes(graph, query)
+    if measured_bytes < floor:
+        raise RequestError(
+            f"measured peak {measured_bytes} bytes is below the {floor} bytes this graph "
+            f"holds before its step starts at sizes {query.sizes} (its parameters and other "
+            "resident storages): not a measurement of this step",
+            loc=where,
+        )
+    total = get_profile(query.device).total_bytes
+    if total is not None and measured_bytes > total:
+        raise RequestError(
+            f"measured peak {measured_bytes} bytes exceeds the {total} bytes of {query.device}",
+            loc=where,
+        )
+
+
+def check_hparams(spec: str, bundle: ModelBundle, scale: float) -> None:
+    """A zoo model's integer hparams stay within `scale` (max_hparam_scale) x the largest
+    value of the zoo's range (or its default): a capture's cost grows with them."""
+    from dataset.zoo import get_family
+
+    family = get_family(spec)
+    for name, value in bundle.hparams.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        known = [v for v in [family.defaults.get(name), *family.ranges.get(name, [])]]
+        known = [v for v in known if isinstance(v, int) and not isinstance(v, bool)]
+        if not known:
+            continue
+        limit = int(max(known) * scale)
+        if value > limit:
+            raise RequestError(
+                f"{spec} {name}={value} is over this server's limit of {limit} "
+                f"({scale:g} x the zoo's largest {name}); "
+                "capture it locally and upload the graph",
+                loc=("body", "model", "model_args", name),
+            )
+
+
+__all__ = ["check_hparams", "check_measurement", "check_sizes", "resident_bytes"]

@@ -1,0 +1,52 @@
+"""Errors as HTTP answers. A caller's mistake is a `UserError` (`RequestError` adds the
+status and the field at fault) or a pydantic validation error: 4xx naming the field.
+Anything else escaping a route is the server's fault: 500, with the traceback logged.
+A bare `ValueError` from numpy or json inside a request is therefore a 500, not 422.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from predictor.errors import UserError
+from serving.graphs import RequestError
+
+log = logging.getLogger(__name__)
+
+_KINDS = {404: "not_found", 403: "forbidden", 413: "too_large", 503: "unavailable"}
+
+
+def error_response(status: int, loc: tuple, msg: str, kind: str = "value_error") -> JSONResponse:
+    """The body FastAPI uses for validation errors: {"detail": [{loc, msg, type}]}."""
+    return JSONResponse({"detail": [{"loc": list(loc), "msg": msg, "type": kind}]}, status)
+
+
+async def _request_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestError)
+    log.info("%s %s: %d: %s", request.method, request.url.path, exc.status, exc)
+    return error_response(exc.status, exc.loc, str(exc), _KINDS.get(exc.status, "value_error"))
+
+
+async def _user_error(request: Request, exc: Exception) -> JSONResponse:
+    log.info("%s %s: 422: %s", request.method, request.url.path, exc)
+    return error_response(422, ("body",), str(exc))
+
+
+async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("%s %s: internal error", request.method, request.url.path, exc_info=exc)
+    return JSONResponse(
+        {"detail": f"internal error ({type(exc).__name__}); the server log has the traceback"},
+        500,
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestError, _request_error)
+    app.add_exception_handler(UserError, _user_error)
+    app.add_exception_handler(Exception, _internal_error)
+
+
+__all__ = ["error_response", "install_error_handlers"]

@@ -1,0 +1,49 @@
+"""Request-vs-graph checks: sizes, measurements, zoo hparams (unit level; the HTTP
+answers are in test_api_safety.py, test_api_samples.py and test_api_captures.py)."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_models import tiny_mlp_bundle
+
+from dataset.zoo import resolve
+from predictor.capture import capture
+from predictor.predict import Query
+from predictor.spec import TrainSpec
+from serving.checks import check_hparams, check_measurement, check_sizes, resident_bytes
+from serving.graphs import RequestError
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return capture(tiny_mlp_bundle(), TrainSpec(optimizer="sgd"))
+
+
+def test_resident_bytes_are_the_parameters_here(graph):
+    """SGD without momentum keeps no state: what is resident at entry is the weights."""
+    params = sum(p.numel() * 4 for p in tiny_mlp_bundle().build().parameters())
+    assert resident_bytes(graph, Query(sizes={"B": 1}, device="cpu")) == params
+    assert resident_bytes(graph, Query(sizes={"B": 1000}, device="cpu")) == params
+
+
+def test_measurements_out_of_range_name_the_field(graph):
+    q = Query(sizes={"B": 8}, device="a100-80gb")
+    floor = resident_bytes(graph, q)
+    check_measurement(graph, q, floor)
+    for bad in (0, -5, floor - 1, 81920 * 2**20 + 1):
+        with pytest.raises(RequestError) as err:
+            check_measurement(graph, q, bad)
+        assert err.value.loc == ("body", "measured_peak_bytes")
+
+
+def test_sizes_are_checked_per_config(graph):
+    check_sizes(graph, [Query(sizes={"B": 2})])
+    with pytest.raises(RequestError) as err:
+        check_sizes(graph, [Query(sizes={"B": 2}), Query(sizes={"S": 2})])
+    assert err.value.loc == ("body", "configs", 1, "sizes")
+
+
+def test_hparams_are_bounded_by_the_zoo_range():
+    check_hparams("mlp", resolve("mlp", {"layers": "64"}), 8.0)  # 8 x the largest, 8
+    with pytest.raises(RequestError, match="limit of 64"):
+        check_hparams("mlp", resolve("mlp", {"layers": "65"}), 8.0)
