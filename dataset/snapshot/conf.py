@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from dataset.allocator import AllocatorConfig, MiB
+from predictor.errors import UserError
 
 __all__ = ["allocator_config", "parse_alloc_conf", "recorded_alloc_conf"]
 
@@ -32,7 +33,7 @@ _KEYS = (
 
 def _bool(key: str, value: str) -> bool:
     if value not in ("True", "False", "true", "false", "1", "0"):
-        raise ValueError(f"alloc conf {key} must be True or False, got {value!r}")
+        raise UserError(f"alloc conf {key} must be True or False, got {value!r}")
     return value in ("True", "true", "1")
 
 
@@ -40,7 +41,7 @@ def _number(key: str, value: str, cast=int) -> Any:
     try:
         return cast(value)
     except ValueError:
-        raise ValueError(f"alloc conf {key} must be a number, got {value!r}") from None
+        raise UserError(f"alloc conf {key} must be a number, got {value!r}") from None
 
 
 def parse_alloc_conf(text: str) -> dict[str, Any]:
@@ -49,15 +50,15 @@ def parse_alloc_conf(text: str) -> dict[str, Any]:
     for item in filter(None, (x.strip() for x in text.split(","))):
         key, sep, value = (p.strip() for p in item.partition(":"))
         if not sep or not value:
-            raise ValueError(f"alloc conf item {item!r} is not key:value")
+            raise UserError(f"alloc conf item {item!r} is not key:value")
         if key in _NO_EFFECT:
             continue
         if key not in _KEYS:
             known = ", ".join(_KEYS)
-            raise ValueError(f"unknown alloc conf key {key!r} (known: {known})")
+            raise UserError(f"unknown alloc conf key {key!r} (known: {known})")
         if key == "backend":
             if value != "native":
-                raise ValueError(f"only backend:native is simulated, got backend:{value}")
+                raise UserError(f"only backend:native is simulated, got backend:{value}")
         elif key == "expandable_segments":
             out["expandable_segments"] = _bool(key, value)
         elif key == "max_split_size_mb":
@@ -67,7 +68,7 @@ def parse_alloc_conf(text: str) -> dict[str, Any]:
         elif key == "garbage_collection_threshold":
             out["garbage_collection_threshold"] = _number(key, value, float)
         elif value.startswith("["):
-            raise ValueError(
+            raise UserError(
                 "roundup_power2_divisions per size interval ([...]) is not simulated; "
                 "give one power of two"
             )
@@ -107,7 +108,7 @@ def recorded_alloc_conf(settings: dict[str, Any] | None) -> str:
     values = set(div.values()) if isinstance(div, dict) else {div or 0}
     values.discard(0)
     if len(values) > 1:
-        raise ValueError("the recording used per-interval roundup_power2_divisions (not simulated)")
+        raise UserError("the recording used per-interval roundup_power2_divisions (not simulated)")
     if values:
         parts.append(f"roundup_power2_divisions:{values.pop()}")
     return ",".join(parts)

@@ -25,6 +25,7 @@ from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
 from dataset.devices import DeviceProfile
 from dataset.sim import build_trace, replay_trace
 from predictor.analytic import STEP_NAMES, sweep
+from predictor.errors import UserError
 from predictor.graph import StepGraph
 from predictor.vocab import CATEGORIES, PHASES
 
@@ -39,7 +40,7 @@ class SnapshotRecorder:
     def __init__(self, config: AllocatorConfig | None = None) -> None:
         self.sim = CachingAllocatorSim(config)
         if self.sim.config.expandable_segments:
-            raise ValueError("snapshot export supports native segments (expandable_segments off)")
+            raise UserError("snapshot export supports native segments (expandable_segments off)")
         self.trace: list[dict[str, Any]] = []
         self._info: dict[int, dict[str, Any]] = {}  # live handle -> frames / category
         self.sim.segment_observer = self._segment
@@ -185,7 +186,7 @@ def simulated_step_snapshot(
     """The snapshot of the path :func:`dataset.sim.simulate` reports (highest reserved
     peak), at ``sizes`` on a GPU ``device`` (capacity: the device minus its context)."""
     if not device.is_gpu:
-        raise ValueError("a snapshot needs a GPU device profile (the CUDA allocator)")
+        raise UserError("a snapshot needs a GPU device profile (the CUDA allocator)")
     swept = sweep(graph, sizes, scenario=scenario)
     cfg = allocator or AllocatorConfig(
         capacity_bytes=None

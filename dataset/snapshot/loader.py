@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from predictor.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -34,7 +36,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _PLAIN = (str, int, float, bool, bytes, type(None))
 
 
-class SnapshotError(ValueError):
+class SnapshotError(UserError):
     """The file is not a snapshot this loader accepts (the message says why)."""
 
 

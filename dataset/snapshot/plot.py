@@ -23,6 +23,7 @@ from dataset.allocator import AllocatorConfig, format_size
 from dataset.snapshot.loader import Snapshot
 from dataset.snapshot.replay import recorded_timeline, simulate_snapshot
 from dataset.snapshot.state import initial_state
+from predictor.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class PlotConfig:
 
     def __post_init__(self) -> None:
         if not 0 <= self.top <= 50:
-            raise ValueError(f"top must be in [0, 50], got {self.top}")
+            raise UserError(f"top must be in [0, 50], got {self.top}")
 
 
 def _frame_text(frames: Any) -> str:
@@ -140,18 +141,18 @@ def plot_snapshot(snap: Snapshot, out: str | Path, config: PlotConfig | None = N
     cfg = config or PlotConfig()
     out = Path(out)
     if out.suffix.lower() not in _FORMATS:
-        raise ValueError(f"plot output must end in one of {_FORMATS}, got {out.name!r}")
+        raise UserError(f"plot output must end in one of {_FORMATS}, got {out.name!r}")
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ValueError(
+        raise UserError(
             "plotting needs matplotlib: pip install 'memgnn[plot]' (or pip install matplotlib)"
         ) from None
     if not snap.trace:
-        raise ValueError(f"{snap.source or 'snapshot'} has no trace events to plot")
+        raise UserError(f"{snap.source or 'snapshot'} has no trace events to plot")
     rec = recorded_timeline(snap)
     # A line far above the run (a big device for a small model) would flatten the plot:
     # it is named in the text box instead.

@@ -24,6 +24,7 @@ from dataset.snapshot.replay import (
     simulate_snapshot,
 )
 from dataset.snapshot.state import InitialState, initial_state
+from predictor.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def replay_report(
     ``memory_fraction`` (of ``capacity_bytes``) is the per-process limit; with it the
     OOM post-mortem also tries ``garbage_collection_threshold:0.8``."""
     if capacity_bytes is not None and capacity_bytes <= 0:
-        raise ValueError(f"capacity must be a positive number of bytes, got {capacity_bytes}")
+        raise UserError(f"capacity must be a positive number of bytes, got {capacity_bytes}")
     t0 = time.perf_counter()
     state = state or initial_state(snap)
     recorded_conf = recorded_alloc_conf(snap.allocator_settings)
