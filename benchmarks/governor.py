@@ -1,8 +1,8 @@
 """The memory governor against a static batch and OOM back-off, on a variable-length workload.
 
-A tiny causal LM (zoo `varlen`, `serving.governor_demo.TINY_VARLEN`) trains on a stream
+A tiny causal LM (zoo `varlen`, `serving.governor.demo.TINY_VARLEN`) trains on a stream
 of sequences with long-tail lengths (log-normal, median 56, clipped to [8, 512]) on the
-capped emulated device (`serving.governor_device.EmulatedDevice`: the real model runs on the
+capped emulated device (`serving.governor.devices.EmulatedDevice`: the real model runs on the
 CPU, every storage goes through the CUDA caching-allocator simulator, every byte counted
 `SCALE` times, OOMs raised where the device would raise them). The same stream, four ways
 (the governor and the oracle over `--samples` samples, each baseline for `--steps`
@@ -59,11 +59,16 @@ from predictor.plan import RECOMPUTE_COST  # noqa: E402
 from predictor.predict import capture_cached  # noqa: E402
 from predictor.spec import TrainSpec  # noqa: E402
 from predictor.step import build_optimizer  # noqa: E402
-from serving.governor import GovernorConfig, MemoryGovernor  # noqa: E402
-from serving.governor_batching import LengthBuckets, TokenBatcher, pad_collate  # noqa: E402
-from serving.governor_demo import long_tail_samples, tiny_varlen_bundle  # noqa: E402
-from serving.governor_device import EmulatedDevice  # noqa: E402
-from serving.governor_runtime import CheckpointToggles  # noqa: E402
+from serving.governor import (  # noqa: E402
+    BatchingConfig,
+    EmulatedDevice,
+    GovernorConfig,
+    MemoryGovernor,
+    PolicyConfig,
+)
+from serving.governor.batching import LengthBuckets, TokenBatcher, pad_collate  # noqa: E402
+from serving.governor.demo import long_tail_samples, tiny_varlen_bundle  # noqa: E402
+from serving.governor.runtime import CheckpointToggles  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 CACHE = Path(tempfile.gettempdir()) / "memgnn-governor-bench"
@@ -216,7 +221,12 @@ def run_backoff(n: int, max_steps: int) -> dict:
 
 def governor_config(variant: str) -> GovernorConfig:
     fine = {"mode": "binsearch", "power_of_two": False} if variant == "binsearch" else {}
-    return GovernorConfig(max_length=MAX_LEN, cache_dir=CACHE, prepare_all=True, **fine)
+    return GovernorConfig(
+        policy=PolicyConfig(**fine),
+        batching=BatchingConfig(max_length=MAX_LEN),
+        cache_dir=CACHE,
+        prepare_all=True,
+    )
 
 
 def run_governor(n: int, variant: str = "default") -> dict:
@@ -347,7 +357,7 @@ def main() -> int:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     oracle_full = run_oracle(args.samples)  # also captures the graphs every worker loads
-    oracle = run_oracle(args.samples, GovernorConfig().threshold)  # the governor's budget
+    oracle = run_oracle(args.samples, PolicyConfig().threshold)  # the governor's budget
     MemoryGovernor(tiny_varlen_bundle(), TRAIN, device=EmulatedDevice(CAPACITY, byte_scale=SCALE),
                    config=governor_config("default"))  # fmt: skip
     n, k = args.samples, args.steps

@@ -13,8 +13,14 @@ Every device answers the `torch.cuda` memory questions the governor asks:
 `memory_allocated`, `max_memory_allocated`, `memory_reserved`, `max_memory_reserved`,
 `reset_peak_memory_stats`, `memory_stats` (torch.cuda keys plus fragmentation),
 `mem_get_info`, `empty_cache`, and `capacity_bytes`, `profile` (the device profile a
-prediction is made for) and `target` (the capture target). `serving.governor_cuda.CudaDevice`
-answers them from `torch.cuda`.
+prediction is made for), `target` (the capture target), `sm` (the compute capability a
+capture is made for), `byte_scale` (bytes counted per tensor byte); `GovernedDevice` is
+that interface. `serving.governor.cuda.CudaDevice` answers it from `torch.cuda`.
+
+`EmulatedDevice(..., execute="meta")` runs the step on meta tensors: every op's output
+shapes, dtypes and storages are those of the real step, with no kernel run, so a model of
+any size costs the per-op dispatch only (the loss is not a number then, and autocast
+precisions are refused: autocast does not apply to meta tensors).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import contextlib
 import gc
 import logging
 import weakref
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -31,11 +37,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
+from serving.governor.cuda import CudaDevice
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "CpuDevice",
+    "CudaDevice",
     "EmulatedDevice",
     "GovernedDevice",
     "SimulatedOOM",
@@ -43,11 +51,16 @@ __all__ = [
 ]
 
 
+@runtime_checkable
 class GovernedDevice(Protocol):
+    """What the governor reads and calls on a device (all bytes)."""
+
     capacity_bytes: int
     profile: str  # device profile name for `Query(device=...)`
     target: str  # capture target: "cpu" or "cuda"
-    torch_device: torch.device
+    sm: int  # compute capability captures are made for (80 where the target is the CPU)
+    byte_scale: int  # bytes counted per tensor byte (predictions are scaled alike)
+    torch_device: torch.device  # where the model and its batches live
 
     def memory_allocated(self) -> int: ...
     def max_memory_allocated(self) -> int: ...
@@ -55,8 +68,13 @@ class GovernedDevice(Protocol):
     def max_memory_reserved(self) -> int: ...
     def reset_peak_memory_stats(self) -> None: ...
     def memory_stats(self) -> dict[str, Any]: ...
+    def mem_get_info(self) -> tuple[int, int]: ...
     def empty_cache(self) -> None: ...
     def context(self) -> contextlib.AbstractContextManager: ...
+    def register(self, tensors: Any) -> None: ...
+    def register_module(self, module: torch.nn.Module) -> None: ...
+    def transfer(self, batch: Any) -> Any: ...
+    def recover(self) -> int: ...
 
 
 class _ExactAllocator:
@@ -133,8 +151,8 @@ class _TrackedDevice:
     """Storage tracking shared by the emulated device and the CPU tracker."""
 
     target = "cpu"
+    sm = 80  # captures for the cpu target do not depend on it
     torch_device = torch.device("cpu")
-
     byte_scale = 1
 
     def __init__(self, allocator: Any, capacity_bytes: int, profile: str) -> None:
@@ -148,9 +166,10 @@ class _TrackedDevice:
         self.last_oom: dict[str, Any] | None = None
 
     # ---- tracking ---------------------------------------------------------------------
-    @staticmethod
-    def _storage(t: torch.Tensor) -> Any | None:
-        if t.layout != torch.strided or t.is_nested or t.device.type == "meta":
+    def _storage(self, t: torch.Tensor) -> Any | None:
+        if t.layout != torch.strided or t.is_nested:
+            return None
+        if t.device.type != self.torch_device.type:  # a capture's meta tensors; host scalars
             return None
         if isinstance(t, FakeTensor):  # a capture running inside the device: not memory
             return None
@@ -216,10 +235,13 @@ class _TrackedDevice:
     def transfer(self, batch: Any) -> Any:
         """A copy of `batch` on the device (tensors cloned inside it, like `.to(device)`)."""
 
+        meta = self.torch_device.type == "meta"
+
         def copy(t: Any) -> Any:
             if not isinstance(t, torch.Tensor):
                 return t
-            out = t.clone()  # made on the host, then counted on the device (not the source)
+            # made on the host, then counted on the device (not the source)
+            out = t.to("meta") if meta else t.clone()
             self.adopt_tensor(out)
             return out
 
@@ -293,8 +315,16 @@ class EmulatedDevice(_TrackedDevice):
     """
 
     def __init__(
-        self, capacity_bytes: int, config: AllocatorConfig | None = None, *, byte_scale: int = 1
+        self,
+        capacity_bytes: int,
+        config: AllocatorConfig | None = None,
+        *,
+        byte_scale: int = 1,
+        execute: Literal["cpu", "meta"] = "cpu",
     ) -> None:
+        if execute not in ("cpu", "meta"):
+            raise ValueError(f"execute must be cpu or meta, got {execute!r}")
+        self.torch_device = torch.device(execute)
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
         if isinstance(byte_scale, bool) or not isinstance(byte_scale, int) or byte_scale < 1:
@@ -327,13 +357,16 @@ class CpuDevice(_TrackedDevice):
         super().__init__(_ExactAllocator(capacity_bytes), capacity_bytes, "cpu")
 
 
-def resolve_device(device: Any, capacity_bytes: int | None = None) -> Any:
+def resolve_device(
+    device: str | GovernedDevice, capacity_bytes: int | None = None
+) -> GovernedDevice:
     """A governed device from "cuda" | "cuda:N" | "cpu" | "emulated" | a device object."""
     if not isinstance(device, str):
+        if not isinstance(device, GovernedDevice):
+            missing = [n for n in _PROTOCOL_MEMBERS if not hasattr(device, n)]
+            raise ValueError(f"{type(device).__name__} is not a governed device: lacks {missing}")
         return device
     if device.startswith("cuda"):
-        from serving.governor_cuda import CudaDevice
-
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         return CudaDevice(index)
     if device in ("cpu", "emulated"):
@@ -341,3 +374,13 @@ def resolve_device(device: Any, capacity_bytes: int | None = None) -> Any:
             raise ValueError(f"device {device!r} needs capacity_bytes (the memory budget)")
         return CpuDevice(capacity_bytes) if device == "cpu" else EmulatedDevice(capacity_bytes)
     raise ValueError(f"unknown device {device!r}; expected cuda, cuda:N, cpu or emulated")
+
+
+_PROTOCOL_MEMBERS = sorted(n for n in dir(GovernedDevice) if not n.startswith("_")) + [
+    "capacity_bytes",
+    "profile",
+    "target",
+    "sm",
+    "byte_scale",
+    "torch_device",
+]

@@ -14,14 +14,16 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from predictor.graph import StepGraph
 from predictor.plan import PlanConfig, SearchSpace, cost, plan
-from predictor.spec import TrainSpec
-from serving.governor_predict import GovernedPredictor
+from predictor.spec import PRECISIONS, TrainSpec
+from serving.governor.correction import GovernedPredictor
 
 log = logging.getLogger(__name__)
+
+__all__ = ["RUNTIME_PRECISIONS", "BucketState", "Decision", "Policy", "PolicyConfig"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -47,17 +49,45 @@ class BucketState:
     last_safe: int = 0  # largest micro that completed a step
 
 
+# precisions the governor can switch between at run time (parameters stay in their dtype)
+RUNTIME_PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
+
+
 @dataclass(kw_only=True, slots=True)
 class PolicyConfig:
-    threshold: float
-    mode: str
-    power_of_two: bool
-    max_batch: int
-    stability_window: int
-    growth: float
-    checkpointing: list[str]
-    precision: list[str]
-    sizes: dict[str, int]  # other fixed sizes
+    threshold: float = 0.85  # corrected bounds stay under this fraction of device memory
+    mode: str = "power"  # search on predictions: power | binsearch
+    power_of_two: bool = True  # micro-batch granularity
+    max_batch: int = 1024
+    stability_window: int = 20  # steps before a bucket may grow again (10-50)
+    growth: float = 2.0  # at most this factor per growth (halved after an OOM)
+    checkpointing: list[str] = field(default_factory=lambda: ["none", "full"])
+    precision: list[str] | None = None  # None: the TrainSpec's precision only
+    sizes: dict[str, int] = field(default_factory=dict)  # other fixed input sizes
+
+    def __post_init__(self) -> None:
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.mode not in ("power", "binsearch"):
+            raise ValueError(f"mode must be power or binsearch, got {self.mode!r}")
+        if self.max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        if not 1 <= self.stability_window <= 10_000:
+            raise ValueError("stability_window must be in [1, 10000] (10-50 is typical)")
+        if self.growth <= 1:
+            raise ValueError(f"growth must be > 1, got {self.growth}")
+        if not self.checkpointing:
+            raise ValueError("checkpointing choices must not be empty")
+        for c in self.checkpointing:
+            TrainSpec(checkpointing=c)
+        for p in self.precision or ():
+            if p not in PRECISIONS:
+                raise ValueError(f"unknown precision {p!r}")
+            if p not in RUNTIME_PRECISIONS:
+                raise ValueError(
+                    f"precision {p!r} changes parameter dtypes; the governor switches only "
+                    f"between {RUNTIME_PRECISIONS}"
+                )
 
 
 class Policy:
@@ -75,6 +105,9 @@ class Policy:
     ) -> None:
         self.predictor, self.graph_for, self.base, self.cfg = predictor, graph_for, base, config
         self.capacity, self.n_blocks = capacity, n_blocks
+        # the search space: what the config allows and the model can do
+        self.checkpointing = list(config.checkpointing) if n_blocks else ["none"]
+        self.precisions = list(config.precision or [base.precision])
         self.plan_cfg = PlanConfig(
             budget_bytes=capacity, device=device, metric=metric, threshold=config.threshold
         )
@@ -103,8 +136,8 @@ class Policy:
     def config_for(self, bucket: int | None, b: int, g: int) -> tuple[str, str, int] | None:
         """The cheapest (C, P) whose bound at micro-batch b fits; None if none does."""
         best = None
-        for p in self.cfg.precision:
-            for c in self.cfg.checkpointing:
+        for p in self.precisions:
+            for c in self.checkpointing:
                 bound = self.bound(bucket, b, c, p, g)
                 if bound > self.limit:
                     continue
@@ -138,8 +171,8 @@ class Policy:
             whole = self.config_for(bucket, n, 1)  # the cheapest config fitting all n at once
             cheapest = min(
                 cost(self.train_for(c, p, 1), self.n_blocks)
-                for c in self.cfg.checkpointing
-                for p in self.cfg.precision
+                for c in self.checkpointing
+                for p in self.precisions
             )
             fit_cost = whole and cost(self.train_for(whole[0], whole[1], 1), self.n_blocks)
             if whole is not None and fit_cost <= cheapest:
@@ -148,8 +181,8 @@ class Policy:
             sizes={k: v for k, v in self.sizes(bucket, 1).items() if k != "B"},
             max_batch=min(n, self.cfg.max_batch) if n is not None else self.cfg.max_batch,
             grad_accum=[1],
-            checkpointing=list(self.cfg.checkpointing),
-            precision=list(self.cfg.precision),
+            checkpointing=list(self.checkpointing),
+            precision=list(self.precisions),
             effective_batch=n if n is not None and n > 1 else None,
             mode=self.cfg.mode,
             power_of_two=self.cfg.power_of_two,
@@ -215,8 +248,8 @@ class Policy:
             chosen = self.config_for(bucket, b, g)
         fits = chosen is not None
         if chosen is None:  # not even micro-batch 1: the most memory-saving config
-            ckpt = "full" if "full" in self.cfg.checkpointing else self.cfg.checkpointing[-1]
-            prec = self.cfg.precision[-1]
+            ckpt = "full" if "full" in self.checkpointing else self.checkpointing[-1]
+            prec = self.precisions[-1]
             chosen = (ckpt, prec, self.bound(bucket, b, ckpt, prec, g))
         st.micro, st.checkpointing, st.precision = b, chosen[0], chosen[1]
         return Decision(

@@ -8,33 +8,16 @@ from dataclasses import replace
 
 import pytest
 import torch
+from governed import config, governor
 
 from predictor.predict import AnalyticModel
 from predictor.spec import TrainSpec
-from serving.governor import GovernorConfig, MemoryGovernor
-from serving.governor_batching import LengthBuckets, even_chunks, split
-from serving.governor_demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
-from serving.governor_device import EmulatedDevice
-from serving.governor_predict import ResidualCorrector
-
-MiB = 1 << 20
-SCALE = 64  # the emulated device counts every byte 64 times (tiny model, GPU-like sizes)
-
+from serving.governor import MemoryGovernor
+from serving.governor.batching import LengthBuckets, even_chunks, split
+from serving.governor.correction import ResidualCorrector
+from serving.governor.demo import fixed_batches, long_tail_samples
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def governor(cache, *, capacity_mib=512, train=None, predictor=None, bundle=None, **cfg):
-    cfg.setdefault("checkpointing", ["none"])
-    cfg.setdefault("max_length", 256)
-    torch.manual_seed(0)
-    return MemoryGovernor(
-        bundle or tiny_varlen_bundle(),
-        train or TrainSpec(optimizer_impl="foreach"),
-        device=EmulatedDevice(capacity_mib * MiB, byte_scale=SCALE),
-        config=GovernorConfig(cache_dir=cache, **cfg),
-        predictor=predictor or AnalyticModel(),
-    )
 
 
 class Ledger:
@@ -247,7 +230,7 @@ def test_config_is_validated():
         {"growth": 1.0},
     ):
         with pytest.raises(ValueError):
-            GovernorConfig(**bad)
+            config(**bad)
 
 
 def test_defragments_before_a_new_shape_that_needs_the_cache(cache):
