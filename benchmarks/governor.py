@@ -43,7 +43,7 @@ import tempfile
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,20 +72,62 @@ from serving.governor.runtime import CheckpointToggles  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 CACHE = Path(tempfile.gettempdir()) / "memgnn-governor-bench"
-MiB = 1 << 20
-SCALE = 256
-CAPACITY = 1024 * MiB  # 4 MiB of the tiny model's bytes, x 256
+MiB, GiB = 1 << 20, 1 << 30
 MAX_LEN = 512
 TRAIN = TrainSpec(optimizer="adamw", optimizer_impl="foreach")
 T_MICRO, T_TOKEN, T_OPT = 1.0e-3, 5.0e-6, 2.0e-3  # seconds
 log = logging.getLogger("benchmarks.governor")
 
 
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    hparams: dict[str, int]  # zoo `varlen`
+    capacity: int  # device bytes
+    scale: int  # bytes counted per tensor byte
+    execute: str  # EmulatedDevice(execute=): cpu (real kernels) | fake (no kernels)
+    stem: str  # results file name
+
+    def bundle(self) -> Any:
+        return tiny_varlen_bundle(**self.hparams)
+
+    def device(self) -> EmulatedDevice:
+        return EmulatedDevice(self.capacity, byte_scale=self.scale, execute=self.execute)
+
+    @property
+    def n_blocks(self) -> int:
+        return self.bundle().hparams["layers"]
+
+
+WORKLOADS = {
+    # a GPT-2-medium-wide LM, 4 layers, GPT-2's vocabulary: 154M parameters, fp32 AdamW, on
+    # a 16 GiB device, executed on fake tensors (the real step's storages, no kernels)
+    "150m": Workload(
+        name="150m",
+        hparams={"hidden": 1024, "heads": 16, "ffn": 4096, "layers": 4, "vocab": 50257},
+        capacity=16 * GiB,
+        scale=1,
+        execute="fake",
+        stem="governor",
+    ),
+    # the 2-layer tiny LM (`TINY_VARLEN`), real CPU kernels, every byte counted 256 times:
+    # 4 MiB of its bytes, x 256
+    "tiny": Workload(
+        name="tiny",
+        hparams={},
+        capacity=1024 * MiB,
+        scale=256,
+        execute="cpu",
+        stem="governor_tiny",
+    ),  # fmt: skip
+}
+
+
 def step_time(micro: list[int], seq: int, recompute: float) -> float:
     return sum(T_MICRO + T_TOKEN * b * seq * (1 + recompute) for b in micro) + T_OPT
 
 
-def recompute_of(ckpt: str, n_blocks: int = 2) -> float:
+def recompute_of(ckpt: str, n_blocks: int) -> float:
     if ckpt == "none":
         return 0.0
     blocks = n_blocks if ckpt == "full" else min(int(ckpt.split(":")[1]), n_blocks)
@@ -99,10 +141,10 @@ def stream(n: int):
 class Plain:
     """A plain training loop on a fresh emulated device; `step` returns False on OOM."""
 
-    def __init__(self) -> None:
+    def __init__(self, w: Workload) -> None:
         torch.manual_seed(0)
-        self.bundle = tiny_varlen_bundle()
-        self.device = EmulatedDevice(CAPACITY, byte_scale=SCALE)
+        self.bundle = w.bundle()
+        self.device = w.device()
         with self.device:
             self.model = self.bundle.build()
             self.opt = build_optimizer(list(self.model.parameters()), TRAIN, "cpu")
@@ -149,14 +191,14 @@ def _summary(name: str, steps: list[dict], n: int, lost: int, ooms: int, wall: f
     }
 
 
-def _record(group_or_batch: dict[str, torch.Tensor], micro: list[int], ckpt: str = "none"):
+def _record(w: Workload, group_or_batch: dict, micro: list[int], ckpt: str = "none"):
     lengths = group_or_batch["lengths"]
     seq = int(group_or_batch["input_ids"].shape[1])
     return {
         "samples": int(lengths.shape[0]),
         "tokens": int(lengths.sum()),
         "padded": int(lengths.shape[0]) * seq,
-        "time": step_time(micro, seq, recompute_of(ckpt)),
+        "time": step_time(micro, seq, recompute_of(ckpt, w.n_blocks)),
     }
 
 
@@ -164,24 +206,24 @@ def _failed(rec: dict) -> dict:
     return {**rec, "samples": 0, "tokens": 0, "padded": 0}
 
 
-def run_static(n: int, max_steps: int) -> dict:
+def run_static(w: Workload, n: int, max_steps: int) -> dict:
     t0 = time.perf_counter()
     head = [s for _, s in zip(range(3 * 8192), stream(n))]
-    finder, b, found, trials = Plain(), 2, 0, 0
+    finder, b, found, trials = Plain(w), 2, 0, 0
     while b <= 8192 and 3 * b <= len(head):
         trials += 1
         if not all(finder.step(_batch(head[i * b : (i + 1) * b])) for i in range(3)):
             break
         found, b = b, b * 2
     found = max(found, 1)
-    trainer, steps, lost, ooms, group = Plain(), [], 0, 0, []
+    trainer, steps, lost, ooms, group = Plain(w), [], 0, 0, []
     samples = iter(stream(n))
     while sum(1 for s in steps if s["samples"]) < max_steps:
         group = [s for _, s in zip(range(found), samples)]
         if not group:
             break
         batch = _batch(group)
-        rec = _record(batch, [len(group)])
+        rec = _record(w, batch, [len(group)])
         if trainer.step(batch):
             steps.append(rec)
         else:  # a plain loop skips the batch that OOMed: its samples are lost
@@ -194,14 +236,14 @@ def run_static(n: int, max_steps: int) -> dict:
     return out
 
 
-def run_backoff(n: int, max_steps: int) -> dict:
+def run_backoff(w: Workload, n: int, max_steps: int) -> dict:
     t0 = time.perf_counter()
-    trainer, b, steps, ooms, lost = Plain(), 128, [], 0, 0
+    trainer, b, steps, ooms, lost = Plain(w), 128, [], 0, 0
     queue = deque(stream(n))
     while queue and len(steps) - ooms < max_steps:
         group = [queue.popleft() for _ in range(min(b, len(queue)))]
         batch = _batch(group)
-        rec = _record(batch, [len(group)])
+        rec = _record(w, batch, [len(group)])
         if trainer.step(batch):
             steps.append(rec)
             continue
@@ -221,6 +263,8 @@ def run_backoff(n: int, max_steps: int) -> dict:
 
 def governor_config(variant: str) -> GovernorConfig:
     fine = {"mode": "binsearch", "power_of_two": False} if variant == "binsearch" else {}
+    if variant == "power-of-two":
+        fine = {"mode": "power", "power_of_two": True}
     return GovernorConfig(
         policy=PolicyConfig(**fine),
         batching=BatchingConfig(max_length=MAX_LEN),
@@ -229,13 +273,13 @@ def governor_config(variant: str) -> GovernorConfig:
     )
 
 
-def run_governor(n: int, variant: str = "default") -> dict:
+def run_governor(w: Workload, n: int, variant: str = "default") -> dict:
     t0 = time.perf_counter()
     torch.manual_seed(0)
     gov = MemoryGovernor(
-        tiny_varlen_bundle(),
+        w.bundle(),
         TRAIN,
-        device=EmulatedDevice(CAPACITY, byte_scale=SCALE),
+        device=w.device(),
         config=governor_config(variant),
     )
     setup = time.perf_counter() - t0
@@ -246,7 +290,7 @@ def run_governor(n: int, variant: str = "default") -> dict:
         seen.extend(batch["sample_id"].tolist())
         chunks = [rec.micro_batch] * (rec.grad_accum - 1)
         chunks.append(rec.samples - sum(chunks))
-        r = _record(batch, chunks, rec.checkpointing)
+        r = _record(w, batch, chunks, rec.checkpointing)
         steps.extend([_failed(r)] * rec.oom_retries)  # failed attempts: a full step each
         steps.append(r)
     s = gov.summary()
@@ -270,7 +314,7 @@ def run_governor(n: int, variant: str = "default") -> dict:
     return out
 
 
-def oracle_batch(graph, seq: int, *, budget: int = CAPACITY, hi: int = 4096) -> int:
+def oracle_batch(graph, seq: int, *, budget: int, scale: int, hi: int = 4096) -> int:
     """Largest B whose step (first + steady) replays without OOM within `budget` bytes."""
     cpu = get_profile("cpu")
     cfg = AllocatorConfig(capacity_bytes=budget)
@@ -278,7 +322,7 @@ def oracle_batch(graph, seq: int, *, budget: int = CAPACITY, hi: int = 4096) -> 
     def fits(b: int) -> bool:
         resolved = graph.resolve_sizes({"B": b, "S": seq})
         events = [
-            (e[0], e[1], e[2] * SCALE) if e[0] == "alloc" else e
+            (e[0], e[1], e[2] * scale) if e[0] == "alloc" else e
             for e in build_trace(graph, 0, resolved, cpu)
         ]
         return not replay_trace(events, cfg)["would_oom"]
@@ -292,10 +336,10 @@ def oracle_batch(graph, seq: int, *, budget: int = CAPACITY, hi: int = 4096) -> 
     return lo
 
 
-def run_oracle(n: int, fraction: float = 1.0) -> dict:
+def run_oracle(w: Workload, n: int, fraction: float = 1.0) -> dict:
     t0 = time.perf_counter()
-    budget = int(CAPACITY * fraction)
-    bundle = tiny_varlen_bundle()
+    budget = int(w.capacity * fraction)
+    bundle = w.bundle()
     graphs = {
         c: capture_cached(bundle, replace(TRAIN, checkpointing=c), target="cpu", directory=CACHE)
         for c in ("none", "full")
@@ -305,29 +349,32 @@ def run_oracle(n: int, fraction: float = 1.0) -> dict:
     for seq in buckets.bounds:
         best = None
         for ckpt, graph in graphs.items():
-            b = oracle_batch(graph, seq, budget=budget)
-            if b and (best is None or b / step_time([b], seq, recompute_of(ckpt)) > best[0]):
-                best = (b / step_time([b], seq, recompute_of(ckpt)), b, ckpt)
+            b = oracle_batch(graph, seq, budget=budget, scale=w.scale)
+            rate = b / step_time([b], seq, recompute_of(ckpt, w.n_blocks)) if b else 0.0
+            if b and (best is None or rate > best[0]):
+                best = (rate, b, ckpt)
         plan[seq] = (best[1], best[2]) if best else (1, "full")
     steps = []
     for seq, group in TokenBatcher(buckets, lambda s: plan[s][0])(stream(n)):
-        steps.append(_record(pad_collate(group, seq), [len(group)], plan[seq][1]))
+        steps.append(_record(w, pad_collate(group, seq), [len(group)], plan[seq][1]))
     where = "full device" if fraction == 1.0 else f"{fraction:.0%} of the device"
     out = _summary(f"oracle (exact peaks, {where})", steps, n, 0, 0, time.perf_counter() - t0)
     out["plans"] = {str(k): list(v) for k, v in plan.items()}
     return out
 
 
-def validate_oracle(plans: dict[str, list], buckets: tuple[int, ...] = (64, 240, 512)) -> list:
+def validate_oracle(
+    w: Workload, plans: dict[str, list], buckets: tuple[int, ...] = (64, 240, 512)
+) -> list:
     """Spot check: the oracle's batch runs on a fresh emulated device; one more OOMs."""
     out = []
     for seq in buckets:
         b, ckpt = plans[str(seq)]
         row = {"S": seq, "B": b, "checkpointing": ckpt}
         for extra in (0, 1):
-            trainer = Plain()
+            trainer = Plain(w)
             CheckpointToggles(list(trainer.model.blocks)).set(ckpt)
-            ids = torch.randint(0, 128, (b + extra, seq))
+            ids = torch.randint(0, trainer.bundle.hparams["vocab"], (b + extra, seq))
             batch = {"input_ids": ids, "lengths": torch.full((b + extra,), seq)}
             row["fits" if extra == 0 else "fits_plus_one"] = trainer.step(batch) and trainer.step(
                 batch
@@ -336,33 +383,39 @@ def validate_oracle(plans: dict[str, list], buckets: tuple[int, ...] = (64, 240,
     return out
 
 
-def _job(args: tuple[str, int, int]) -> dict:
+def _job(args: tuple[Workload, str, int, int]) -> dict:
     torch.set_num_threads(1)
-    name, n, max_steps = args
+    w, name, n, max_steps = args
     if name == "static":
-        return run_static(n, max_steps)
+        return run_static(w, n, max_steps)
     if name == "backoff":
-        return run_backoff(n, max_steps)
-    return run_governor(n, name.split(":", 1)[1])
+        return run_backoff(w, n, max_steps)
+    return run_governor(w, n, name.split(":", 1)[1])
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="150m")
     p.add_argument("--samples", type=int, default=16_000, help="the governor's stream")
     p.add_argument("--steps", type=int, default=2000, help="optimizer steps of each baseline")
+    p.add_argument(
+        "--variants",
+        default="default,power-of-two",
+        help="governor configurations: default, power-of-two (mode=power), binsearch",
+    )
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    oracle_full = run_oracle(args.samples)  # also captures the graphs every worker loads
-    oracle = run_oracle(args.samples, PolicyConfig().threshold)  # the governor's budget
-    MemoryGovernor(tiny_varlen_bundle(), TRAIN, device=EmulatedDevice(CAPACITY, byte_scale=SCALE),
-                   config=governor_config("default"))  # fmt: skip
+    w = WORKLOADS[args.workload]
+    oracle_full = run_oracle(w, args.samples)  # also captures the graphs every worker loads
+    oracle = run_oracle(w, args.samples, PolicyConfig().threshold)  # the governor's budget
+    MemoryGovernor(w.bundle(), TRAIN, device=w.device(), config=governor_config("default"))
     n, k = args.samples, args.steps
-    jobs = [("governor:default", n, 0), ("governor:binsearch", n, 0), ("static", n, k),
-            ("backoff", n, k)]  # fmt: skip
+    jobs = [(w, f"governor:{v}", n, 0) for v in args.variants.split(",")]
+    jobs += [(w, "static", n, k), (w, "backoff", n, k)]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         results = list(pool.map(_job, jobs))
     for r in results:
@@ -379,16 +432,21 @@ def main() -> int:
     oracle_full["fraction_of_oracle_tokens_per_step"] = (
         oracle_full["tokens_per_step"] / oracle["tokens_per_step"]
     )
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in w.bundle().build().parameters())
     report = {
         "workload": {
+            "name": w.name,
             "samples": args.samples,
             "lengths": "log-normal median 56, sigma 0.8, clipped to [8, 512]",
-            "model": f"varlen {tiny_varlen_bundle().hparams}",
+            "model": f"varlen {w.bundle().hparams}",
+            "parameters": parameters,
             "train": TRAIN.to_dict(),
         },  # fmt: skip
         "device": {
-            "capacity_bytes": CAPACITY,
-            "byte_scale": SCALE,
+            "capacity_bytes": w.capacity,
+            "byte_scale": w.scale,
+            "execute": w.execute,
             "allocator": "CUDA caching allocator simulator (dataset.allocator), default settings",
         },  # fmt: skip
         "time_model": {
@@ -399,7 +457,7 @@ def main() -> int:
         },  # fmt: skip
         "oracle": oracle,
         "oracle_full_device": oracle_full,
-        "oracle_validation": validate_oracle(oracle_full["plans"]),
+        "oracle_validation": validate_oracle(w, oracle_full["plans"]),
         "methods": results,
         "wall_seconds": round(time.perf_counter() - t0, 1),
         "torch": torch.__version__,
@@ -407,8 +465,8 @@ def main() -> int:
     print(markdown(report))
     if not args.no_write:
         OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / "governor.json").write_text(json.dumps(report, indent=2, default=str))
-        (OUT / "governor.md").write_text(markdown(report))
+        (OUT / f"{w.stem}.json").write_text(json.dumps(report, indent=2, default=str))
+        (OUT / f"{w.stem}.md").write_text(markdown(report))
     return 0
 
 
@@ -417,9 +475,11 @@ def markdown(report: dict) -> str:
     lines = [
         "# Memory governor benchmark",
         "",
-        f"{w['samples']} samples, lengths {w['lengths']}; model {w['model']}; emulated device "
+        f"{w['samples']} samples, lengths {w['lengths']}; model {w['model']}, "
+        f"{w['parameters']:,} parameters; emulated device "
         f"{report['device']['capacity_bytes'] // MiB} MiB (byte scale "
-        f"{report['device']['byte_scale']}). Throughput: real tokens per emulated device second "
+        f"{report['device']['byte_scale']}, kernels: {report['device']['execute']}). "
+        "Throughput: real tokens per emulated device second "
         f"(t = per micro-batch {T_MICRO * 1e3:g} ms + {T_TOKEN * 1e6:g} us per padded token x "
         f"(1 + recompute), + {T_OPT * 1e3:g} ms per optimizer step).",
         "",

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
 
 from predictor.graph import StepGraph
@@ -49,7 +50,7 @@ from serving.governor.batching import (
 from serving.governor.checks import check_module, check_optimizer
 from serving.governor.config import GovernorConfig
 from serving.governor.correction import GovernedPredictor, ResidualCorrector
-from serving.governor.devices import GovernedDevice, resolve_device
+from serving.governor.devices import EmulatedDevice, GovernedDevice, resolve_device
 from serving.governor.loop import StepPlan, plans
 from serving.governor.observe import Observer
 from serving.governor.policy import Decision, Policy
@@ -140,7 +141,9 @@ class MemoryGovernor:
         if isinstance(model, ModelBundle):
             bundle = model
             with self.device.context(), torch.device(self.device.torch_device):
-                module = model.build().to(self.train.param_dtype)
+                module = model.build()
+                if any(p.dtype != self.train.param_dtype for p in module.parameters()):
+                    module = module.to(self.train.param_dtype)
         else:
             module = model
             if bundle is not None:
@@ -159,6 +162,8 @@ class MemoryGovernor:
     def _make_scaler(self) -> Any:
         precisions = self.config.policy.precision or [self.train.precision]
         if self.train.uses_grad_scaler or "amp-fp16" in precisions:
+            if isinstance(self.device, EmulatedDevice) and self.device.fake is not None:
+                raise ValueError("a fake-executing device cannot run a GradScaler (fp16)")
             return torch.amp.GradScaler(device=self.device.torch_device.type)
         return None
 
@@ -405,7 +410,7 @@ class MemoryGovernor:
 
     def _run(self, batch: Any, n: int, chunks: list[int], fn: LossFn) -> None:
         pieces = split(batch, chunks) if len(chunks) > 1 else [batch]
-        total = 0.0
+        total, fake = 0.0, False
         for piece, size in zip(pieces, chunks):
             micro = self.device.transfer(piece)
             with self.device.context():
@@ -418,8 +423,8 @@ class MemoryGovernor:
                 self.toggles.in_backward = True
                 scaled.backward()
                 self.toggles.in_backward = False
-            if loss.device.type != "meta":  # a meta-executing device computes no loss
-                total += float(loss.detach()) * weight
+            fake = isinstance(loss, FakeTensor)  # a fake-executing device computes no loss
+            total += 0.0 if fake else float(loss.detach()) * weight
             del loss, scaled, micro
         self._phase = "optimizer"
         with self.device.context():
@@ -432,7 +437,7 @@ class MemoryGovernor:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self._phase = "done"
-        self.last_loss = total if self.device.torch_device.type != "meta" else None
+        self.last_loss = None if fake else total
 
     def _rollback(
         self, bucket: int | None, n: int, failed: Decision, failure: str, retries: int

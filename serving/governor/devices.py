@@ -17,10 +17,11 @@ prediction is made for), `target` (the capture target), `sm` (the compute capabi
 capture is made for), `byte_scale` (bytes counted per tensor byte); `GovernedDevice` is
 that interface. `serving.governor.cuda.CudaDevice` answers it from `torch.cuda`.
 
-`EmulatedDevice(..., execute="meta")` runs the step on meta tensors: every op's output
-shapes, dtypes and storages are those of the real step, with no kernel run, so a model of
-any size costs the per-op dispatch only (the loss is not a number then, and autocast
-precisions are refused: autocast does not apply to meta tensors).
+`EmulatedDevice(..., execute="fake")` runs the step on fake tensors (`FakeTensorMode`, as
+a capture does): every op's outputs have the shapes, dtypes and storages of the real CPU
+step, chosen by the same CPU kernel selection, but no kernel runs, so a model of any size
+costs the per-op dispatch only. The loss is then not a number, and a GradScaler (which
+reads its inf check) cannot run.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import weakref
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
@@ -166,13 +167,13 @@ class _TrackedDevice:
         self.last_oom: dict[str, Any] | None = None
 
     # ---- tracking ---------------------------------------------------------------------
+    fake: FakeTensorMode | None = None  # set: the step runs on fake tensors
+
     def _storage(self, t: torch.Tensor) -> Any | None:
-        if t.layout != torch.strided or t.is_nested:
+        if t.layout != torch.strided or t.is_nested or t.device.type == "meta":
             return None
-        if t.device.type != self.torch_device.type:  # a capture's meta tensors; host scalars
-            return None
-        if isinstance(t, FakeTensor):  # a capture running inside the device: not memory
-            return None
+        if isinstance(t, FakeTensor) != (self.fake is not None):
+            return None  # a capture's fake tensors on a real device; host tensors on a fake one
         return t.untyped_storage()
 
     def adopt_tensor(self, t: torch.Tensor) -> None:
@@ -235,27 +236,33 @@ class _TrackedDevice:
     def transfer(self, batch: Any) -> Any:
         """A copy of `batch` on the device (tensors cloned inside it, like `.to(device)`)."""
 
-        meta = self.torch_device.type == "meta"
-
         def copy(t: Any) -> Any:
             if not isinstance(t, torch.Tensor):
                 return t
             # made on the host, then counted on the device (not the source)
-            out = t.to("meta") if meta else t.clone()
+            out = t.clone()  # a view's own elements only, as `.to(device)` copies them
+            if self.fake is not None:
+                out = self.fake.from_tensor(out)
             self.adopt_tensor(out)
             return out
 
         return tree_map(copy, batch)
 
     def context(self) -> contextlib.AbstractContextManager:
-        return self.mode
+        if self.fake is None:
+            return self.mode
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.fake)
+        stack.enter_context(self.mode)
+        return stack
 
     def __enter__(self) -> _TrackedDevice:
-        self.mode.__enter__()
+        self._entered = self.context()
+        self._entered.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.mode.__exit__(*exc)
+        self._entered.__exit__(*exc)
 
     def recover(self) -> int:
         """Collect garbage after a failed step; returns the bytes still allocated."""
@@ -320,11 +327,11 @@ class EmulatedDevice(_TrackedDevice):
         config: AllocatorConfig | None = None,
         *,
         byte_scale: int = 1,
-        execute: Literal["cpu", "meta"] = "cpu",
+        execute: Literal["cpu", "fake"] = "cpu",
     ) -> None:
-        if execute not in ("cpu", "meta"):
-            raise ValueError(f"execute must be cpu or meta, got {execute!r}")
-        self.torch_device = torch.device(execute)
+        if execute not in ("cpu", "fake"):
+            raise ValueError(f"execute must be cpu or fake, got {execute!r}")
+        self.fake = FakeTensorMode(allow_non_fake_inputs=True) if execute == "fake" else None
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
         if isinstance(byte_scale, bool) or not isinstance(byte_scale, int) or byte_scale < 1:

@@ -12,10 +12,10 @@ from governed import config, governor
 
 from predictor.predict import AnalyticModel
 from predictor.spec import TrainSpec
-from serving.governor import MemoryGovernor
+from serving.governor import EmulatedDevice, MemoryGovernor
 from serving.governor.batching import LengthBuckets, even_chunks, split
 from serving.governor.correction import ResidualCorrector
-from serving.governor.demo import fixed_batches, long_tail_samples
+from serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -246,3 +246,25 @@ def test_defragments_before_a_new_shape_that_needs_the_cache(cache):
     assert gov.totals["ooms"] == 0
     gov.step(next(fixed_batches(long_tail_samples(8, lo=120, hi=120, seed=1), 8)))
     assert gov.totals["defragmentations"] == len(released)  # same shape again: nothing to do
+
+
+def test_the_governor_decides_and_measures_the_same_on_a_fake_executing_device(cache):
+    runs = {}
+    for execute in ("cpu", "fake"):
+        torch.manual_seed(0)
+        gov = MemoryGovernor(
+            tiny_varlen_bundle(),
+            TrainSpec(optimizer_impl="foreach"),
+            device=EmulatedDevice(256 << 20, byte_scale=64, execute=execute),
+            config=config(cache_dir=cache, checkpointing=["none"], max_length=256),
+            predictor=AnalyticModel(),
+        )
+        for b in fixed_batches(long_tail_samples(48, hi=96), 16):
+            gov.step(b)
+        runs[execute] = [
+            (r.micro_batch, r.grad_accum, r.measured_allocated_bytes, r.measured_reserved_bytes)
+            for r in gov.records
+        ]
+        assert (gov.last_loss is None) == (execute == "fake")
+    assert runs["fake"] == runs["cpu"]
+    assert any(g > 1 for _, g, _, _ in runs["cpu"])  # the device was tight enough to split
