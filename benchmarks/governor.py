@@ -1,12 +1,21 @@
 """The memory governor against a static batch and OOM back-off, on a variable-length workload.
 
-A tiny causal LM (zoo `varlen`, `serving.governor.demo.TINY_VARLEN`) trains on a stream
-of sequences with long-tail lengths (log-normal, median 56, clipped to [8, 512]) on the
-capped emulated device (`serving.governor.devices.EmulatedDevice`: the real model runs on the
-CPU, every storage goes through the CUDA caching-allocator simulator, every byte counted
-`SCALE` times, OOMs raised where the device would raise them). The same stream, four ways
-(the governor and the oracle over `--samples` samples, each baseline for `--steps`
-optimizer steps over the same stream's prefix; rates compare, not totals):
+A causal LM (zoo `varlen`) trains on a stream of sequences with long-tail lengths
+(log-normal, median 56, clipped to [8, 512]) on a capped emulated device
+(`serving.governor.devices.EmulatedDevice`: every storage the step creates goes through the
+CUDA caching-allocator simulator, OOMs raised where the device would raise them). Two
+workloads (`--workload`):
+
+- `150m` (the default, `results/governor.{json,md}`): 154,361,856 parameters (hidden 1024,
+  16 heads, ffn 4096, 4 layers, GPT-2's 50,257-token vocabulary), fp32 AdamW, a 16 GiB
+  device, the step executed on fake tensors (`execute="fake"`: the real CPU step's kernel
+  choices and storages, byte for byte, without running a kernel).
+- `tiny` (`results/governor_tiny.{json,md}`): the 2-layer `TINY_VARLEN`, real CPU kernels,
+  every byte counted 256 times on a 1 GiB device.
+
+The same stream, four ways (the governor and the oracle over `--samples` samples, each
+baseline for `--steps` optimizer steps over the same stream's prefix; rates compare, not
+totals):
 
 - static: Lightning-style power finder (B = 2, 4, 8, ... for 3 trial steps on the first 3
   batches, keep the last B that did not OOM), then fixed batches of B in stream order,
@@ -15,7 +24,8 @@ optimizer steps over the same stream's prefix; rates compare, not totals):
   generously retrying the failed samples at the smaller size; a sample that OOMs even alone
   is skipped (accelerate raises "no executable batch size" there) and counted lost.
 - governor: `MemoryGovernor.batches` (token-budget batches per length bucket) + `step`,
-  default configuration, and once with `mode="binsearch", power_of_two=False`.
+  the default configuration (doubling, then bisection: any micro-batch size) and
+  `--variants` more: `power-of-two` (`mode="power", power_of_two=True`, the default before).
 - oracle: the same bucketed batches with, per bucket and checkpointing choice, the largest
   B whose exact peak fits a budget (the captured step replayed through the allocator
   simulator, fresh cache), choosing the faster config; not run, only timed. Two budgets:
@@ -29,7 +39,8 @@ t(step) = sum over micro-batches of (T_MICRO + T_TOKEN x padded tokens x (1 + re
 attempt that OOMs costs a full step. Tokens per step are reported too (no time model).
 
     .venv/bin/python benchmarks/governor.py      # minutes: benchmarks/results/governor.{json,md}
-    .venv/bin/python benchmarks/governor.py --samples 3000 --no-write   # a quick look
+    .venv/bin/python benchmarks/governor.py --workload tiny     # -> governor_tiny.{json,md}
+    .venv/bin/python benchmarks/governor.py --samples 3000 --steps 300 --no-write  # a look
 """
 
 from __future__ import annotations

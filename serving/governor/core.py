@@ -6,16 +6,18 @@
         record = gov.step(batch)            # forward, backward, optimizer; never OOMs twice
 
 or, with your own loader's batches, `gov.step(batch, step_fn)` where `step_fn(model, batch)`
-returns the loss. The step graph is captured once (`capture_cached`); each step's peak for
-its actual shape is a cached, corrected prediction (`serving.governor.correction`); the
-decisions (micro-batch, accumulation, checkpointing, precision) come from
-`serving.governor.policy`. The governor owns backward and the optimizer step, so it can
-split a batch into micro-batches (gradients accumulate, weighted by micro-batch size, and
-the optimizer steps once per batch) and, on a real `torch.OutOfMemoryError`, free
-everything, restore a safe configuration and re-run the same batch in smaller pieces: no
-sample is skipped or seen twice by the optimizer. Live peaks feed the residual correction;
-AMP overflow, utilization tiers, fragmentation and recompute overhead raise alerts
-(`serving.governor.observe`); every step leaves a `StepRecord`.
+returns the loss, or `for plan in gov.plan(batch): with plan: ...` to run forward, backward
+and the optimizer yourself (`serving.governor.loop`). The step graph is captured once per
+configuration (`serving.governor.graphs`); each step's peak for its actual shape is a
+cached, corrected prediction (`serving.governor.correction`); the decisions (micro-batch,
+accumulation, checkpointing, precision) come from `serving.governor.policy`. In `step` the
+governor owns backward and the optimizer, so it can split a batch into micro-batches
+(gradients accumulate, weighted by micro-batch size, and the optimizer steps once per batch)
+and, on a real `torch.OutOfMemoryError`, free everything, restore a safe configuration and
+re-run the same batch in smaller pieces: no sample is skipped or seen twice by the
+optimizer. Live peaks feed the residual correction; AMP overflow, utilization tiers,
+fragmentation and recompute overhead raise alerts (`serving.governor.observe`); every step
+leaves a `StepRecord`.
 """
 
 from __future__ import annotations
@@ -31,12 +33,10 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils._python_dispatch import _disable_current_modes
 
 from predictor.graph import StepGraph
-from predictor.predict import MemoryModel, capture_cached, default_model
+from predictor.predict import MemoryModel
 from predictor.spec import ModelBundle, TrainSpec, default_blocks
-from predictor.step import build_optimizer
 from serving.governor.alerts import Alert, AlertBook, StepRecord
 from serving.governor.batching import (
     LengthBuckets,
@@ -47,10 +47,11 @@ from serving.governor.batching import (
     sample_length,
     split,
 )
-from serving.governor.checks import check_module, check_optimizer
+from serving.governor.build import default_optimizer, make_predictor, make_scaler, place_model
+from serving.governor.checks import check_optimizer
 from serving.governor.config import GovernorConfig
-from serving.governor.correction import GovernedPredictor, ResidualCorrector
-from serving.governor.devices import EmulatedDevice, GovernedDevice, resolve_device
+from serving.governor.devices import GovernedDevice, resolve_device
+from serving.governor.graphs import StepGraphs
 from serving.governor.loop import StepPlan, plans
 from serving.governor.observe import Observer
 from serving.governor.policy import Decision, Policy
@@ -92,7 +93,7 @@ class MemoryGovernor:
         self.train = replace(train or TrainSpec(), steps="both", grad_accum=1)
         self.device: GovernedDevice = resolve_device(device, capacity_bytes)
         self.capacity = int(self.device.capacity_bytes)
-        self.bundle, self.model = self._place_model(model, bundle, graph)
+        self.bundle, self.model = place_model(model, bundle, self.device, self.train)
         self.loss_fn = loss_fn or (self.bundle.loss if self.bundle is not None else None)
         self.sizes_of = sizes_of or default_sizes
         blocks_of = (self.bundle.blocks if self.bundle else None) or default_blocks
@@ -100,18 +101,27 @@ class MemoryGovernor:
         self.toggles.set(self.train.checkpointing)
         if optimizer is not None:
             check_optimizer(optimizer, self.model, self.train)
-        self.optimizer = optimizer or self._build_optimizer()
+        self.optimizer = optimizer or default_optimizer(self.model, self.device, self.train)
         self.optimizer.register_step_pre_hook(self._on_optimizer_step)
-        self.scaler = scaler if scaler is not None else self._make_scaler()
+        precisions = self.config.policy.precision or [self.train.precision]
+        if scaler is None:
+            scaler = make_scaler(self.device, self.train, precisions)
+        self.scaler = scaler
         self.elastic = ElasticPrecision(self.model)
         self.overflow = OverflowTracker(self.config.alerts.overflow_window)
-        self.predictor = self._make_predictor(predictor)
-        self._fixed_graph = graph
-        self._graphs: dict[tuple[str, str, int], StepGraph] = {}
+        self.predictor = make_predictor(predictor, self.device, self.config)
+        self.graphs = StepGraphs(
+            self.bundle,
+            self.train,
+            target=self.device.target,
+            sm=self.device.sm,
+            cache_dir=self.config.cache_dir,
+            fixed=graph,
+        )
         self.buckets = LengthBuckets.from_config(self.config.batching)
         self.policy = Policy(
             self.predictor,
-            self.graph_for,
+            self.graphs,
             self.train,
             self.config.policy,
             capacity=self.capacity,
@@ -135,49 +145,6 @@ class MemoryGovernor:
         self.observer.reset_peak()
 
     # ---- construction ----------------------------------------------------------------------
-    def _place_model(
-        self, model: ModelBundle | nn.Module, bundle: ModelBundle | None, graph: StepGraph | None
-    ) -> tuple[ModelBundle | None, nn.Module]:
-        if isinstance(model, ModelBundle):
-            bundle = model
-            with self.device.context(), torch.device(self.device.torch_device):
-                module = model.build()
-                if any(p.dtype != self.train.param_dtype for p in module.parameters()):
-                    module = module.to(self.train.param_dtype)
-        else:
-            module = model
-            if bundle is not None:
-                check_module(module, bundle, self.train)
-            self.device.register_module(module)
-        if bundle is None and graph is None:
-            raise ValueError("the governor needs a ModelBundle (or graph=) to predict memory")
-        module.train()
-        return bundle, module
-
-    def _build_optimizer(self) -> torch.optim.Optimizer:
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        with self.device.context():
-            return build_optimizer(params, self.train, self.device.target)
-
-    def _make_scaler(self) -> Any:
-        precisions = self.config.policy.precision or [self.train.precision]
-        if self.train.uses_grad_scaler or "amp-fp16" in precisions:
-            if isinstance(self.device, EmulatedDevice) and self.device.fake is not None:
-                raise ValueError("a fake-executing device cannot run a GradScaler (fp16)")
-            return torch.amp.GradScaler(device=self.device.torch_device.type)
-        return None
-
-    def _make_predictor(self, model: MemoryModel | None) -> GovernedPredictor:
-        return GovernedPredictor(
-            model or default_model(),
-            device=self.device.profile,
-            metric=self.config.metric,
-            corrector=ResidualCorrector(self.config.corrector),
-            margin=self.config.margin,
-            scenario=self.config.scenario,
-            scale=self.device.byte_scale,
-        )
-
     def _make_observer(self) -> Observer:
         return Observer(
             self.config,
@@ -214,32 +181,11 @@ class MemoryGovernor:
 
     def graph_for(self, train: TrainSpec) -> StepGraph:
         """The captured step for a (precision, checkpointing, G=1 | G>=2) configuration."""
-        key = (train.precision, train.checkpointing, min(train.grad_accum, 2))
-        graph = self._graphs.get(key)
-        if graph is None:
-            if self._fixed_graph is not None:
-                graph = self._fixed_graph
-            else:
-                t0 = time.perf_counter()
-                spec = replace(self.train, precision=key[0], checkpointing=key[1])
-                with _disable_current_modes():  # capture outside any device's dispatch mode
-                    graph = capture_cached(
-                        self.bundle,
-                        replace(spec, grad_accum=key[2], steps="both"),
-                        target=self.device.target,
-                        sm=self.device.sm,
-                        directory=self.config.cache_dir,
-                    )
-                log.info("step graph %s ready in %.1fs", key, time.perf_counter() - t0)
-            self._graphs[key] = graph
-        return graph
+        return self.graphs(train)
 
     def prepare(self) -> None:
         """Capture every graph of the search space now instead of on first use."""
-        for p in self.policy.precisions:
-            for c in self.policy.checkpointing:
-                for g in (1, 2):
-                    self.graph_for(replace(self.train, precision=p, checkpointing=c, grad_accum=g))
+        self.graphs.prepare(self.policy.precisions, self.policy.checkpointing)
 
     def predict(self, sizes: dict[str, int]) -> dict[str, int]:
         """Corrected prediction and bound for the base configuration at `sizes`."""

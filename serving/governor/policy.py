@@ -1,12 +1,19 @@
 """The governor's decisions: micro-batch B, accumulation G, checkpointing C, precision P.
 
 Per length bucket (the padded sequence length S of a batch) the policy keeps the micro-batch
-size it uses. A new bucket is planned with `predictor.plan.plan` on corrected predictions
-(power or binsearch, power-of-two granularity by default, objective B*G / cost(C, P)).
-After that, each step only checks that the current choice still fits (one cached lookup);
-it searches again when it no longer fits (shrink at once), when the stability window has
-passed (grow, by at most the growth factor), or when an alert tier asks for it. An OOM
-caps the bucket below the size that failed and halves the growth step.
+size it uses. A new bucket is planned with `predictor.plan.plan` on corrected predictions,
+ranked by throughput: tokens / (overhead + tokens x cost(C, P)) per micro-batch, so
+checkpointing (a third more compute) is chosen only where the batch it frees is small enough
+for the fixed per-micro-batch cost to matter. The default search doubles B through the
+powers of two until the bound passes the limit, then bisects between the last fit and the
+first miss (`mode= "binsearch"`, any B): the batch's GEMMs run on B x S rows and S is a
+multiple of the bucket multiple (16), so a power-of-two B buys no alignment, while stopping
+at the power of two (`mode="power", power_of_two=True`, the default before) leaves up to
+half the budget unused (`benchmarks/governor.py` compares both). After that, each step only
+checks that the current choice still fits (one cached lookup); it searches again when it no
+longer fits (shrink at once), when the stability window has passed (grow, by at most the
+growth factor), or when an alert tier asks for it. An OOM caps the bucket below the size
+that failed and halves the growth step.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from predictor.graph import StepGraph
-from predictor.plan import PlanConfig, SearchSpace, cost, plan
+from predictor.plan import Candidate, PlanConfig, SearchSpace, cost, plan
 from predictor.spec import PRECISIONS, TrainSpec
 from serving.governor.correction import GovernedPredictor
 
@@ -56,16 +63,22 @@ RUNTIME_PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
 @dataclass(kw_only=True, slots=True)
 class PolicyConfig:
     threshold: float = 0.85  # corrected bounds stay under this fraction of device memory
-    mode: str = "power"  # search on predictions: power | binsearch
-    power_of_two: bool = True  # micro-batch granularity
+    mode: str = "binsearch"  # power (doubling only) | binsearch (doubling, then bisection)
+    power_of_two: bool = False  # micro-batch granularity: powers of two only
     max_batch: int = 1024
     stability_window: int = 20  # steps before a bucket may grow again (10-50)
     growth: float = 2.0  # at most this factor per growth (halved after an OOM)
     checkpointing: list[str] = field(default_factory=lambda: ["none", "full"])
     precision: list[str] | None = None  # None: the TrainSpec's precision only
     sizes: dict[str, int] = field(default_factory=dict)  # other fixed input sizes
+    # a micro-batch's fixed cost (kernel launches, the optimizer's share) in tokens of
+    # compute (samples for batches without a length): ranks a larger checkpointed batch
+    # against a smaller plain one, whose throughput per token saturates as B grows
+    overhead_tokens: int = 256
 
     def __post_init__(self) -> None:
+        if self.overhead_tokens < 0:
+            raise ValueError(f"overhead_tokens must be >= 0, got {self.overhead_tokens}")
         if not 0 < self.threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
         if self.mode not in ("power", "binsearch"):
@@ -188,11 +201,25 @@ class Policy:
             power_of_two=self.cfg.power_of_two,
         )
         result = plan(
-            self.predictor, self.graph_for, self.base, space, self.plan_cfg, n_blocks=self.n_blocks
+            self.predictor,
+            self.graph_for,
+            self.base,
+            space,
+            self.plan_cfg,
+            n_blocks=self.n_blocks,
+            top=64,  # every (C, P, G class): ranked below by throughput
         )
         if result.best is None:
             return 0
-        return result.best.batch_size
+        candidates = [result.best, *result.runners_up]
+        return max(candidates, key=lambda c: self.rate(bucket, c)).batch_size
+
+    def rate(self, bucket: int | None, c: Candidate) -> float:
+        """Relative tokens per second of a candidate: a micro-batch costs a fixed overhead
+        (as much as `overhead_tokens` tokens of compute) plus its tokens x cost(C, P)."""
+        tokens = c.batch_size * (bucket or 1)
+        train = self.train_for(c.checkpointing, c.precision, c.grad_accum)
+        return tokens / (self.cfg.overhead_tokens + tokens * cost(train, self.n_blocks))
 
     def decide(self, bucket: int | None, n: int | None, step: int) -> Decision:
         cap = n if n is not None else self.cfg.max_batch

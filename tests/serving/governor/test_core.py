@@ -140,7 +140,7 @@ def test_residual_correction_moves_predictions_toward_measurements(cache):
 
 
 def test_decisions_respect_the_threshold_and_the_stability_window(cache):
-    gov = governor(cache, stability_window=10, max_batch=64)
+    gov = governor(cache, stability_window=10, max_batch=64, mode="power", power_of_two=True)
     samples = iter(list(long_tail_samples(4000, lo=64, hi=64)))  # one bucket
     batches = gov.batches(samples)
     for _ in range(4):

@@ -57,6 +57,9 @@ def policy(**cfg) -> Policy:
 
     cfg.setdefault("threshold", 0.5)
     cfg.setdefault("checkpointing", ["none"])
+    if cfg.get("mode") != "binsearch":  # the rules below with power-of-two sizes, unless told
+        cfg.setdefault("mode", "power")
+        cfg.setdefault("power_of_two", True)
     predictor = GovernedPredictor(StubModel(), device="cpu", metric="allocated")
     return Policy(predictor, graph_for, TrainSpec(), PolicyConfig(**cfg), capacity=CAPACITY,
                   device="cpu", metric="allocated", n_blocks=2)  # fmt: skip
@@ -77,6 +80,13 @@ def test_binsearch_without_power_of_two_finds_the_exact_largest():
     assert d.micro == 40 and d.bound_bytes == 50_000  # exactly at the limit
 
 
+def test_the_default_is_doubling_then_bisection():
+    cfg = PolicyConfig()
+    assert (cfg.mode, cfg.power_of_two) == ("binsearch", False)
+    pol = policy(mode=cfg.mode, power_of_two=cfg.power_of_two)
+    assert pol.decide(S, None, 0).micro == 40
+
+
 def test_a_batch_that_fits_whole_runs_whole():
     d = policy().decide(S, 24, 0)
     assert (d.micro, d.grad_accum) == (24, 1)
@@ -91,13 +101,20 @@ def test_a_batch_that_does_not_fit_is_split_into_even_accumulation():
 def test_the_cheapest_fitting_checkpointing_wins():
     pol = policy(checkpointing=["none", "full"])
     assert pol.decide(S, 24, 0).checkpointing == "none"  # fits whole without recompute
-    # 120 samples at S=40: no config fits them at once; without recompute 8 x 15 (objective
-    # 120 / 1.0) beats checkpointing's 30 x 4 (120 / (1 + 1/3)): same samples, less work
-    d = pol.decide(40, 120, 0)
-    assert (d.micro, d.grad_accum, d.checkpointing) == (8, 15, "none")
     # S=500: without checkpointing not even B=1 fits (60,000); with it, 2 x 2
     d = pol.decide(500, 4, 0)
     assert (d.micro, d.grad_accum, d.checkpointing) == (2, 2, "full") and d.fits
+
+
+def test_a_fixed_batch_trades_accumulation_steps_against_recompute():
+    # 120 samples at S=40 fit no config at once: 15 x 8 plain or 4 x 30 checkpointed.
+    # Without a per-micro-batch cost the plain one is less work...
+    d = policy(checkpointing=["none", "full"], overhead_tokens=0).decide(40, 120, 0)
+    assert (d.micro, d.grad_accum, d.checkpointing) == (8, 15, "none")
+    # ...with 256 tokens' worth per micro-batch, 15 of them cost more than the recompute:
+    # 320 / (256 + 320) = 0.56 vs 1200 / (256 + 1600) = 0.65
+    d = policy(checkpointing=["none", "full"]).decide(40, 120, 0)
+    assert (d.micro, d.grad_accum, d.checkpointing) == (30, 4, "full")
 
 
 def test_shrinks_at_once_when_the_correction_rises():
@@ -185,3 +202,16 @@ def test_choices_follow_the_model():
     )  # fmt: skip
     assert pol.checkpointing == ["none"]  # no blocks to checkpoint
     assert pol.precisions == ["amp-bf16"]  # the TrainSpec's precision when none is given
+
+
+@pytest.mark.parametrize(
+    ("overhead", "expected"),
+    # plain: 40 x 10 tokens; checkpointed: 160 x 10 at 4/3 the compute per token
+    [(0, (40, "none")), (256, (160, "full")), (100, (40, "none"))],
+)
+def test_checkpointing_is_chosen_by_throughput_with_a_fixed_micro_batch_cost(overhead, expected):
+    # tokens / (overhead + tokens x cost): 400 / 400 = 1.0 vs 1600 / 2133 = 0.75 at 0;
+    # 400 / 656 = 0.61 vs 1600 / 2389 = 0.67 at 256; 400 / 500 = 0.8 vs 0.71 at 100
+    pol = policy(mode="binsearch", checkpointing=["none", "full"], overhead_tokens=overhead)
+    d = pol.decide(S, None, 0)
+    assert (d.micro, d.checkpointing) == expected
