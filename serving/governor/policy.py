@@ -30,6 +30,8 @@ from serving.governor.correction import GovernedPredictor
 
 log = logging.getLogger(__name__)
 
+Found = tuple[int, str | None, str | None]  # micro-batch, checkpointing, precision of a search
+
 __all__ = ["RUNTIME_PRECISIONS", "BucketState", "Decision", "Policy", "PolicyConfig"]
 
 
@@ -159,6 +161,15 @@ class Policy:
                     best = (key, c, p, bound)
         return None if best is None else (best[1], best[2], best[3])
 
+    def _prefer(
+        self, bucket: int | None, b: int, g: int, prefer: tuple[str | None, str | None]
+    ) -> tuple[str, str, int] | None:
+        ckpt, prec = prefer
+        if ckpt is None or prec is None:
+            return None
+        bound = self.bound(bucket, b, ckpt, prec, g)
+        return (ckpt, prec, bound) if bound <= self.limit else None
+
     def _granule(self, b: int) -> int:
         """The largest allowed size <= b."""
         if b < 1:
@@ -166,7 +177,7 @@ class Policy:
         return 1 << (b.bit_length() - 1) if self.cfg.power_of_two else b
 
     # ---- search ------------------------------------------------------------------------
-    def search(self, bucket: int | None, n: int | None) -> int:
+    def search(self, bucket: int | None, n: int | None) -> Found:
         """Largest micro-batch (plan's best candidate) for a batch of n (None: free B).
 
         Memoized per (bucket, n) while the corrector's bound factor stays in the same 0.5%
@@ -178,7 +189,7 @@ class Policy:
             got = self._memo[key] = self._search(bucket, n)
         return got
 
-    def _search(self, bucket: int | None, n: int | None) -> int:
+    def _search(self, bucket: int | None, n: int | None) -> Found:
         self.searches += 1
         if n is not None and n <= self.cfg.max_batch:
             whole = self.config_for(bucket, n, 1)  # the cheapest config fitting all n at once
@@ -189,7 +200,7 @@ class Policy:
             )
             fit_cost = whole and cost(self.train_for(whole[0], whole[1], 1), self.n_blocks)
             if whole is not None and fit_cost <= cheapest:
-                return n  # nothing can beat the whole batch at the lowest cost
+                return n, whole[0], whole[1]  # nothing beats the whole batch at the lowest cost
         space = SearchSpace(
             sizes={k: v for k, v in self.sizes(bucket, 1).items() if k != "B"},
             max_batch=min(n, self.cfg.max_batch) if n is not None else self.cfg.max_batch,
@@ -210,9 +221,10 @@ class Policy:
             top=64,  # every (C, P, G class): ranked below by throughput
         )
         if result.best is None:
-            return 0
+            return 0, None, None
         candidates = [result.best, *result.runners_up]
-        return max(candidates, key=lambda c: self.rate(bucket, c)).batch_size
+        best = max(candidates, key=lambda c: self.rate(bucket, c))
+        return best.batch_size, best.checkpointing, best.precision
 
     def rate(self, bucket: int | None, c: Candidate) -> float:
         """Relative tokens per second of a candidate: a micro-batch costs a fixed overhead
@@ -239,7 +251,7 @@ class Policy:
                         precision=st.precision,
                         bound_bytes=bound,
                     )
-        found = self.search(bucket, n)
+        found, *prefer = self.search(bucket, n)
         if st is None:
             b = max(min(found, self.cfg.max_batch), 1)
             st = self.states[bucket] = BucketState(
@@ -264,13 +276,30 @@ class Policy:
                 st.changed = step
             st.checked = step
         st.force = False
-        return self._settle(st, bucket, b, n)
+        return self._settle(st, bucket, b, n, tuple(prefer))
 
-    def _settle(self, st: BucketState, bucket: int | None, b: int, n: int | None) -> Decision:
+    def _settle(
+        self,
+        st: BucketState,
+        bucket: int | None,
+        b: int,
+        n: int | None,
+        prefer: tuple[str | None, str | None] = (None, None),
+    ) -> Decision:
+        """The decision at micro-batch b: the searched (C, P) when it fits there (a cheaper
+        C at a slightly larger b must not win over it), else the cheapest that fits."""
         g = -(-n // b) if n is not None else 1
-        chosen = self.config_for(bucket, b, g)
-        if chosen is None and b > 1:  # a memoized search from a slightly different factor
-            b = max(1, min(self._search(bucket, n), b))
+        chosen = self._prefer(bucket, b, g, prefer)
+        if chosen is None and b > 1 and prefer[0] is not None:
+            # a memoized search from a slightly different factor: search again rather than
+            # switch to a costlier config at the same size
+            found, *again = self._search(bucket, n)
+            b = max(1, min(found, b))
+            g = -(-n // b) if n is not None else 1
+            chosen = self._prefer(bucket, b, g, (again[0], again[1]))
+        chosen = chosen or self.config_for(bucket, b, g)
+        if chosen is None and b > 1:  # nothing fits at b: the best size the search finds
+            b = max(1, min(self._search(bucket, n)[0], b))
             g = -(-n // b) if n is not None else 1
             chosen = self.config_for(bucket, b, g)
         fits = chosen is not None
@@ -308,7 +337,7 @@ class Policy:
         safe = st.last_safe if 0 < st.last_safe < failed.micro else max(failed.micro // 2, 1)
         b = max(1, min(safe, st.ceiling))
         st.changed = st.checked = step
-        return self._settle(st, bucket, b, n)
+        return self._settle(st, bucket, b, n, (st.checkpointing, st.precision))
 
     def force(self, bucket: int | None, step: int, shrink: bool = False) -> None:
         """Tier `optimize`: search again at the next step (not more than once per window);

@@ -143,3 +143,25 @@ def test_the_module_must_be_the_bundles_model(cache, monkeypatch):
     model = build(other, EmulatedDevice(256 * MiB))
     with pytest.raises(ValueError, match="not the model the governor predicts for"):
         governed(model, torch.optim.AdamW(model.parameters(), foreach=True))
+
+
+def test_an_oom_after_unscale_rolls_back_and_the_scaler_can_unscale_again(cache):
+    scaler = torch.amp.GradScaler("cpu")
+    gov = governor(cache, scaler=scaler)
+    model, opt, bundle = gov.model, gov.optimizer, gov.bundle
+    batch = next(fixed_batches(long_tail_samples(8, hi=64), 8))
+    failed = []
+    for plan in gov.plan(batch):
+        with plan:
+            for mb in plan.micro_batches:
+                scaler.scale(bundle.loss(model, mb.batch) * mb.weight).backward()
+            scaler.unscale_(opt)
+            if not failed:  # e.g. clipping's norm buffers do not fit, once
+                failed.append(plan.attempt)
+                raise torch.OutOfMemoryError("injected OOM after unscale_")
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+    assert failed == [0] and plan.attempt == 1 and plan.record.oom_retries == 1
+    assert gov.totals["steps"] == 1 and gov.totals["rollbacks"] == 1

@@ -215,3 +215,12 @@ def test_checkpointing_is_chosen_by_throughput_with_a_fixed_micro_batch_cost(ove
     pol = policy(mode="binsearch", checkpointing=["none", "full"], overhead_tokens=overhead)
     d = pol.decide(S, None, 0)
     assert (d.micro, d.checkpointing) == expected
+
+
+def test_a_stale_search_shrinks_the_batch_rather_than_switching_to_a_costlier_config():
+    pol = policy(mode="binsearch", checkpointing=["none", "full"], overhead_tokens=0)
+    assert (pol.decide(S, None, 0).micro, pol.states[S].checkpointing) == (40, "none")
+    pol.predictor.corrector.floor = 1.001  # none@40 is 50,050 now; the memo bin is the same
+    d = pol.decide(S, None, 1)
+    assert (d.micro, d.checkpointing) == (39, "none")  # not full@40
+    assert d.bound_bytes <= pol.limit
