@@ -73,10 +73,11 @@ class PolicyConfig:
     checkpointing: list[str] = field(default_factory=lambda: ["none", "full"])
     precision: list[str] | None = None  # None: the TrainSpec's precision only
     sizes: dict[str, int] = field(default_factory=dict)  # other fixed input sizes
-    # a micro-batch's fixed cost (kernel launches, the optimizer's share) in tokens of
-    # compute (samples for batches without a length): ranks a larger checkpointed batch
-    # against a smaller plain one, whose throughput per token saturates as B grows
-    overhead_tokens: int = 256
+    # a micro-batch's fixed cost (its kernel launches; with free batch sizes, one optimizer
+    # update per batch) in tokens of compute (samples for batches without a length): ranks
+    # a larger checkpointed batch against a smaller plain one, whose throughput per token
+    # saturates as B grows
+    overhead_tokens: int = 512
 
     def __post_init__(self) -> None:
         if self.overhead_tokens < 0:

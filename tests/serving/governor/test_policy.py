@@ -113,7 +113,7 @@ def test_a_fixed_batch_trades_accumulation_steps_against_recompute():
     assert (d.micro, d.grad_accum, d.checkpointing) == (8, 15, "none")
     # ...with 256 tokens' worth per micro-batch, 15 of them cost more than the recompute:
     # 320 / (256 + 320) = 0.56 vs 1200 / (256 + 1600) = 0.65
-    d = policy(checkpointing=["none", "full"]).decide(40, 120, 0)
+    d = policy(checkpointing=["none", "full"], overhead_tokens=256).decide(40, 120, 0)
     assert (d.micro, d.grad_accum, d.checkpointing) == (30, 4, "full")
 
 
