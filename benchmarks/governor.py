@@ -1,12 +1,21 @@
 """The memory governor against a static batch and OOM back-off, on a variable-length workload.
 
-A tiny causal LM (zoo `varlen`, `serving.governor_demo.TINY_VARLEN`) trains on a stream
-of sequences with long-tail lengths (log-normal, median 56, clipped to [8, 512]) on the
-capped emulated device (`serving.governor_device.EmulatedDevice`: the real model runs on the
-CPU, every storage goes through the CUDA caching-allocator simulator, every byte counted
-`SCALE` times, OOMs raised where the device would raise them). The same stream, four ways
-(the governor and the oracle over `--samples` samples, each baseline for `--steps`
-optimizer steps over the same stream's prefix; rates compare, not totals):
+A causal LM (zoo `varlen`) trains on a stream of sequences with long-tail lengths
+(log-normal, median 56, clipped to [8, 512]) on a capped emulated device
+(`serving.governor.devices.EmulatedDevice`: every storage the step creates goes through the
+CUDA caching-allocator simulator, OOMs raised where the device would raise them). Two
+workloads (`--workload`):
+
+- `150m` (the default, `results/governor.{json,md}`): 154,361,856 parameters (hidden 1024,
+  16 heads, ffn 4096, 4 layers, GPT-2's 50,257-token vocabulary), fp32 AdamW, a 16 GiB
+  device, the step executed on fake tensors (`execute="fake"`: the real CPU step's kernel
+  choices and storages, byte for byte, without running a kernel).
+- `tiny` (`results/governor_tiny.{json,md}`): the 2-layer `TINY_VARLEN`, real CPU kernels,
+  every byte counted 256 times on a 1 GiB device.
+
+The same stream, four ways (the governor and the oracle over `--samples` samples, each
+baseline for `--steps` optimizer steps over the same stream's prefix; rates compare, not
+totals):
 
 - static: Lightning-style power finder (B = 2, 4, 8, ... for 3 trial steps on the first 3
   batches, keep the last B that did not OOM), then fixed batches of B in stream order,
@@ -15,7 +24,8 @@ optimizer steps over the same stream's prefix; rates compare, not totals):
   generously retrying the failed samples at the smaller size; a sample that OOMs even alone
   is skipped (accelerate raises "no executable batch size" there) and counted lost.
 - governor: `MemoryGovernor.batches` (token-budget batches per length bucket) + `step`,
-  default configuration, and once with `mode="binsearch", power_of_two=False`.
+  the default configuration (doubling, then bisection: any micro-batch size) and
+  `--variants` more: `power-of-two` (`mode="power", power_of_two=True`, the default before).
 - oracle: the same bucketed batches with, per bucket and checkpointing choice, the largest
   B whose exact peak fits a budget (the captured step replayed through the allocator
   simulator, fresh cache), choosing the faster config; not run, only timed. Two budgets:
@@ -29,12 +39,14 @@ t(step) = sum over micro-batches of (T_MICRO + T_TOKEN x padded tokens x (1 + re
 attempt that OOMs costs a full step. Tokens per step are reported too (no time model).
 
     .venv/bin/python benchmarks/governor.py      # minutes: benchmarks/results/governor.{json,md}
-    .venv/bin/python benchmarks/governor.py --samples 3000 --no-write   # a quick look
+    .venv/bin/python benchmarks/governor.py --workload tiny     # -> governor_tiny.{json,md}
+    .venv/bin/python benchmarks/governor.py --samples 3000 --steps 300 --no-write  # a look
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import statistics
@@ -43,7 +55,7 @@ import tempfile
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -59,28 +71,75 @@ from predictor.plan import RECOMPUTE_COST  # noqa: E402
 from predictor.predict import capture_cached  # noqa: E402
 from predictor.spec import TrainSpec  # noqa: E402
 from predictor.step import build_optimizer  # noqa: E402
-from serving.governor import GovernorConfig, MemoryGovernor  # noqa: E402
-from serving.governor_batching import LengthBuckets, TokenBatcher, pad_collate  # noqa: E402
-from serving.governor_demo import long_tail_samples, tiny_varlen_bundle  # noqa: E402
-from serving.governor_device import EmulatedDevice  # noqa: E402
-from serving.governor_runtime import CheckpointToggles  # noqa: E402
+from serving.governor import (  # noqa: E402
+    BatchingConfig,
+    EmulatedDevice,
+    GovernorConfig,
+    MemoryGovernor,
+    PolicyConfig,
+)
+from serving.governor.batching import LengthBuckets, TokenBatcher, pad_collate  # noqa: E402
+from serving.governor.demo import long_tail_samples, tiny_varlen_bundle  # noqa: E402
+from serving.governor.runtime import CheckpointToggles  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 CACHE = Path(tempfile.gettempdir()) / "memgnn-governor-bench"
-MiB = 1 << 20
-SCALE = 256
-CAPACITY = 1024 * MiB  # 4 MiB of the tiny model's bytes, x 256
+MiB, GiB = 1 << 20, 1 << 30
 MAX_LEN = 512
 TRAIN = TrainSpec(optimizer="adamw", optimizer_impl="foreach")
 T_MICRO, T_TOKEN, T_OPT = 1.0e-3, 5.0e-6, 2.0e-3  # seconds
 log = logging.getLogger("benchmarks.governor")
 
 
+@dataclass(frozen=True, slots=True)
+class Workload:
+    name: str
+    hparams: dict[str, int]  # zoo `varlen`
+    capacity: int  # device bytes
+    scale: int  # bytes counted per tensor byte
+    execute: str  # EmulatedDevice(execute=): cpu (real kernels) | fake (no kernels)
+    stem: str  # results file name
+
+    def bundle(self) -> Any:
+        return tiny_varlen_bundle(**self.hparams)
+
+    def device(self) -> EmulatedDevice:
+        return EmulatedDevice(self.capacity, byte_scale=self.scale, execute=self.execute)
+
+    @property
+    def n_blocks(self) -> int:
+        return self.bundle().hparams["layers"]
+
+
+WORKLOADS = {
+    # a GPT-2-medium-wide LM, 4 layers, GPT-2's vocabulary: 154M parameters, fp32 AdamW, on
+    # a 16 GiB device, executed on fake tensors (the real step's storages, no kernels)
+    "150m": Workload(
+        name="150m",
+        hparams={"hidden": 1024, "heads": 16, "ffn": 4096, "layers": 4, "vocab": 50257},
+        capacity=16 * GiB,
+        scale=1,
+        execute="fake",
+        stem="governor",
+    ),
+    # the 2-layer tiny LM (`TINY_VARLEN`), real CPU kernels, every byte counted 256 times:
+    # 4 MiB of its bytes, x 256
+    "tiny": Workload(
+        name="tiny",
+        hparams={},
+        capacity=1024 * MiB,
+        scale=256,
+        execute="cpu",
+        stem="governor_tiny",
+    ),  # fmt: skip
+}
+
+
 def step_time(micro: list[int], seq: int, recompute: float) -> float:
     return sum(T_MICRO + T_TOKEN * b * seq * (1 + recompute) for b in micro) + T_OPT
 
 
-def recompute_of(ckpt: str, n_blocks: int = 2) -> float:
+def recompute_of(ckpt: str, n_blocks: int) -> float:
     if ckpt == "none":
         return 0.0
     blocks = n_blocks if ckpt == "full" else min(int(ckpt.split(":")[1]), n_blocks)
@@ -94,10 +153,10 @@ def stream(n: int):
 class Plain:
     """A plain training loop on a fresh emulated device; `step` returns False on OOM."""
 
-    def __init__(self) -> None:
+    def __init__(self, w: Workload) -> None:
         torch.manual_seed(0)
-        self.bundle = tiny_varlen_bundle()
-        self.device = EmulatedDevice(CAPACITY, byte_scale=SCALE)
+        self.bundle = w.bundle()
+        self.device = w.device()
         with self.device:
             self.model = self.bundle.build()
             self.opt = build_optimizer(list(self.model.parameters()), TRAIN, "cpu")
@@ -144,14 +203,14 @@ def _summary(name: str, steps: list[dict], n: int, lost: int, ooms: int, wall: f
     }
 
 
-def _record(group_or_batch: dict[str, torch.Tensor], micro: list[int], ckpt: str = "none"):
+def _record(w: Workload, group_or_batch: dict, micro: list[int], ckpt: str = "none"):
     lengths = group_or_batch["lengths"]
     seq = int(group_or_batch["input_ids"].shape[1])
     return {
         "samples": int(lengths.shape[0]),
         "tokens": int(lengths.sum()),
         "padded": int(lengths.shape[0]) * seq,
-        "time": step_time(micro, seq, recompute_of(ckpt)),
+        "time": step_time(micro, seq, recompute_of(ckpt, w.n_blocks)),
     }
 
 
@@ -159,24 +218,24 @@ def _failed(rec: dict) -> dict:
     return {**rec, "samples": 0, "tokens": 0, "padded": 0}
 
 
-def run_static(n: int, max_steps: int) -> dict:
+def run_static(w: Workload, n: int, max_steps: int) -> dict:
     t0 = time.perf_counter()
     head = [s for _, s in zip(range(3 * 8192), stream(n))]
-    finder, b, found, trials = Plain(), 2, 0, 0
+    finder, b, found, trials = Plain(w), 2, 0, 0
     while b <= 8192 and 3 * b <= len(head):
         trials += 1
         if not all(finder.step(_batch(head[i * b : (i + 1) * b])) for i in range(3)):
             break
         found, b = b, b * 2
     found = max(found, 1)
-    trainer, steps, lost, ooms, group = Plain(), [], 0, 0, []
+    trainer, steps, lost, ooms, group = Plain(w), [], 0, 0, []
     samples = iter(stream(n))
     while sum(1 for s in steps if s["samples"]) < max_steps:
         group = [s for _, s in zip(range(found), samples)]
         if not group:
             break
         batch = _batch(group)
-        rec = _record(batch, [len(group)])
+        rec = _record(w, batch, [len(group)])
         if trainer.step(batch):
             steps.append(rec)
         else:  # a plain loop skips the batch that OOMed: its samples are lost
@@ -189,14 +248,14 @@ def run_static(n: int, max_steps: int) -> dict:
     return out
 
 
-def run_backoff(n: int, max_steps: int) -> dict:
+def run_backoff(w: Workload, n: int, max_steps: int) -> dict:
     t0 = time.perf_counter()
-    trainer, b, steps, ooms, lost = Plain(), 128, [], 0, 0
+    trainer, b, steps, ooms, lost = Plain(w), 128, [], 0, 0
     queue = deque(stream(n))
     while queue and len(steps) - ooms < max_steps:
         group = [queue.popleft() for _ in range(min(b, len(queue)))]
         batch = _batch(group)
-        rec = _record(batch, [len(group)])
+        rec = _record(w, batch, [len(group)])
         if trainer.step(batch):
             steps.append(rec)
             continue
@@ -216,16 +275,23 @@ def run_backoff(n: int, max_steps: int) -> dict:
 
 def governor_config(variant: str) -> GovernorConfig:
     fine = {"mode": "binsearch", "power_of_two": False} if variant == "binsearch" else {}
-    return GovernorConfig(max_length=MAX_LEN, cache_dir=CACHE, prepare_all=True, **fine)
+    if variant == "power-of-two":
+        fine = {"mode": "power", "power_of_two": True}
+    return GovernorConfig(
+        policy=PolicyConfig(**fine),
+        batching=BatchingConfig(max_length=MAX_LEN),
+        cache_dir=CACHE,
+        prepare_all=True,
+    )
 
 
-def run_governor(n: int, variant: str = "default") -> dict:
+def run_governor(w: Workload, n: int, variant: str = "default") -> dict:
     t0 = time.perf_counter()
     torch.manual_seed(0)
     gov = MemoryGovernor(
-        tiny_varlen_bundle(),
+        w.bundle(),
         TRAIN,
-        device=EmulatedDevice(CAPACITY, byte_scale=SCALE),
+        device=w.device(),
         config=governor_config(variant),
     )
     setup = time.perf_counter() - t0
@@ -236,7 +302,7 @@ def run_governor(n: int, variant: str = "default") -> dict:
         seen.extend(batch["sample_id"].tolist())
         chunks = [rec.micro_batch] * (rec.grad_accum - 1)
         chunks.append(rec.samples - sum(chunks))
-        r = _record(batch, chunks, rec.checkpointing)
+        r = _record(w, batch, chunks, rec.checkpointing)
         steps.extend([_failed(r)] * rec.oom_retries)  # failed attempts: a full step each
         steps.append(r)
     s = gov.summary()
@@ -260,7 +326,7 @@ def run_governor(n: int, variant: str = "default") -> dict:
     return out
 
 
-def oracle_batch(graph, seq: int, *, budget: int = CAPACITY, hi: int = 4096) -> int:
+def oracle_batch(graph, seq: int, *, budget: int, scale: int, hi: int = 4096) -> int:
     """Largest B whose step (first + steady) replays without OOM within `budget` bytes."""
     cpu = get_profile("cpu")
     cfg = AllocatorConfig(capacity_bytes=budget)
@@ -268,7 +334,7 @@ def oracle_batch(graph, seq: int, *, budget: int = CAPACITY, hi: int = 4096) -> 
     def fits(b: int) -> bool:
         resolved = graph.resolve_sizes({"B": b, "S": seq})
         events = [
-            (e[0], e[1], e[2] * SCALE) if e[0] == "alloc" else e
+            (e[0], e[1], e[2] * scale) if e[0] == "alloc" else e
             for e in build_trace(graph, 0, resolved, cpu)
         ]
         return not replay_trace(events, cfg)["would_oom"]
@@ -282,10 +348,10 @@ def oracle_batch(graph, seq: int, *, budget: int = CAPACITY, hi: int = 4096) -> 
     return lo
 
 
-def run_oracle(n: int, fraction: float = 1.0) -> dict:
+def run_oracle(w: Workload, n: int, fraction: float = 1.0) -> dict:
     t0 = time.perf_counter()
-    budget = int(CAPACITY * fraction)
-    bundle = tiny_varlen_bundle()
+    budget = int(w.capacity * fraction)
+    bundle = w.bundle()
     graphs = {
         c: capture_cached(bundle, replace(TRAIN, checkpointing=c), target="cpu", directory=CACHE)
         for c in ("none", "full")
@@ -295,29 +361,32 @@ def run_oracle(n: int, fraction: float = 1.0) -> dict:
     for seq in buckets.bounds:
         best = None
         for ckpt, graph in graphs.items():
-            b = oracle_batch(graph, seq, budget=budget)
-            if b and (best is None or b / step_time([b], seq, recompute_of(ckpt)) > best[0]):
-                best = (b / step_time([b], seq, recompute_of(ckpt)), b, ckpt)
+            b = oracle_batch(graph, seq, budget=budget, scale=w.scale)
+            rate = b / step_time([b], seq, recompute_of(ckpt, w.n_blocks)) if b else 0.0
+            if b and (best is None or rate > best[0]):
+                best = (rate, b, ckpt)
         plan[seq] = (best[1], best[2]) if best else (1, "full")
     steps = []
     for seq, group in TokenBatcher(buckets, lambda s: plan[s][0])(stream(n)):
-        steps.append(_record(pad_collate(group, seq), [len(group)], plan[seq][1]))
+        steps.append(_record(w, pad_collate(group, seq), [len(group)], plan[seq][1]))
     where = "full device" if fraction == 1.0 else f"{fraction:.0%} of the device"
     out = _summary(f"oracle (exact peaks, {where})", steps, n, 0, 0, time.perf_counter() - t0)
     out["plans"] = {str(k): list(v) for k, v in plan.items()}
     return out
 
 
-def validate_oracle(plans: dict[str, list], buckets: tuple[int, ...] = (64, 240, 512)) -> list:
+def validate_oracle(
+    w: Workload, plans: dict[str, list], buckets: tuple[int, ...] = (64, 240, 512)
+) -> list:
     """Spot check: the oracle's batch runs on a fresh emulated device; one more OOMs."""
     out = []
     for seq in buckets:
         b, ckpt = plans[str(seq)]
         row = {"S": seq, "B": b, "checkpointing": ckpt}
         for extra in (0, 1):
-            trainer = Plain()
+            trainer = Plain(w)
             CheckpointToggles(list(trainer.model.blocks)).set(ckpt)
-            ids = torch.randint(0, 128, (b + extra, seq))
+            ids = torch.randint(0, trainer.bundle.hparams["vocab"], (b + extra, seq))
             batch = {"input_ids": ids, "lengths": torch.full((b + extra,), seq)}
             row["fits" if extra == 0 else "fits_plus_one"] = trainer.step(batch) and trainer.step(
                 batch
@@ -326,33 +395,72 @@ def validate_oracle(plans: dict[str, list], buckets: tuple[int, ...] = (64, 240,
     return out
 
 
-def _job(args: tuple[str, int, int]) -> dict:
+def device_step_cost(steps: int = 3) -> dict:
+    """Seconds per training step of a 3M-parameter varlen LM at B=16, S=336 on the emulated
+    device, real CPU kernels vs fake execution, and the plain CPU step without the device:
+    what the device adds, and what fake execution saves (median of `steps` after a warm-up)."""
+    hp = {"hidden": 128, "heads": 4, "ffn": 512, "layers": 4, "vocab": 8192}
+    bundle = tiny_varlen_bundle(**hp)
+    out: dict[str, Any] = {"model": f"varlen {bundle.hparams}", "B": 16, "S": 336}
+    for name in ("plain", "cpu", "fake"):
+        torch.manual_seed(0)
+        device = EmulatedDevice(8 * GiB, execute="cpu" if name == "plain" else name)
+        ctx = contextlib.nullcontext() if name == "plain" else device
+        with ctx:
+            model = bundle.build()
+            opt = build_optimizer(list(model.parameters()), TRAIN, "cpu")
+        host = bundle.make_inputs({"B": 16, "S": 336}, torch.device("cpu"), torch.float32)
+        times = []
+        for _ in range(steps + 1):
+            batch = host if name == "plain" else device.transfer(host)
+            t0 = time.perf_counter()
+            with contextlib.nullcontext() if name == "plain" else device:
+                bundle.loss(model, batch).backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - t0)
+        out[f"{name}_step_s"] = round(statistics.median(times[1:]), 3)
+    with torch.device("meta"):
+        out["parameters"] = sum(p.numel() for p in bundle.build().parameters())
+    return out
+
+
+def _job(args: tuple[Workload, str, int, int]) -> dict:
     torch.set_num_threads(1)
-    name, n, max_steps = args
+    w, name, n, max_steps = args
     if name == "static":
-        return run_static(n, max_steps)
+        return run_static(w, n, max_steps)
     if name == "backoff":
-        return run_backoff(n, max_steps)
-    return run_governor(n, name.split(":", 1)[1])
+        return run_backoff(w, n, max_steps)
+    return run_governor(w, n, name.split(":", 1)[1])
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="150m")
     p.add_argument("--samples", type=int, default=16_000, help="the governor's stream")
     p.add_argument("--steps", type=int, default=2000, help="optimizer steps of each baseline")
+    p.add_argument(
+        "--variants",
+        default="default,power-of-two",
+        help="governor configurations: default, power-of-two (mode=power), binsearch",
+    )
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-write", action="store_true")
+    p.add_argument(
+        "--step-cost", action="store_true", help="also time one step: plain, emulated, fake"
+    )
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    oracle_full = run_oracle(args.samples)  # also captures the graphs every worker loads
-    oracle = run_oracle(args.samples, GovernorConfig().threshold)  # the governor's budget
-    MemoryGovernor(tiny_varlen_bundle(), TRAIN, device=EmulatedDevice(CAPACITY, byte_scale=SCALE),
-                   config=governor_config("default"))  # fmt: skip
+    w = WORKLOADS[args.workload]
+    oracle_full = run_oracle(w, args.samples)  # also captures the graphs every worker loads
+    oracle = run_oracle(w, args.samples, PolicyConfig().threshold)  # the governor's budget
+    MemoryGovernor(w.bundle(), TRAIN, device=w.device(), config=governor_config("default"))
     n, k = args.samples, args.steps
-    jobs = [("governor:default", n, 0), ("governor:binsearch", n, 0), ("static", n, k),
-            ("backoff", n, k)]  # fmt: skip
+    jobs = [(w, f"governor:{v}", n, 0) for v in args.variants.split(",")]
+    jobs += [(w, "static", n, k), (w, "backoff", n, k)]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         results = list(pool.map(_job, jobs))
     for r in results:
@@ -369,16 +477,21 @@ def main() -> int:
     oracle_full["fraction_of_oracle_tokens_per_step"] = (
         oracle_full["tokens_per_step"] / oracle["tokens_per_step"]
     )
+    with torch.device("meta"):
+        parameters = sum(p.numel() for p in w.bundle().build().parameters())
     report = {
         "workload": {
+            "name": w.name,
             "samples": args.samples,
             "lengths": "log-normal median 56, sigma 0.8, clipped to [8, 512]",
-            "model": f"varlen {tiny_varlen_bundle().hparams}",
+            "model": f"varlen {w.bundle().hparams}",
+            "parameters": parameters,
             "train": TRAIN.to_dict(),
         },  # fmt: skip
         "device": {
-            "capacity_bytes": CAPACITY,
-            "byte_scale": SCALE,
+            "capacity_bytes": w.capacity,
+            "byte_scale": w.scale,
+            "execute": w.execute,
             "allocator": "CUDA caching allocator simulator (dataset.allocator), default settings",
         },  # fmt: skip
         "time_model": {
@@ -389,7 +502,8 @@ def main() -> int:
         },  # fmt: skip
         "oracle": oracle,
         "oracle_full_device": oracle_full,
-        "oracle_validation": validate_oracle(oracle_full["plans"]),
+        "oracle_validation": validate_oracle(w, oracle_full["plans"]),
+        "device_step_cost": device_step_cost() if args.step_cost else None,
         "methods": results,
         "wall_seconds": round(time.perf_counter() - t0, 1),
         "torch": torch.__version__,
@@ -397,8 +511,8 @@ def main() -> int:
     print(markdown(report))
     if not args.no_write:
         OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / "governor.json").write_text(json.dumps(report, indent=2, default=str))
-        (OUT / "governor.md").write_text(markdown(report))
+        (OUT / f"{w.stem}.json").write_text(json.dumps(report, indent=2, default=str))
+        (OUT / f"{w.stem}.md").write_text(markdown(report))
     return 0
 
 
@@ -407,9 +521,11 @@ def markdown(report: dict) -> str:
     lines = [
         "# Memory governor benchmark",
         "",
-        f"{w['samples']} samples, lengths {w['lengths']}; model {w['model']}; emulated device "
+        f"{w['samples']} samples, lengths {w['lengths']}; model {w['model']}, "
+        f"{w['parameters']:,} parameters; emulated device "
         f"{report['device']['capacity_bytes'] // MiB} MiB (byte scale "
-        f"{report['device']['byte_scale']}). Throughput: real tokens per emulated device second "
+        f"{report['device']['byte_scale']}, kernels: {report['device']['execute']}). "
+        "Throughput: real tokens per emulated device second "
         f"(t = per micro-batch {T_MICRO * 1e3:g} ms + {T_TOKEN * 1e6:g} us per padded token x "
         f"(1 + recompute), + {T_OPT * 1e3:g} ms per optimizer step).",
         "",
@@ -438,6 +554,14 @@ def markdown(report: dict) -> str:
             f"{tfrac:.1%} | {ffrac:.1%} | {ovh} | {r['wall_seconds']} |"
         )
     lines += ["", f"Oracle spot check on fresh devices: {report['oracle_validation']}", ""]
+    if report.get("device_step_cost"):
+        c = report["device_step_cost"]
+        lines += [
+            f"One training step of {c['model']} ({c['parameters']:,} parameters) at B={c['B']}, "
+            f"S={c['S']}: plain CPU {c['plain_step_s']} s, on the emulated device with real "
+            f"kernels {c['cpu_step_s']} s, fake-executed {c['fake_step_s']} s (median of 3).",
+            "",
+        ]
     lines.append(f"Total wall time {report['wall_seconds']} s, torch {report['torch']}.")
     return "\n".join(lines) + "\n"
 

@@ -133,7 +133,7 @@ def _service_step(out: Path) -> None:
 
 
 def _governor_step(out: Path) -> None:
-    from serving.governor_demo import demo_governed_run
+    from serving.governor.demo import demo_governed_run
 
     print("== 7. governed training run, variable lengths, emulated memory-capped device")
     res = demo_governed_run(out / "governor", steps=120)

@@ -4,7 +4,7 @@
 over live samples: its mean moves predictions toward what the device measures, its spread
 (z standard deviations) widens the bound, and an OOM puts a floor under the bound factor
 (the step that failed needed more than the device had), which fades as later steps succeed
-(the bucket that failed keeps its ceiling; see `serving.governor_policy`).
+(the bucket that failed keeps its ceiling; see `serving.governor.policy`).
 `GovernedPredictor` wraps any `MemoryModel`: each (graph, sizes) is predicted once (the
 learned model's head-only path, `encode` once per graph then `predict_encoded`, when the
 model has it), and the corrected values are served from the cache in microseconds. It is

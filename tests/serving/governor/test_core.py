@@ -8,33 +8,16 @@ from dataclasses import replace
 
 import pytest
 import torch
+from governed import config, governor
 
 from predictor.predict import AnalyticModel
 from predictor.spec import TrainSpec
-from serving.governor import GovernorConfig, MemoryGovernor
-from serving.governor_batching import LengthBuckets, even_chunks, split
-from serving.governor_demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
-from serving.governor_device import EmulatedDevice
-from serving.governor_predict import ResidualCorrector
-
-MiB = 1 << 20
-SCALE = 64  # the emulated device counts every byte 64 times (tiny model, GPU-like sizes)
-
+from serving.governor import EmulatedDevice, MemoryGovernor
+from serving.governor.batching import LengthBuckets, even_chunks, split
+from serving.governor.correction import ResidualCorrector
+from serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def governor(cache, *, capacity_mib=512, train=None, predictor=None, bundle=None, **cfg):
-    cfg.setdefault("checkpointing", ["none"])
-    cfg.setdefault("max_length", 256)
-    torch.manual_seed(0)
-    return MemoryGovernor(
-        bundle or tiny_varlen_bundle(),
-        train or TrainSpec(optimizer_impl="foreach"),
-        device=EmulatedDevice(capacity_mib * MiB, byte_scale=SCALE),
-        config=GovernorConfig(cache_dir=cache, **cfg),
-        predictor=predictor or AnalyticModel(),
-    )
 
 
 class Ledger:
@@ -157,7 +140,7 @@ def test_residual_correction_moves_predictions_toward_measurements(cache):
 
 
 def test_decisions_respect_the_threshold_and_the_stability_window(cache):
-    gov = governor(cache, stability_window=10, max_batch=64)
+    gov = governor(cache, stability_window=10, max_batch=64, mode="power", power_of_two=True)
     samples = iter(list(long_tail_samples(4000, lo=64, hi=64)))  # one bucket
     batches = gov.batches(samples)
     for _ in range(4):
@@ -247,7 +230,7 @@ def test_config_is_validated():
         {"growth": 1.0},
     ):
         with pytest.raises(ValueError):
-            GovernorConfig(**bad)
+            config(**bad)
 
 
 def test_defragments_before_a_new_shape_that_needs_the_cache(cache):
@@ -263,3 +246,25 @@ def test_defragments_before_a_new_shape_that_needs_the_cache(cache):
     assert gov.totals["ooms"] == 0
     gov.step(next(fixed_batches(long_tail_samples(8, lo=120, hi=120, seed=1), 8)))
     assert gov.totals["defragmentations"] == len(released)  # same shape again: nothing to do
+
+
+def test_the_governor_decides_and_measures_the_same_on_a_fake_executing_device(cache):
+    runs = {}
+    for execute in ("cpu", "fake"):
+        torch.manual_seed(0)
+        gov = MemoryGovernor(
+            tiny_varlen_bundle(),
+            TrainSpec(optimizer_impl="foreach"),
+            device=EmulatedDevice(256 << 20, byte_scale=64, execute=execute),
+            config=config(cache_dir=cache, checkpointing=["none"], max_length=256),
+            predictor=AnalyticModel(),
+        )
+        for b in fixed_batches(long_tail_samples(48, hi=96), 16):
+            gov.step(b)
+        runs[execute] = [
+            (r.micro_batch, r.grad_accum, r.measured_allocated_bytes, r.measured_reserved_bytes)
+            for r in gov.records
+        ]
+        assert (gov.last_loss is None) == (execute == "fake")
+    assert runs["fake"] == runs["cpu"]
+    assert any(g > 1 for _, g, _, _ in runs["cpu"])  # the device was tight enough to split

@@ -13,8 +13,15 @@ Every device answers the `torch.cuda` memory questions the governor asks:
 `memory_allocated`, `max_memory_allocated`, `memory_reserved`, `max_memory_reserved`,
 `reset_peak_memory_stats`, `memory_stats` (torch.cuda keys plus fragmentation),
 `mem_get_info`, `empty_cache`, and `capacity_bytes`, `profile` (the device profile a
-prediction is made for) and `target` (the capture target). `serving.governor_cuda.CudaDevice`
-answers them from `torch.cuda`.
+prediction is made for), `target` (the capture target), `sm` (the compute capability a
+capture is made for), `byte_scale` (bytes counted per tensor byte); `GovernedDevice` is
+that interface. `serving.governor.cuda.CudaDevice` answers it from `torch.cuda`.
+
+`EmulatedDevice(..., execute="fake")` runs the step on fake tensors (`FakeTensorMode`, as
+a capture does): every op's outputs have the shapes, dtypes and storages of the real CPU
+step, chosen by the same CPU kernel selection, but no kernel runs, so a model of any size
+costs the per-op dispatch only. The loss is then not a number, and a GradScaler (which
+reads its inf check) cannot run.
 """
 
 from __future__ import annotations
@@ -23,19 +30,21 @@ import contextlib
 import gc
 import logging
 import weakref
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
 
 from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
+from serving.governor.cuda import CudaDevice
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "CpuDevice",
+    "CudaDevice",
     "EmulatedDevice",
     "GovernedDevice",
     "SimulatedOOM",
@@ -43,11 +52,16 @@ __all__ = [
 ]
 
 
+@runtime_checkable
 class GovernedDevice(Protocol):
+    """What the governor reads and calls on a device (all bytes)."""
+
     capacity_bytes: int
     profile: str  # device profile name for `Query(device=...)`
     target: str  # capture target: "cpu" or "cuda"
-    torch_device: torch.device
+    sm: int  # compute capability captures are made for (80 where the target is the CPU)
+    byte_scale: int  # bytes counted per tensor byte (predictions are scaled alike)
+    torch_device: torch.device  # where the model and its batches live
 
     def memory_allocated(self) -> int: ...
     def max_memory_allocated(self) -> int: ...
@@ -55,8 +69,13 @@ class GovernedDevice(Protocol):
     def max_memory_reserved(self) -> int: ...
     def reset_peak_memory_stats(self) -> None: ...
     def memory_stats(self) -> dict[str, Any]: ...
+    def mem_get_info(self) -> tuple[int, int]: ...
     def empty_cache(self) -> None: ...
     def context(self) -> contextlib.AbstractContextManager: ...
+    def register(self, tensors: Any) -> None: ...
+    def register_module(self, module: torch.nn.Module) -> None: ...
+    def transfer(self, batch: Any) -> Any: ...
+    def recover(self) -> int: ...
 
 
 class _ExactAllocator:
@@ -133,8 +152,8 @@ class _TrackedDevice:
     """Storage tracking shared by the emulated device and the CPU tracker."""
 
     target = "cpu"
+    sm = 80  # captures for the cpu target do not depend on it
     torch_device = torch.device("cpu")
-
     byte_scale = 1
 
     def __init__(self, allocator: Any, capacity_bytes: int, profile: str) -> None:
@@ -148,12 +167,13 @@ class _TrackedDevice:
         self.last_oom: dict[str, Any] | None = None
 
     # ---- tracking ---------------------------------------------------------------------
-    @staticmethod
-    def _storage(t: torch.Tensor) -> Any | None:
+    fake: FakeTensorMode | None = None  # set: the step runs on fake tensors
+
+    def _storage(self, t: torch.Tensor) -> Any | None:
         if t.layout != torch.strided or t.is_nested or t.device.type == "meta":
             return None
-        if isinstance(t, FakeTensor):  # a capture running inside the device: not memory
-            return None
+        if isinstance(t, FakeTensor) != (self.fake is not None):
+            return None  # a capture's fake tensors on a real device; host tensors on a fake one
         return t.untyped_storage()
 
     def adopt_tensor(self, t: torch.Tensor) -> None:
@@ -219,21 +239,30 @@ class _TrackedDevice:
         def copy(t: Any) -> Any:
             if not isinstance(t, torch.Tensor):
                 return t
-            out = t.clone()  # made on the host, then counted on the device (not the source)
+            # made on the host, then counted on the device (not the source)
+            out = t.clone()  # a view's own elements only, as `.to(device)` copies them
+            if self.fake is not None:
+                out = self.fake.from_tensor(out)
             self.adopt_tensor(out)
             return out
 
         return tree_map(copy, batch)
 
     def context(self) -> contextlib.AbstractContextManager:
-        return self.mode
+        if self.fake is None:
+            return self.mode
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.fake)
+        stack.enter_context(self.mode)
+        return stack
 
     def __enter__(self) -> _TrackedDevice:
-        self.mode.__enter__()
+        self._entered = self.context()
+        self._entered.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.mode.__exit__(*exc)
+        self._entered.__exit__(*exc)
 
     def recover(self) -> int:
         """Collect garbage after a failed step; returns the bytes still allocated."""
@@ -293,8 +322,16 @@ class EmulatedDevice(_TrackedDevice):
     """
 
     def __init__(
-        self, capacity_bytes: int, config: AllocatorConfig | None = None, *, byte_scale: int = 1
+        self,
+        capacity_bytes: int,
+        config: AllocatorConfig | None = None,
+        *,
+        byte_scale: int = 1,
+        execute: Literal["cpu", "fake"] = "cpu",
     ) -> None:
+        if execute not in ("cpu", "fake"):
+            raise ValueError(f"execute must be cpu or fake, got {execute!r}")
+        self.fake = FakeTensorMode(allow_non_fake_inputs=True) if execute == "fake" else None
         if capacity_bytes <= 0:
             raise ValueError(f"capacity_bytes must be positive, got {capacity_bytes}")
         if isinstance(byte_scale, bool) or not isinstance(byte_scale, int) or byte_scale < 1:
@@ -327,13 +364,16 @@ class CpuDevice(_TrackedDevice):
         super().__init__(_ExactAllocator(capacity_bytes), capacity_bytes, "cpu")
 
 
-def resolve_device(device: Any, capacity_bytes: int | None = None) -> Any:
+def resolve_device(
+    device: str | GovernedDevice, capacity_bytes: int | None = None
+) -> GovernedDevice:
     """A governed device from "cuda" | "cuda:N" | "cpu" | "emulated" | a device object."""
     if not isinstance(device, str):
+        if not isinstance(device, GovernedDevice):
+            missing = [n for n in _PROTOCOL_MEMBERS if not hasattr(device, n)]
+            raise ValueError(f"{type(device).__name__} is not a governed device: lacks {missing}")
         return device
     if device.startswith("cuda"):
-        from serving.governor_cuda import CudaDevice
-
         index = int(device.split(":", 1)[1]) if ":" in device else 0
         return CudaDevice(index)
     if device in ("cpu", "emulated"):
@@ -341,3 +381,13 @@ def resolve_device(device: Any, capacity_bytes: int | None = None) -> Any:
             raise ValueError(f"device {device!r} needs capacity_bytes (the memory budget)")
         return CpuDevice(capacity_bytes) if device == "cpu" else EmulatedDevice(capacity_bytes)
     raise ValueError(f"unknown device {device!r}; expected cuda, cuda:N, cpu or emulated")
+
+
+_PROTOCOL_MEMBERS = sorted(n for n in dir(GovernedDevice) if not n.startswith("_")) + [
+    "capacity_bytes",
+    "profile",
+    "target",
+    "sm",
+    "byte_scale",
+    "torch_device",
+]

@@ -19,8 +19,49 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+__all__ = [
+    "TIERS",
+    "Alert",
+    "AlertBook",
+    "AlertConfig",
+    "HttpSampleSink",
+    "StepRecord",
+    "mlflow_sink",
+    "tier_of",
+]
+
 TIERS = ("ok", "log", "optimize", "pause")
 _LEVELS = {"info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+@dataclass(kw_only=True, slots=True)
+class AlertConfig:
+    """When the governor alerts, and what it does about AMP overflow."""
+
+    tiers: tuple[float, float, float] = (0.70, 0.80, 0.90)  # log | optimize | pause
+    fragmentation_warn: float = 0.30
+    fragmentation_min_free: float = 0.05  # of capacity: less free cache is not worth a warning
+    recompute_warn: float = 0.35
+    overflow_window: int = 100
+    overflow_alert_rate: float = 0.01
+    overflow_sustained: int = 3  # overflows in the window that move sensitive layers to fp32
+    elastic_precision: bool = True
+    cooldown: int = 50  # an alert kind repeats at most once per this many steps
+
+    def __post_init__(self) -> None:
+        t1, t2, t3 = self.tiers
+        if not 0 < t1 <= t2 <= t3 <= 1.5:
+            raise ValueError(f"tiers must be increasing fractions, got {self.tiers}")
+        if not 0 <= self.fragmentation_warn <= 1 or not 0 <= self.fragmentation_min_free <= 1:
+            raise ValueError("fragmentation_warn and fragmentation_min_free must be in [0, 1]")
+        if self.recompute_warn <= 0:
+            raise ValueError("recompute_warn must be > 0")
+        if self.overflow_window < 1 or self.overflow_sustained < 1:
+            raise ValueError("overflow_window and overflow_sustained must be >= 1")
+        if not 0 <= self.overflow_alert_rate <= 1:
+            raise ValueError("overflow_alert_rate must be in [0, 1]")
+        if self.cooldown < 0:
+            raise ValueError("alert cooldown must be >= 0")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -16,15 +16,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from serving.governor_alerts import Alert, StepRecord
-from serving.governor_policy import Decision
-
-if TYPE_CHECKING:
-    from serving.governor import MemoryGovernor
+from serving.governor.alerts import Alert, StepRecord
+from serving.governor.core import MemoryGovernor
+from serving.governor.policy import Decision
 
 log = logging.getLogger(__name__)
+
+__all__ = ["StepMonitor"]
 
 
 class StepMonitor:
@@ -63,7 +63,7 @@ class StepMonitor:
         bucket = gov.buckets(seq) if seq is not None else None
         chosen = policy.config_for(bucket, n, 1)
         if chosen is None:
-            ckpt = "full" if "full" in policy.cfg.checkpointing else policy.cfg.checkpointing[-1]
+            ckpt = "full" if "full" in policy.checkpointing else policy.checkpointing[-1]
             chosen = (ckpt, gov.precision, policy.bound(bucket, n, ckpt, gov.precision, 1))
             gov.alerts.emit(
                 Alert(
@@ -103,12 +103,22 @@ class StepMonitor:
         dec = self._decision
         dec.grad_accum = len(self._shapes)
         sizes = {**largest, "B": largest["B"] * len(self._shapes)}
+        overflow = False
         if self.scaler is not None and self._scale is not None:
-            obs.overflow = gov.overflow.observe(self._scale, float(self.scaler.get_scale()))
-        if gov.scaler is None and self.scaler is not None:
-            gov.scaler = self.scaler
+            overflow = gov.overflow.observe(self._scale, float(self.scaler.get_scale()))
         bucket = gov.buckets(largest["S"]) if "S" in largest else None
         # real token counts are not visible from a callback: records count B x S
-        record = obs.after_step(None, sizes, bucket, dec, 0, run_s, self._overhead)
+        record = obs.after_step(
+            None,
+            sizes,
+            bucket,
+            dec,
+            retries=0,
+            run_s=run_s,
+            overhead_s=self._overhead,
+            overflow=overflow,
+            scaler=gov.scaler if gov.scaler is not None else self.scaler,
+            count_avoided=not gov.governs_batching,
+        )
         self._t0 = None
         return record

@@ -1,6 +1,6 @@
 """The governor's view of a real GPU: `torch.cuda` memory statistics for one device.
 
-Same interface as `serving.governor_device.EmulatedDevice`; fragmentation (largest free
+Same interface as `serving.governor.devices.EmulatedDevice`; fragmentation (largest free
 cached block / free reserved bytes) comes from `torch.cuda.memory_snapshot()`, which is why
 the governor reads it only every `fragmentation_every` samples. `profile` names the device
 profile predictions are made for: the closest known one by compute capability and memory,
@@ -17,13 +17,18 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
+from dataset.devices import PROFILES
+
 log = logging.getLogger(__name__)
+
+__all__ = ["CudaDevice"]
 
 
 class CudaDevice:
     """`torch.cuda` for one device; `profile` names the closest device profile."""
 
     target = "cuda"
+    byte_scale = 1
 
     def __init__(self, index: int = 0, profile: str | None = None) -> None:
         if not torch.cuda.is_available():
@@ -49,6 +54,9 @@ class CudaDevice:
 
     def reset_peak_memory_stats(self) -> None:
         torch.cuda.reset_peak_memory_stats(self.index)
+
+    def mem_get_info(self) -> tuple[int, int]:
+        return torch.cuda.mem_get_info(self.index)
 
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
@@ -92,8 +100,6 @@ class CudaDevice:
 
 
 def _closest_profile(total: int, sm: int) -> str:
-    from dataset.devices import PROFILES
-
     gpus = [p for p in PROFILES.values() if p.is_gpu]
     best = min(gpus, key=lambda p: (p.sm != sm, abs((p.total_bytes or 0) - total)))
     return best.name

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from governed import config
 
 from predictor.predict import AnalyticModel
 from predictor.spec import TrainSpec
-from serving.governor import GovernorConfig, MemoryGovernor
-from serving.governor_batching import pad_collate
-from serving.governor_demo import long_tail_samples, tiny_varlen_bundle
-from serving.governor_device import EmulatedDevice
+from serving.governor import MemoryGovernor
+from serving.governor.batching import pad_collate
+from serving.governor.demo import long_tail_samples, tiny_varlen_bundle
+from serving.governor.devices import EmulatedDevice
 
 MiB = 1 << 20
 
@@ -22,7 +23,7 @@ def test_lightning_callback_plans_predicts_and_logs(cache):
     L = pytest.importorskip(
         "lightning.pytorch", reason="lightning is not installed (pip install memgnn[lightning])"
     )
-    from serving.governor_lightning import GovernorCallback
+    from serving.governor.integrations.lightning import GovernorCallback
 
     bundle = tiny_varlen_bundle()
     samples = list(long_tail_samples(64, lo=40, hi=60))
@@ -53,7 +54,7 @@ def test_lightning_callback_plans_predicts_and_logs(cache):
         bundle=bundle,
         device=device,
         predictor=AnalyticModel(),
-        config=GovernorConfig(cache_dir=cache, checkpointing=["none"], max_length=256),
+        config=config(cache_dir=cache, checkpointing=["none"], max_length=256),
     )
     callback = GovernorCallback(gov, plan_sizes={"S": 64})
     trainer = L.Trainer(
@@ -85,7 +86,7 @@ def test_hf_trainer_callback_configures_and_logs(cache, tmp_path):
     )
     pytest.importorskip("accelerate", reason="the HF Trainer needs accelerate (not installed)")
     from dataset.zoo import make_bundle
-    from serving.governor_hf import GovernorTrainerCallback
+    from serving.governor.integrations.hf import GovernorTrainerCallback
 
     bundle = make_bundle("gpt2", {"layers": 2, "hidden": 32, "heads": 2, "vocab": 128,
                                   "dropout": 0.0})  # fmt: skip
@@ -98,7 +99,7 @@ def test_hf_trainer_callback_configures_and_logs(cache, tmp_path):
         bundle=bundle,
         device=device,
         predictor=AnalyticModel(),
-        config=GovernorConfig(cache_dir=cache, checkpointing=["none"], max_length=256),
+        config=config(cache_dir=cache, checkpointing=["none"], max_length=256),
     )
     callback = GovernorTrainerCallback(gov)
     args = transformers.TrainingArguments(

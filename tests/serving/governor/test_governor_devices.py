@@ -8,7 +8,7 @@ import torch
 from dataset.allocator import SimulatedOOM
 from predictor.spec import TrainSpec
 from predictor.step import build_optimizer
-from serving.governor_device import CpuDevice, EmulatedDevice, resolve_device
+from serving.governor.devices import CpuDevice, EmulatedDevice, resolve_device
 
 MiB = 1 << 20
 
@@ -151,7 +151,7 @@ def test_cuda_device_reads_torch_cuda(monkeypatch):
     """No GPU here: torch.cuda's answers are faked to check what CudaDevice makes of them."""
     from types import SimpleNamespace
 
-    from serving.governor_cuda import CudaDevice
+    from serving.governor.cuda import CudaDevice
 
     cuda = torch.cuda
     props = SimpleNamespace(total_memory=80 * 1024 * MiB, major=8, minor=0)
@@ -174,3 +174,32 @@ def test_cuda_device_reads_torch_cuda(monkeypatch):
     assert out["free_reserved_bytes"] == 30 * MiB
     assert out["fragmentation"] == pytest.approx(0.8)
     assert CudaDevice(0, profile="h100-80gb").profile == "h100-80gb"
+
+
+def test_fake_execution_counts_the_bytes_of_real_execution(tiny_gpt):
+    """Fake tensors take the real CPU step's kernel choices and storages: same allocated,
+    reserved and steady bytes, step after step, with no kernel run."""
+    seen = {}
+    for execute in ("cpu", "fake"):
+        dev = EmulatedDevice(64 * MiB, execute=execute)
+        torch.manual_seed(0)
+        with dev:
+            model = tiny_gpt.build()
+            opt = build_optimizer(list(model.parameters()), TrainSpec(), "cpu")
+        peaks = []
+        for _ in range(2):
+            host = tiny_gpt.make_inputs({"B": 4, "S": 16}, torch.device("cpu"), torch.float32)
+            inputs = dev.transfer(host)
+            with dev:
+                loss = tiny_gpt.loss(model, inputs)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            peaks.append((dev.max_memory_allocated(), dev.max_memory_reserved()))
+            dev.reset_peak_memory_stats()
+            del inputs
+        seen[execute] = (peaks, dev.memory_allocated(), type(loss).__name__)
+    assert seen["fake"][:2] == seen["cpu"][:2]
+    assert seen["cpu"][2] == "Tensor" and seen["fake"][2] == "FakeTensor"
+    with pytest.raises(ValueError, match="execute"):
+        EmulatedDevice(MiB, execute="meta")

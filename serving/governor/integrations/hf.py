@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from serving.governor import MemoryGovernor
-from serving.governor_monitor import StepMonitor
+from serving.governor.core import MemoryGovernor
+from serving.governor.integrations.monitor import StepMonitor
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,12 @@ from typing import Any
 
 import torch
 
+from dataset.zoo import make_bundle
 from predictor.spec import ModelBundle, TrainSpec
-from serving.governor import GovernorConfig, MemoryGovernor
-from serving.governor_batching import pad_collate, sample_length
-from serving.governor_device import EmulatedDevice
+from serving.governor.batching import BatchingConfig, pad_collate, sample_length
+from serving.governor.config import GovernorConfig
+from serving.governor.core import MemoryGovernor
+from serving.governor.devices import EmulatedDevice
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +42,6 @@ TINY_VARLEN = {"hidden": 32, "heads": 2, "ffn": 64, "layers": 2, "vocab": 128}
 
 
 def tiny_varlen_bundle(**overrides: Any) -> ModelBundle:
-    from dataset.zoo import make_bundle
-
     return make_bundle("varlen", {**TINY_VARLEN, **overrides})
 
 
@@ -109,7 +109,9 @@ def _run(out_dir: Path, steps: int) -> dict[str, Any]:
         tiny_varlen_bundle(),
         TrainSpec(optimizer_impl="foreach"),
         device=device,
-        config=GovernorConfig(max_length=512, cache_dir=out_dir / "graphs", prepare_all=True),
+        config=GovernorConfig(
+            batching=BatchingConfig(max_length=512), cache_dir=out_dir / "graphs", prepare_all=True
+        ),
     )
     setup_s = time.perf_counter() - t0
     samples = long_tail_samples(steps * DEMO_BATCH, hi=512, seed=7)

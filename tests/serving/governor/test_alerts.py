@@ -9,34 +9,18 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import torch
+from governed import governor
 
 from predictor.graph import StepGraph
-from predictor.predict import AnalyticModel
 from predictor.spec import TrainSpec
-from serving.governor import GovernorConfig, MemoryGovernor
-from serving.governor_alerts import AlertBook, HttpSampleSink, StepRecord, tier_of
-from serving.governor_demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
-from serving.governor_device import EmulatedDevice
-from serving.governor_runtime import OverflowTracker, sensitive_modules
+from serving.governor.alerts import AlertBook, HttpSampleSink, StepRecord, tier_of
+from serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
+from serving.governor.runtime import OverflowTracker, sensitive_modules
 
 MiB = 1 << 20
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def governor(cache, *, train=None, scaler=None, capacity_mib=512, **cfg):
-    cfg.setdefault("checkpointing", ["none"])
-    cfg.setdefault("max_length", 256)
-    torch.manual_seed(0)
-    return MemoryGovernor(
-        tiny_varlen_bundle(),
-        train or TrainSpec(optimizer_impl="foreach"),
-        device=EmulatedDevice(capacity_mib * MiB, byte_scale=64),
-        config=GovernorConfig(cache_dir=cache, **cfg),
-        predictor=AnalyticModel(),
-        scaler=scaler,
-    )
 
 
 def run(gov, steps=6, size=8, length=48):
@@ -130,7 +114,7 @@ def test_fragmentation_and_recompute_warnings(cache):
         fragmentation_every=1,
         fragmentation_min_free=0.0,
         recompute_warn=0.01,
-        alert_cooldown=0,
+        cooldown=0,
     )
     records = run(gov, steps=3)
     assert all(r.checkpointing == "full" for r in records)
@@ -143,7 +127,7 @@ def test_fragmentation_and_recompute_warnings(cache):
 def test_alert_book_cooldown_and_tiers():
     seen = []
     book = AlertBook(cooldown=10, on_alert=seen.append)
-    from serving.governor_alerts import Alert
+    from serving.governor.alerts import Alert
 
     assert book.emit(Alert(step=1, kind="x", level="info", message="a"))
     assert not book.emit(Alert(step=5, kind="x", level="info", message="b"))
@@ -212,7 +196,7 @@ def test_records_and_samples_reach_their_sinks(cache):
 
 def test_mlflow_sink_logs_each_record(cache, tmp_path):
     mlflow = pytest.importorskip("mlflow", reason="mlflow is not installed")
-    from serving.governor_alerts import mlflow_sink
+    from serving.governor.alerts import mlflow_sink
 
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -11,15 +11,54 @@ samples as the governor's plan for that bucket allows (per-length-bucket plans).
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 log = logging.getLogger(__name__)
 
+__all__ = [
+    "BatchingConfig",
+    "LengthBuckets",
+    "TokenBatcher",
+    "batch_size",
+    "default_sizes",
+    "even_chunks",
+    "pad_collate",
+    "sample_length",
+    "split",
+]
+
 Collate = Callable[[list[Any], int], Any]
+
+
+@dataclass(kw_only=True, slots=True)
+class BatchingConfig:
+    """Length buckets (explicit bounds, else multiples of `bucket_multiple` growing by
+    `bucket_ratio` up to `max_length`) and the effective batch of `batches()`."""
+
+    length_buckets: list[int] | None = None  # bucket upper bounds; None: geometric
+    max_length: int = 4096
+    bucket_ratio: float = 1.25
+    bucket_multiple: int = 16
+    keep_effective_batch: bool = False  # batches(): every step sees `effective_batch` samples
+    effective_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.effective_batch is not None and self.effective_batch < 1:
+            raise ValueError("effective_batch must be >= 1")
+        if self.keep_effective_batch and self.effective_batch is None:
+            raise ValueError("keep_effective_batch needs effective_batch")
+        if self.length_buckets is not None and (
+            not self.length_buckets or min(self.length_buckets) < 1
+        ):
+            raise ValueError("length_buckets must be positive lengths")
+        if self.bucket_ratio <= 1 or self.bucket_multiple < 1 or self.max_length < 1:
+            raise ValueError("need bucket_ratio > 1, bucket_multiple >= 1, max_length >= 1")
 
 
 def batch_size(batch: Any) -> int:
@@ -110,9 +149,16 @@ class LengthBuckets:
             raise ValueError(f"bad bucket bounds {bounds}")
         self.bounds = bounds
 
-    def __call__(self, length: int) -> int:
-        import bisect
+    @classmethod
+    def from_config(cls, cfg: BatchingConfig) -> LengthBuckets:
+        return cls(
+            cfg.length_buckets,
+            max_length=cfg.max_length,
+            ratio=cfg.bucket_ratio,
+            multiple=cfg.bucket_multiple,
+        )
 
+    def __call__(self, length: int) -> int:
         i = bisect.bisect_left(self.bounds, length)
         if i == len(self.bounds):
             raise ValueError(f"length {length} exceeds the largest bucket {self.bounds[-1]}")

@@ -1,12 +1,19 @@
 """The governor's decisions: micro-batch B, accumulation G, checkpointing C, precision P.
 
 Per length bucket (the padded sequence length S of a batch) the policy keeps the micro-batch
-size it uses. A new bucket is planned with `predictor.plan.plan` on corrected predictions
-(power or binsearch, power-of-two granularity by default, objective B*G / cost(C, P)).
-After that, each step only checks that the current choice still fits (one cached lookup);
-it searches again when it no longer fits (shrink at once), when the stability window has
-passed (grow, by at most the growth factor), or when an alert tier asks for it. An OOM
-caps the bucket below the size that failed and halves the growth step.
+size it uses. A new bucket is planned with `predictor.plan.plan` on corrected predictions,
+ranked by throughput: tokens / (overhead + tokens x cost(C, P)) per micro-batch, so
+checkpointing (a third more compute) is chosen only where the batch it frees is small enough
+for the fixed per-micro-batch cost to matter. The default search doubles B through the
+powers of two until the bound passes the limit, then bisects between the last fit and the
+first miss (`mode= "binsearch"`, any B): the batch's GEMMs run on B x S rows and S is a
+multiple of the bucket multiple (16), so a power-of-two B buys no alignment, while stopping
+at the power of two (`mode="power", power_of_two=True`, the default before) leaves up to
+half the budget unused (`benchmarks/governor.py` compares both). After that, each step only
+checks that the current choice still fits (one cached lookup); it searches again when it no
+longer fits (shrink at once), when the stability window has passed (grow, by at most the
+growth factor), or when an alert tier asks for it. An OOM caps the bucket below the size
+that failed and halves the growth step.
 """
 
 from __future__ import annotations
@@ -14,14 +21,18 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from predictor.graph import StepGraph
-from predictor.plan import PlanConfig, SearchSpace, cost, plan
-from predictor.spec import TrainSpec
-from serving.governor_predict import GovernedPredictor
+from predictor.plan import Candidate, PlanConfig, SearchSpace, cost, plan
+from predictor.spec import PRECISIONS, TrainSpec
+from serving.governor.correction import GovernedPredictor
 
 log = logging.getLogger(__name__)
+
+Found = tuple[int, str | None, str | None]  # micro-batch, checkpointing, precision of a search
+
+__all__ = ["RUNTIME_PRECISIONS", "BucketState", "Decision", "Policy", "PolicyConfig"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -47,17 +58,52 @@ class BucketState:
     last_safe: int = 0  # largest micro that completed a step
 
 
+# precisions the governor can switch between at run time (parameters stay in their dtype)
+RUNTIME_PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
+
+
 @dataclass(kw_only=True, slots=True)
 class PolicyConfig:
-    threshold: float
-    mode: str
-    power_of_two: bool
-    max_batch: int
-    stability_window: int
-    growth: float
-    checkpointing: list[str]
-    precision: list[str]
-    sizes: dict[str, int]  # other fixed sizes
+    threshold: float = 0.85  # corrected bounds stay under this fraction of device memory
+    mode: str = "binsearch"  # power (doubling only) | binsearch (doubling, then bisection)
+    power_of_two: bool = False  # micro-batch granularity: powers of two only
+    max_batch: int = 1024
+    stability_window: int = 20  # steps before a bucket may grow again (10-50)
+    growth: float = 2.0  # at most this factor per growth (halved after an OOM)
+    checkpointing: list[str] = field(default_factory=lambda: ["none", "full"])
+    precision: list[str] | None = None  # None: the TrainSpec's precision only
+    sizes: dict[str, int] = field(default_factory=dict)  # other fixed input sizes
+    # a micro-batch's fixed cost (its kernel launches; with free batch sizes, one optimizer
+    # update per batch) in tokens of compute (samples for batches without a length): ranks
+    # a larger checkpointed batch against a smaller plain one, whose throughput per token
+    # saturates as B grows
+    overhead_tokens: int = 512
+
+    def __post_init__(self) -> None:
+        if self.overhead_tokens < 0:
+            raise ValueError(f"overhead_tokens must be >= 0, got {self.overhead_tokens}")
+        if not 0 < self.threshold <= 1:
+            raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
+        if self.mode not in ("power", "binsearch"):
+            raise ValueError(f"mode must be power or binsearch, got {self.mode!r}")
+        if self.max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        if not 1 <= self.stability_window <= 10_000:
+            raise ValueError("stability_window must be in [1, 10000] (10-50 is typical)")
+        if self.growth <= 1:
+            raise ValueError(f"growth must be > 1, got {self.growth}")
+        if not self.checkpointing:
+            raise ValueError("checkpointing choices must not be empty")
+        for c in self.checkpointing:
+            TrainSpec(checkpointing=c)
+        for p in self.precision or ():
+            if p not in PRECISIONS:
+                raise ValueError(f"unknown precision {p!r}")
+            if p not in RUNTIME_PRECISIONS:
+                raise ValueError(
+                    f"precision {p!r} changes parameter dtypes; the governor switches only "
+                    f"between {RUNTIME_PRECISIONS}"
+                )
 
 
 class Policy:
@@ -75,6 +121,9 @@ class Policy:
     ) -> None:
         self.predictor, self.graph_for, self.base, self.cfg = predictor, graph_for, base, config
         self.capacity, self.n_blocks = capacity, n_blocks
+        # the search space: what the config allows and the model can do
+        self.checkpointing = list(config.checkpointing) if n_blocks else ["none"]
+        self.precisions = list(config.precision or [base.precision])
         self.plan_cfg = PlanConfig(
             budget_bytes=capacity, device=device, metric=metric, threshold=config.threshold
         )
@@ -103,8 +152,8 @@ class Policy:
     def config_for(self, bucket: int | None, b: int, g: int) -> tuple[str, str, int] | None:
         """The cheapest (C, P) whose bound at micro-batch b fits; None if none does."""
         best = None
-        for p in self.cfg.precision:
-            for c in self.cfg.checkpointing:
+        for p in self.precisions:
+            for c in self.checkpointing:
                 bound = self.bound(bucket, b, c, p, g)
                 if bound > self.limit:
                     continue
@@ -113,6 +162,15 @@ class Policy:
                     best = (key, c, p, bound)
         return None if best is None else (best[1], best[2], best[3])
 
+    def _prefer(
+        self, bucket: int | None, b: int, g: int, prefer: tuple[str | None, str | None]
+    ) -> tuple[str, str, int] | None:
+        ckpt, prec = prefer
+        if ckpt is None or prec is None:
+            return None
+        bound = self.bound(bucket, b, ckpt, prec, g)
+        return (ckpt, prec, bound) if bound <= self.limit else None
+
     def _granule(self, b: int) -> int:
         """The largest allowed size <= b."""
         if b < 1:
@@ -120,7 +178,7 @@ class Policy:
         return 1 << (b.bit_length() - 1) if self.cfg.power_of_two else b
 
     # ---- search ------------------------------------------------------------------------
-    def search(self, bucket: int | None, n: int | None) -> int:
+    def search(self, bucket: int | None, n: int | None) -> Found:
         """Largest micro-batch (plan's best candidate) for a batch of n (None: free B).
 
         Memoized per (bucket, n) while the corrector's bound factor stays in the same 0.5%
@@ -132,34 +190,49 @@ class Policy:
             got = self._memo[key] = self._search(bucket, n)
         return got
 
-    def _search(self, bucket: int | None, n: int | None) -> int:
+    def _search(self, bucket: int | None, n: int | None) -> Found:
         self.searches += 1
         if n is not None and n <= self.cfg.max_batch:
             whole = self.config_for(bucket, n, 1)  # the cheapest config fitting all n at once
             cheapest = min(
                 cost(self.train_for(c, p, 1), self.n_blocks)
-                for c in self.cfg.checkpointing
-                for p in self.cfg.precision
+                for c in self.checkpointing
+                for p in self.precisions
             )
             fit_cost = whole and cost(self.train_for(whole[0], whole[1], 1), self.n_blocks)
             if whole is not None and fit_cost <= cheapest:
-                return n  # nothing can beat the whole batch at the lowest cost
+                return n, whole[0], whole[1]  # nothing beats the whole batch at the lowest cost
         space = SearchSpace(
             sizes={k: v for k, v in self.sizes(bucket, 1).items() if k != "B"},
             max_batch=min(n, self.cfg.max_batch) if n is not None else self.cfg.max_batch,
             grad_accum=[1],
-            checkpointing=list(self.cfg.checkpointing),
-            precision=list(self.cfg.precision),
+            checkpointing=list(self.checkpointing),
+            precision=list(self.precisions),
             effective_batch=n if n is not None and n > 1 else None,
             mode=self.cfg.mode,
             power_of_two=self.cfg.power_of_two,
         )
         result = plan(
-            self.predictor, self.graph_for, self.base, space, self.plan_cfg, n_blocks=self.n_blocks
+            self.predictor,
+            self.graph_for,
+            self.base,
+            space,
+            self.plan_cfg,
+            n_blocks=self.n_blocks,
+            top=64,  # every (C, P, G class): ranked below by throughput
         )
         if result.best is None:
-            return 0
-        return result.best.batch_size
+            return 0, None, None
+        candidates = [result.best, *result.runners_up]
+        best = max(candidates, key=lambda c: self.rate(bucket, c))
+        return best.batch_size, best.checkpointing, best.precision
+
+    def rate(self, bucket: int | None, c: Candidate) -> float:
+        """Relative tokens per second of a candidate: a micro-batch costs a fixed overhead
+        (as much as `overhead_tokens` tokens of compute) plus its tokens x cost(C, P)."""
+        tokens = c.batch_size * (bucket or 1)
+        train = self.train_for(c.checkpointing, c.precision, c.grad_accum)
+        return tokens / (self.cfg.overhead_tokens + tokens * cost(train, self.n_blocks))
 
     def decide(self, bucket: int | None, n: int | None, step: int) -> Decision:
         cap = n if n is not None else self.cfg.max_batch
@@ -179,7 +252,7 @@ class Policy:
                         precision=st.precision,
                         bound_bytes=bound,
                     )
-        found = self.search(bucket, n)
+        found, *prefer = self.search(bucket, n)
         if st is None:
             b = max(min(found, self.cfg.max_batch), 1)
             st = self.states[bucket] = BucketState(
@@ -204,19 +277,36 @@ class Policy:
                 st.changed = step
             st.checked = step
         st.force = False
-        return self._settle(st, bucket, b, n)
+        return self._settle(st, bucket, b, n, tuple(prefer))
 
-    def _settle(self, st: BucketState, bucket: int | None, b: int, n: int | None) -> Decision:
+    def _settle(
+        self,
+        st: BucketState,
+        bucket: int | None,
+        b: int,
+        n: int | None,
+        prefer: tuple[str | None, str | None] = (None, None),
+    ) -> Decision:
+        """The decision at micro-batch b: the searched (C, P) when it fits there (a cheaper
+        C at a slightly larger b must not win over it), else the cheapest that fits."""
         g = -(-n // b) if n is not None else 1
-        chosen = self.config_for(bucket, b, g)
-        if chosen is None and b > 1:  # a memoized search from a slightly different factor
-            b = max(1, min(self._search(bucket, n), b))
+        chosen = self._prefer(bucket, b, g, prefer)
+        if chosen is None and b > 1 and prefer[0] is not None:
+            # a memoized search from a slightly different factor: search again rather than
+            # switch to a costlier config at the same size
+            found, *again = self._search(bucket, n)
+            b = max(1, min(found, b))
+            g = -(-n // b) if n is not None else 1
+            chosen = self._prefer(bucket, b, g, (again[0], again[1]))
+        chosen = chosen or self.config_for(bucket, b, g)
+        if chosen is None and b > 1:  # nothing fits at b: the best size the search finds
+            b = max(1, min(self._search(bucket, n)[0], b))
             g = -(-n // b) if n is not None else 1
             chosen = self.config_for(bucket, b, g)
         fits = chosen is not None
         if chosen is None:  # not even micro-batch 1: the most memory-saving config
-            ckpt = "full" if "full" in self.cfg.checkpointing else self.cfg.checkpointing[-1]
-            prec = self.cfg.precision[-1]
+            ckpt = "full" if "full" in self.checkpointing else self.checkpointing[-1]
+            prec = self.precisions[-1]
             chosen = (ckpt, prec, self.bound(bucket, b, ckpt, prec, g))
         st.micro, st.checkpointing, st.precision = b, chosen[0], chosen[1]
         return Decision(
@@ -248,7 +338,7 @@ class Policy:
         safe = st.last_safe if 0 < st.last_safe < failed.micro else max(failed.micro // 2, 1)
         b = max(1, min(safe, st.ceiling))
         st.changed = st.checked = step
-        return self._settle(st, bucket, b, n)
+        return self._settle(st, bucket, b, n, (st.checkpointing, st.precision))
 
     def force(self, bucket: int | None, step: int, shrink: bool = False) -> None:
         """Tier `optimize`: search again at the next step (not more than once per window);

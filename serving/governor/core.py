@@ -6,16 +6,18 @@
         record = gov.step(batch)            # forward, backward, optimizer; never OOMs twice
 
 or, with your own loader's batches, `gov.step(batch, step_fn)` where `step_fn(model, batch)`
-returns the loss. The step graph is captured once (`capture_cached`); each step's peak for
-its actual shape is a cached, corrected prediction (`serving.governor_predict`); the
-decisions (micro-batch, accumulation, checkpointing, precision) come from
-`serving.governor_policy`. The governor owns backward and the optimizer step, so it can
-split a batch into micro-batches (gradients accumulate, weighted by micro-batch size, and
-the optimizer steps once per batch) and, on a real `torch.OutOfMemoryError`, free
-everything, restore a safe configuration and re-run the same batch in smaller pieces: no
-sample is skipped or seen twice by the optimizer. Live peaks feed the residual correction;
-AMP overflow, utilization tiers, fragmentation and recompute overhead raise alerts
-(`serving.governor_observe`); every step leaves a `StepRecord`.
+returns the loss, or `for plan in gov.plan(batch): with plan: ...` to run forward, backward
+and the optimizer yourself (`serving.governor.loop`). The step graph is captured once per
+configuration (`serving.governor.graphs`); each step's peak for its actual shape is a
+cached, corrected prediction (`serving.governor.correction`); the decisions (micro-batch,
+accumulation, checkpointing, precision) come from `serving.governor.policy`. In `step` the
+governor owns backward and the optimizer, so it can split a batch into micro-batches
+(gradients accumulate, weighted by micro-batch size, and the optimizer steps once per batch)
+and, on a real `torch.OutOfMemoryError`, free everything, restore a safe configuration and
+re-run the same batch in smaller pieces: no sample is skipped or seen twice by the
+optimizer. Live peaks feed the residual correction; AMP overflow, utilization tiers,
+fragmentation and recompute overhead raise alerts (`serving.governor.observe`); every step
+leaves a `StepRecord`.
 """
 
 from __future__ import annotations
@@ -30,14 +32,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import _disable_current_modes
+from torch._subclasses.fake_tensor import FakeTensor
 
 from predictor.graph import StepGraph
-from predictor.predict import MemoryModel, capture_cached, default_model
+from predictor.predict import MemoryModel
 from predictor.spec import ModelBundle, TrainSpec, default_blocks
-from predictor.step import build_optimizer
-from serving.governor_alerts import Alert, AlertBook, StepRecord
-from serving.governor_batching import (
+from serving.governor.alerts import Alert, AlertBook, StepRecord
+from serving.governor.batching import (
     LengthBuckets,
     TokenBatcher,
     default_sizes,
@@ -46,12 +47,15 @@ from serving.governor_batching import (
     sample_length,
     split,
 )
-from serving.governor_config import GovernorConfig
-from serving.governor_device import resolve_device
-from serving.governor_observe import Observer
-from serving.governor_policy import Decision, Policy, PolicyConfig
-from serving.governor_predict import GovernedPredictor, ResidualCorrector
-from serving.governor_runtime import CheckpointToggles, ElasticPrecision, OverflowTracker
+from serving.governor.build import default_optimizer, make_predictor, make_scaler, place_model
+from serving.governor.checks import check_optimizer
+from serving.governor.config import GovernorConfig
+from serving.governor.devices import GovernedDevice, resolve_device
+from serving.governor.graphs import StepGraphs
+from serving.governor.loop import StepPlan, plans
+from serving.governor.observe import Observer
+from serving.governor.policy import Decision, Policy
+from serving.governor.runtime import CheckpointToggles, ElasticPrecision, OverflowTracker
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,7 @@ __all__ = ["GovernorConfig", "MemoryGovernor", "StepRecord"]
 _cpu = time.thread_time
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
+Phase = str  # idle | forward | optimizer | done
 
 
 class MemoryGovernor:
@@ -73,7 +78,7 @@ class MemoryGovernor:
         model: ModelBundle | nn.Module,
         train: TrainSpec | None = None,
         *,
-        device: Any = "emulated",
+        device: str | GovernedDevice = "emulated",
         capacity_bytes: int | None = None,
         config: GovernorConfig | None = None,
         bundle: ModelBundle | None = None,
@@ -84,90 +89,90 @@ class MemoryGovernor:
         scaler: Any = None,
         sizes_of: Callable[[Any], dict[str, int]] | None = None,
     ) -> None:
-        cfg = self.config = config or GovernorConfig()
+        self.config = config or GovernorConfig()
         self.train = replace(train or TrainSpec(), steps="both", grad_accum=1)
-        self.device = resolve_device(device, capacity_bytes)
+        self.device: GovernedDevice = resolve_device(device, capacity_bytes)
         self.capacity = int(self.device.capacity_bytes)
-        if isinstance(model, ModelBundle):
-            self.bundle = model
-            with self.device.context(), torch.device(self.device.torch_device):
-                self.model = model.build().to(self.train.param_dtype)
-        else:
-            self.bundle, self.model = bundle, model
-            self.device.register_module(model)
-        self.model.train()
-        if self.bundle is None and graph is None:
-            raise ValueError("the governor needs a ModelBundle (or graph=) to predict memory")
+        self.bundle, self.model = place_model(model, bundle, self.device, self.train)
         self.loss_fn = loss_fn or (self.bundle.loss if self.bundle is not None else None)
+        self.sizes_of = sizes_of or default_sizes
         blocks_of = (self.bundle.blocks if self.bundle else None) or default_blocks
         self.toggles = CheckpointToggles(blocks_of(self.model))
         self.toggles.set(self.train.checkpointing)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        with self.device.context():
-            self.optimizer = optimizer or build_optimizer(params, self.train, self.device.target)
-        precisions = list(cfg.precision or [self.train.precision])
-        needs_scaler = self.train.uses_grad_scaler or "amp-fp16" in precisions
+        if optimizer is not None:
+            check_optimizer(optimizer, self.model, self.train)
+        self.optimizer = optimizer or default_optimizer(self.model, self.device, self.train)
+        self.optimizer.register_step_pre_hook(self._on_optimizer_step)
+        precisions = self.config.policy.precision or [self.train.precision]
+        if scaler is None:
+            scaler = make_scaler(self.device, self.train, precisions)
         self.scaler = scaler
-        if self.scaler is None and needs_scaler:
-            self.scaler = torch.amp.GradScaler(device=self.device.torch_device.type)
         self.elastic = ElasticPrecision(self.model)
-        self.overflow = OverflowTracker(cfg.overflow_window)
-        self.predictor = GovernedPredictor(
-            predictor or default_model(),
-            device=self.device.profile,
-            metric=cfg.metric,
-            corrector=ResidualCorrector(cfg.corrector),
-            margin=cfg.margin,
-            scenario=cfg.scenario,
-            scale=int(getattr(self.device, "byte_scale", 1)),
+        self.overflow = OverflowTracker(self.config.alerts.overflow_window)
+        self.predictor = make_predictor(predictor, self.device, self.config)
+        self.graphs = StepGraphs(
+            self.bundle,
+            self.train,
+            target=self.device.target,
+            sm=self.device.sm,
+            cache_dir=self.config.cache_dir,
+            fixed=graph,
         )
-        self._fixed_graph = graph
-        self._graphs: dict[tuple[str, str, int], StepGraph] = {}
-        self.buckets = LengthBuckets(
-            cfg.length_buckets,
-            max_length=cfg.max_length,
-            ratio=cfg.bucket_ratio,
-            multiple=cfg.bucket_multiple,
-        )
-        ckpt = list(cfg.checkpointing) if self.toggles.blocks else ["none"]
+        self.buckets = LengthBuckets.from_config(self.config.batching)
         self.policy = Policy(
             self.predictor,
-            self.graph_for,
+            self.graphs,
             self.train,
-            PolicyConfig(
-                threshold=cfg.threshold,
-                mode=cfg.mode,
-                power_of_two=cfg.power_of_two,
-                max_batch=cfg.max_batch,
-                stability_window=cfg.stability_window,
-                growth=cfg.growth,
-                checkpointing=ckpt,
-                precision=precisions,
-                sizes=dict(cfg.sizes),
-            ),
+            self.config.policy,
             capacity=self.capacity,
             device=self.device.profile,
-            metric=cfg.metric,
+            metric=self.config.metric,
             n_blocks=len(self.toggles.blocks),
         )
-        self.alerts = AlertBook(cfg.alert_cooldown, cfg.on_alert)
-        self.records: deque[StepRecord] = deque(maxlen=cfg.keep_records)
-        self.sizes_of = sizes_of or default_sizes
-        self.observer = Observer(self)
-        self.step_count = 0
+        self.alerts = AlertBook(self.config.alerts.cooldown, self.config.on_alert)
+        self.base_graph = self.graph_for(self.train)  # captured once, at start
+        self.observer = self._make_observer()
         self.governs_batching = False  # batches() forms the batches (token-budget mode)
-        self._sizes_asked: dict[tuple[int | None, int], int] = {}
-        self._batching_s = 0.0  # governor time spent forming batches since the last step
         self.precision = self.train.precision
         self.last_loss: float | None = None
-        names = ("steps", "samples", "tokens", "ooms", "rollbacks", "ooms_avoided")
-        self.totals = {k: 0 for k in (*names, "defragmentations")}
-        self.totals["overhead_ms"] = 0.0
-        self.base_graph = self.graph_for(self.train)  # captured once, at start
-        if cfg.prepare_all:
+        self._sizes_asked: dict[tuple[int | None, int], int] = {}
+        self._batching_s = 0.0  # governor time spent forming batches since the last step
+        self._phase: Phase = "idle"  # where in the step an OOM happened
+        self._overflowed = False  # the scaler skipped the last optimizer step
+        self._last_shape: tuple[int | None, int, str] | None = None  # for defragmentation
+        if self.config.prepare_all:
             self.prepare()
-        self.device.reset_peak_memory_stats()
-        self.observer._reserved_at_reset = self.device.memory_reserved()
+        self.observer.reset_peak()
+
+    # ---- construction ----------------------------------------------------------------------
+    def _make_observer(self) -> Observer:
+        return Observer(
+            self.config,
+            device=self.device,
+            predictor=self.predictor,
+            policy=self.policy,
+            alerts=self.alerts,
+            toggles=self.toggles,
+            elastic=self.elastic,
+            overflow=self.overflow,
+            base_graph=self.base_graph,
+        )
+
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self._phase = "optimizer"  # from here on an OOM cannot be rolled back
+
+    # ---- what the run has seen (owned by the observer) -------------------------------------
+    @property
+    def step_count(self) -> int:
+        return self.observer.step_count
+
+    @property
+    def totals(self) -> dict[str, float]:
+        return self.observer.totals
+
+    @property
+    def records(self) -> deque[StepRecord]:
+        return self.observer.records
 
     # ---- graphs and predictions ----------------------------------------------------------
     @property
@@ -176,32 +181,11 @@ class MemoryGovernor:
 
     def graph_for(self, train: TrainSpec) -> StepGraph:
         """The captured step for a (precision, checkpointing, G=1 | G>=2) configuration."""
-        key = (train.precision, train.checkpointing, min(train.grad_accum, 2))
-        graph = self._graphs.get(key)
-        if graph is None:
-            if self._fixed_graph is not None:
-                graph = self._fixed_graph
-            else:
-                t0 = time.perf_counter()
-                spec = replace(self.train, precision=key[0], checkpointing=key[1])
-                with _disable_current_modes():  # capture outside any device's dispatch mode
-                    graph = capture_cached(
-                        self.bundle,
-                        replace(spec, grad_accum=key[2], steps="both"),
-                        target=self.device.target,
-                        sm=getattr(self.device, "sm", 80),
-                        directory=self.config.cache_dir,
-                    )
-                log.info("step graph %s ready in %.1fs", key, time.perf_counter() - t0)
-            self._graphs[key] = graph
-        return graph
+        return self.graphs(train)
 
     def prepare(self) -> None:
         """Capture every graph of the search space now instead of on first use."""
-        for p in self.policy.cfg.precision:
-            for c in self.policy.cfg.checkpointing:
-                for g in (1, 2):
-                    self.graph_for(replace(self.train, precision=p, checkpointing=c, grad_accum=g))
+        self.graphs.prepare(self.policy.precisions, self.policy.checkpointing)
 
     def predict(self, sizes: dict[str, int]) -> dict[str, int]:
         """Corrected prediction and bound for the base configuration at `sizes`."""
@@ -215,8 +199,8 @@ class MemoryGovernor:
     def batch_size_for(self, bucket: int | None) -> int:
         """Samples per batch for a length bucket: the plan's micro-batch, or the effective
         batch when `keep_effective_batch` (then `step` splits it)."""
-        if self.config.keep_effective_batch:
-            return int(self.config.effective_batch or 1)
+        if self.config.batching.keep_effective_batch:
+            return int(self.config.batching.effective_batch or 1)
         key = (bucket, self.step_count)
         got = self._sizes_asked.get(key)
         if got is None:  # the batcher asks once per sample: decide once per bucket and step
@@ -248,6 +232,23 @@ class MemoryGovernor:
         fn = step_fn or self.loss_fn
         if fn is None:
             raise ValueError("no loss: pass step_fn(model, batch) -> loss")
+        sizes, n, bucket, decision = self._decide(batch)
+        overhead = _cpu() - t0 + self._take_batching_s()
+        retries, run_t0 = 0, time.perf_counter()
+        while (failure := self._attempt(batch, n, decision, fn)) is not None:
+            t1 = _cpu()
+            retries += 1
+            decision = self._rollback(bucket, n, decision, failure, retries)
+            overhead += _cpu() - t1
+        return self._finish(batch, sizes, bucket, decision, retries, run_t0, overhead)
+
+    def plan(self, batch: Any) -> Iterator[StepPlan]:
+        """The user-owned loop: plans for one optimizer step over `batch`, a smaller one
+        after each OOM (see `serving.governor.loop`)."""
+        return plans(self, batch)
+
+    def _decide(self, batch: Any) -> tuple[dict[str, int], int, int | None, Decision]:
+        """Sizes, samples, bucket and the applied decision for the next step over `batch`."""
         symbols = self.base_graph.symbols
         sizes = {k: v for k, v in self.sizes_of(batch).items() if k in symbols or k == "B"}
         n, seq = sizes["B"], sizes.get("S")
@@ -269,32 +270,54 @@ class MemoryGovernor:
             )
         self._apply(decision)
         self._defragment(bucket, decision)
-        overhead = _cpu() - t0 + self._batching_s
-        self._batching_s = 0.0
-        retries, run_t0 = 0, time.perf_counter()
-        while (failure := self._attempt(batch, n, decision, fn)) is not None:
-            t1 = _cpu()
-            retries += 1
-            decision = self._rollback(bucket, n, decision, failure, retries)
-            overhead += _cpu() - t1
+        return sizes, n, bucket, decision
+
+    def _take_batching_s(self) -> float:
+        """Governor time spent forming batches since the last step (counted in its overhead)."""
+        out, self._batching_s = self._batching_s, 0.0
+        return out
+
+    def _finish(
+        self,
+        batch: Any,
+        sizes: dict[str, int],
+        bucket: int | None,
+        decision: Decision,
+        retries: int,
+        run_t0: float,
+        overhead: float,
+        overflow: bool | None = None,
+    ) -> StepRecord:
         run_s = time.perf_counter() - run_t0
         self.policy.on_success(bucket, decision.micro)
-        record = self.observer.after_step(batch, sizes, bucket, decision, retries, run_s, overhead)
-        return record
+        if overflow is None:
+            overflow, self._overflowed = self._overflowed, False
+        return self.observer.after_step(
+            batch,
+            sizes,
+            bucket,
+            decision,
+            retries=retries,
+            run_s=run_s,
+            overhead_s=overhead,
+            overflow=overflow,
+            scaler=self.scaler,
+            count_avoided=not self.governs_batching,
+        )
 
     def _defragment(self, bucket: int | None, decision: Decision) -> None:
         """Before a step of a new shape that must reuse cached blocks (its bound is over what
         the device has never reserved), release the cached free segments: blocks split for
         other shapes are what variable lengths fragment, and an OOM there is avoidable."""
         shape = (bucket, decision.micro, decision.checkpointing)
-        previous, self._last_shape = getattr(self, "_last_shape", None), shape
+        previous, self._last_shape = self._last_shape, shape
         if not self.config.defragment or shape == previous:
             return
         free_device = self.capacity - self.device.memory_reserved()
         needs = decision.bound_bytes - self.device.memory_allocated()
         if needs > free_device and self.device.memory_reserved() > self.device.memory_allocated():
             self.device.empty_cache()
-            self.totals["defragmentations"] += 1
+            self.observer.count("defragmentations")
 
     def _apply(self, decision: Decision) -> None:
         self.toggles.set(decision.checkpointing)
@@ -319,14 +342,21 @@ class MemoryGovernor:
             if self._phase == "optimizer":  # parameters may be half updated: cannot redo
                 raise
         # outside the except block: the traceback (and the tensors its frames hold) is gone
+        self._recover()
+        return message
+
+    def _recover(self) -> None:
+        """After an OOM before the optimizer step: drop the partial gradients, the scaler's
+        per-step state, and whatever the failed attempt left in the device's cache."""
         self.toggles.in_backward = False
         self.optimizer.zero_grad(set_to_none=True)
+        if isinstance(self.scaler, torch.amp.GradScaler):
+            self.scaler._per_optimizer_states.pop(id(self.optimizer), None)  # unscale_ again
         self.device.recover()
-        return message
 
     def _run(self, batch: Any, n: int, chunks: list[int], fn: LossFn) -> None:
         pieces = split(batch, chunks) if len(chunks) > 1 else [batch]
-        total = 0.0
+        total, fake = 0.0, False
         for piece, size in zip(pieces, chunks):
             micro = self.device.transfer(piece)
             with self.device.context():
@@ -339,7 +369,8 @@ class MemoryGovernor:
                 self.toggles.in_backward = True
                 scaled.backward()
                 self.toggles.in_backward = False
-            total += float(loss.detach()) * weight
+            fake = isinstance(loss, FakeTensor)  # a fake-executing device computes no loss
+            total += 0.0 if fake else float(loss.detach()) * weight
             del loss, scaled, micro
         self._phase = "optimizer"
         with self.device.context():
@@ -347,19 +378,17 @@ class MemoryGovernor:
                 before = float(self.scaler.get_scale())
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
-                self.observer.overflow = self.overflow.observe(
-                    before, float(self.scaler.get_scale())
-                )
+                self._overflowed = self.overflow.observe(before, float(self.scaler.get_scale()))
             else:
                 self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         self._phase = "done"
-        self.last_loss = total
+        self.last_loss = None if fake else total
 
     def _rollback(
         self, bucket: int | None, n: int, failed: Decision, failure: str, retries: int
     ) -> Decision:
-        self.totals["ooms"] += 1
+        self.observer.count("ooms")
         sizes = self.policy.sizes(bucket, failed.micro)
         graph = self.policy.graph(failed.checkpointing, failed.precision, failed.grad_accum)
         raw = self.predictor.raw(graph, sizes).upper_bound_bytes
@@ -374,7 +403,7 @@ class MemoryGovernor:
         same = (decision.micro, decision.checkpointing) == (failed.micro, failed.checkpointing)
         if same and failed.micro == 1:  # nothing smaller: checkpoint every block, searched or not
             decision = replace(decision, checkpointing="full", fits=False)
-        self.totals["rollbacks"] += 1
+        self.observer.count("rollbacks")
         self.alerts.emit(
             Alert(
                 step=self.step_count,

@@ -1,0 +1,1 @@
+"""The governor inside loops it does not own: Lightning, the Hugging Face Trainer."""
