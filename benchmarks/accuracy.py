@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from predictor.features import METRICS  # noqa: E402
+from predictor.vocab import METRICS  # noqa: E402
 from training.data import Dataset, error_summary, load_dataset, split  # noqa: E402
 
 log = logging.getLogger("benchmarks.accuracy")
@@ -299,7 +299,7 @@ def _synthetic_encode(model) -> list[dict[str, Any]]:
 
 
 def _dev():
-    from dataset.devices import get_profile
+    from predictor.devices import get_profile
 
     return get_profile("a100-80gb")
 

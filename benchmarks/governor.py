@@ -65,8 +65,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dataset.allocator import AllocatorConfig  # noqa: E402
-from dataset.devices import get_profile  # noqa: E402
 from dataset.sim import build_trace, replay_trace  # noqa: E402
+from predictor.devices import get_profile  # noqa: E402
 from predictor.plan import RECOMPUTE_COST  # noqa: E402
 from predictor.predict import capture_cached  # noqa: E402
 from predictor.spec import TrainSpec  # noqa: E402

@@ -6,7 +6,7 @@
 2. JIT warm-up: the first call in a fresh process with an empty numba cache (compile)
    and with the on-disk cache filled (load), each in a subprocess.
 3. Exact predict end to end, in-process (capture excluded: one-time, cached on disk):
-   `ReplayModel.predict` against the GNN query (`default_model().predict`, first call with
+   `ReplayModel.predict` against the GNN query (`load_default_model().predict`, first call with
    the encode and repeated) and the Python simulator (`dataset.sim.simulate`), with the
    replay's bytes checked equal to the simulator's (and, for GPT-2, to
    `memgnn profile --backend sim`, a concrete capture).
@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 from dataset.allocator import AllocatorConfig, CachingAllocatorSim, MiB, replay
-from dataset.devices import get_profile
 from dataset.profile import ProfileConfig, profile
 from dataset.replay import encode_events, replay_fast
 from dataset.replay.exact import ReplayModel, estimate_events
@@ -39,7 +38,9 @@ from dataset.replay.trace import replay_trace_fast
 from dataset.sim import build_trace, replay_trace, simulate, trace_arrays
 from dataset.zoo import make_bundle
 from predictor.analytic import sweep
-from predictor.predict import Query, capture_cached, default_model
+from predictor.devices import get_profile
+from predictor.onnx_model import load_default_model
+from predictor.predict import Query, capture_cached
 from predictor.spec import TrainSpec
 
 OUT = Path(__file__).parent / "results"
@@ -167,7 +168,7 @@ def warmup() -> dict:
 
 def predict_speed(graphs: dict, skip_profile: bool) -> list[dict]:
     rows = []
-    gnn = default_model()
+    gnn = load_default_model()
     replay_model = ReplayModel()
     for name, (graph, sizes) in graphs.items():
         q = [Query(sizes=sizes, device=DEVICE.name, metric="reserved")]

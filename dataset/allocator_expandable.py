@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING
 
-from dataset.allocator import K_LARGE_BUFFER, K_SMALL_BUFFER, Block, BlockPool
+from dataset.allocator_blocks import K_LARGE_BUFFER, K_SMALL_BUFFER, Block, BlockPool
 
 if TYPE_CHECKING:
     from dataset.allocator import CachingAllocatorSim

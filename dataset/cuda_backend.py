@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from dataset.devices import PROFILES, DeviceProfile, GiB, MiB, gpu_profile
 from predictor.analytic import STEP_NAMES
+from predictor.devices import PROFILES, DeviceProfile, GiB, MiB, gpu_profile
 from predictor.spec import ModelBundle, TrainSpec
 from predictor.step import TrainingStep, step_plan
 

@@ -122,7 +122,7 @@ def _fails_at_every_size(error: str) -> bool:
 
 def _capture(bundle, train, job, device: str | None, cache_dir: str | None):
     """(symbolic StepGraph, its id, None) or (None, None, why the capture failed)."""
-    from dataset.devices import get_profile
+    from predictor.devices import get_profile
     from predictor.predict import capture_cached
 
     try:

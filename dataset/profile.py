@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from dataset.allocator import AllocatorConfig
-from dataset.devices import DeviceProfile, get_profile
 from dataset.record import ProfileRecord
+from predictor.devices import DeviceProfile, get_profile
 from predictor.graph import StepGraph
 from predictor.spec import ModelBundle, TrainSpec
 
@@ -119,9 +119,9 @@ def _run_backend(
             device,
             scenario=config.scenario,
             allocator=config.allocator,
-            snapshot_path=config.snapshot_path,
         )
         if not sim.stats["violated_guards"]:
+            _export(graph, sizes, device, config, sim.stats)
             return _sim_result(sim, graph, label_graph="symbolic")
         log.info("%s at %s: symbolic guards fail; capturing concretely", bundle.name, sizes)
     target = "cuda" if device.is_gpu else "cpu"
@@ -139,9 +139,23 @@ def _run_backend(
         device,
         scenario=config.scenario,
         allocator=config.allocator,
-        snapshot_path=config.snapshot_path,
     )
+    _export(graph, sizes, device, config, sim.stats)
     return _sim_result(sim, graph, label_graph="concrete")
+
+
+def _export(graph: StepGraph, sizes, device, config: ProfileConfig, stats: dict) -> None:
+    """With `snapshot_path`, write the simulated step (the path `simulate` reports) as a
+    `_dump_snapshot` pickle (gzip if the name ends in .gz)."""
+    if not config.snapshot_path:
+        return
+    from dataset.snapshot.export import simulated_step_snapshot, write_snapshot
+
+    snap = simulated_step_snapshot(
+        graph, sizes, device, scenario=config.scenario, allocator=config.allocator
+    )
+    write_snapshot(snap, config.snapshot_path)
+    stats["snapshot_path"] = str(config.snapshot_path)
 
 
 def _sim_result(sim, graph: StepGraph, *, label_graph: str) -> dict[str, Any]:

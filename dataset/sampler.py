@@ -32,7 +32,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from dataset.devices import PROFILES
+from predictor.devices import PROFILES
 from predictor.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec
 
 log = logging.getLogger(__name__)
@@ -91,8 +91,8 @@ class SamplerConfig:
     hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # pinned, per zoo name
 
     def __post_init__(self) -> None:
-        from dataset.devices import PROFILES
         from dataset.zoo import FAMILIES
+        from predictor.devices import PROFILES
 
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
             raise ValueError(f"size must be an int >= 0, got {self.size!r}")
@@ -310,7 +310,7 @@ def skip_reason(train: TrainSpec, blocks: int, device: str, *, conv: bool = Fals
     convolutions if `conv`), or None."""
     import torch
 
-    from dataset.devices import PROFILES
+    from predictor.devices import PROFILES
 
     profile = PROFILES.get(device)
     if profile is not None and "bf16" in train.precision and not profile.bf16:

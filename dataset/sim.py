@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
-from dataset.devices import DeviceProfile
 from dataset.replay.events import OP_ALLOC, OP_FREE, OP_MARK, EventArrays
 from predictor.analytic import STEP_NAMES, sweep
+from predictor.devices import DeviceProfile
 from predictor.graph import StepGraph
 from predictor.vocab import MATMUL_OPS, PHASES
 
@@ -234,8 +234,6 @@ def simulate(
     }
     stats: dict[str, Any] = {"scenario": scenario, "violated_guards": swept.violated_guards}
     if not device.is_gpu:
-        if snapshot_path:
-            raise ValueError("a snapshot needs a GPU device profile (the CUDA allocator)")
         return SimResult(
             peak_allocated_bytes=swept.peak_bytes,
             peak_reserved_bytes=None,
@@ -254,12 +252,6 @@ def simulate(
         results = [replayer(a, cfg) for a in arrays]
     worst = max(range(len(results)), key=lambda k: results[k]["peak_reserved_bytes"])
     r = results[worst]
-    if snapshot_path:
-        from dataset.snapshot.export import step_snapshot, write_snapshot
-
-        snap = step_snapshot(graph, swept.sizes, device, cfg, path=worst)
-        write_snapshot(snap, snapshot_path)
-        stats["snapshot_path"] = str(snapshot_path)
     breakdown.update(
         phases=r["phase_peaks"],
         first_step=r["step_peaks"].get("first"),

@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from dataset.devices import PROFILES, DeviceProfile, get_profile
 from dataset.profile import ProfileConfig, profile
 from dataset.zoo import get_family, make_bundle
+from predictor.devices import PROFILES, DeviceProfile, get_profile
 from predictor.spec import TrainSpec, check_size
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memgnn.cli import model_args, parse_sizes, train_spec
+from memgnn.args import model_args, parse_sizes, train_spec
 from memgnn.display import fmt_bytes, model_line, print_table
 
 
@@ -134,7 +134,7 @@ def models_cmd(args: argparse.Namespace) -> int:
 
 
 def devices_cmd(args: argparse.Namespace) -> int:
-    from dataset.devices import PROFILES
+    from predictor.devices import PROFILES
 
     if args.json:
         print(json.dumps({k: v.to_dict() for k, v in PROFILES.items()}, indent=2))
@@ -237,9 +237,10 @@ def _model_info(graph, bundle, train, target: str) -> dict[str, Any]:
 
 
 def predict_cmd(args: argparse.Namespace) -> int:
-    from dataset.devices import get_profile
     from dataset.replay.exact import ExactConfig, choose_method, predict_with
-    from predictor.predict import Query, default_model, unused_sizes
+    from predictor.devices import get_profile
+    from predictor.onnx_model import load_default_model
+    from predictor.predict import Query, unused_sizes
 
     if args.url and args.plot:
         raise ValueError("--plot draws a local simulation; it cannot be used with --url")
@@ -273,7 +274,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
     graph = _graph_for(bundle, device, sizes, not args.no_cache, args.scenario)(train)
     info = _model_info(graph, bundle, train, "cuda" if device.is_gpu else "cpu")
     exact = ExactConfig(budget_s=args.replay_budget_ms / 1e3)
-    learned = default_model() if choose_method(args.method, graph, exact) == "gnn" else None
+    learned = load_default_model() if choose_method(args.method, graph, exact) == "gnn" else None
     t0 = time.perf_counter()
     pred = predict_with(args.method, graph, [query], learned=learned, config=exact)[0]
     warnings = unused_sizes(graph, parse_sizes(args))
@@ -315,10 +316,10 @@ def _csv(text: str, cast=str) -> list:
 
 
 def plan_cmd(args: argparse.Namespace) -> int:
-    from dataset.devices import get_profile
+    from predictor.devices import get_profile
     from predictor.errors import UserError
+    from predictor.onnx_model import load_default_model
     from predictor.plan import PlanConfig, SearchSpace, parse_budget, plan
-    from predictor.predict import default_model
 
     if args.batch is not None:
         raise UserError("plan searches the batch size: cap it with --max-batch N, not --batch")
@@ -362,7 +363,9 @@ def plan_cmd(args: argparse.Namespace) -> int:
     from dataset.replay.exact import ReplayModel
 
     exact = ReplayModel() if device.is_gpu else None  # decides the steps near the budget
-    res = plan(default_model(), graph_for, base, space, cfg, n_blocks=info["blocks"], exact=exact)
+    res = plan(
+        load_default_model(), graph_for, base, space, cfg, n_blocks=info["blocks"], exact=exact
+    )
     if res.best is None:
         raise UserError(res.reason)
     best = res.best

@@ -91,10 +91,11 @@ def run_demo(out: Path) -> int:
 
 
 def _predict_step(graph, sizes, sim) -> None:
-    from predictor.predict import Query, default_model
+    from predictor.onnx_model import load_default_model
+    from predictor.predict import Query
 
     print("== 4. prediction vs the simulated ground truth (reserved bytes, h100-80gb)")
-    model = default_model()
+    model = load_default_model()
     t0 = time.perf_counter()
     pred = model.predict(graph, [Query(sizes=sizes, device="h100-80gb")])[0]
     ms = (time.perf_counter() - t0) * 1e3

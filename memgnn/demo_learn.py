@@ -82,9 +82,10 @@ def learn_step(out: Path, *, jobs: int = 72, rows: int = 5) -> None:
 def _held_out_table(corpus, records, model, rows: int) -> None:
     """Measured reserved bytes of held-out configs next to the demo model, the shipped
     model (trained on thousands of records, this family included) and the analytic sweep."""
-    from predictor.predict import AnalyticModel, Query, default_model
+    from predictor.onnx_model import load_default_model
+    from predictor.predict import AnalyticModel, Query
 
-    others = {"shipped": default_model(), "analytic": AnalyticModel()}
+    others = {"shipped": load_default_model(), "analytic": AnalyticModel()}
     held = [r for r in records if r["family"] == HELD_OUT and r["peak_reserved_bytes"]]
     held.sort(key=lambda r: r["peak_reserved_bytes"])
     step = max(1, len(held) // rows)

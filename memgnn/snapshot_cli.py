@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from memgnn.cli import train_spec
+from memgnn.args import train_spec
 from memgnn.display import fmt_bytes, parse_bytes, print_table
 
 __all__ = ["add_snapshot_parser", "plot_prediction", "smaller_batch", "tag_export"]
@@ -217,10 +217,10 @@ def tag_export(path: str, args: argparse.Namespace, sizes: dict[str, int], devic
 def smaller_batch(meta: dict[str, Any], capacity: int, alloc_conf: str | None) -> dict[str, Any]:
     """The largest batch below the export's whose simulated step fits ``capacity``
     (binary search; one symbolic capture, then a simulation per probe)."""
-    from dataset.devices import get_profile
     from dataset.sim import simulate
     from dataset.snapshot.conf import allocator_config
     from dataset.zoo import resolve
+    from predictor.devices import get_profile
     from predictor.predict import capture_cached
     from predictor.spec import TrainSpec
 

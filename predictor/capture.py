@@ -39,6 +39,7 @@ from predictor.pathgraph import ExprInterner, path_from_recorder
 from predictor.recorder import ModuleTracker, RecorderObserver, StepRecorder, register_state
 from predictor.spec import ModelBundle, TrainSpec
 from predictor.step import TrainingStep, step_plan
+from predictor.vocab import SCENARIOS
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ class CaptureConfig:
     def __post_init__(self) -> None:
         if self.target not in ("cpu", "cuda"):
             raise ValueError(f"target must be cpu or cuda, got {self.target!r}")
-        if self.scenario not in ("min", "balanced", "worst"):
+        if self.scenario not in SCENARIOS:
             raise ValueError(f"scenario must be min, balanced or worst, got {self.scenario!r}")
         if self.max_paths is not None and self.max_paths < 1:
             raise ValueError("max_paths must be >= 1")

@@ -187,7 +187,7 @@ class EncodedAnalytic(AnalyticModel):
     def predict_encoded(
         self, enc: AnalyticEncoding, graph: StepGraph, queries: Sequence[Query]
     ) -> list[Prediction]:
-        from dataset.devices import get_profile
+        from predictor.devices import get_profile
 
         if not queries:
             return []

@@ -98,7 +98,6 @@ QUERY_COLUMNS: tuple[str, ...] = (
 )  # fmt: skip
 NUM_NODE_FEATURES = len(NODE_COLUMNS)
 NUM_QUERY_FEATURES = len(QUERY_COLUMNS)
-METRICS = ("allocated", "reserved", "device_total")
 
 
 @lru_cache(maxsize=4096)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from predictor.expr import ExprTable, validate_source
-from predictor.vocab import CATEGORIES, PHASES
+from predictor.vocab import CATEGORIES, PHASES, SCENARIOS
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,6 @@ FORMAT = "memgnn.stepgraph"
 VERSION = 1
 NODE_FIELDS = ("op", "phase", "step", "micro", "module", "inputs", "outputs", "scratch")
 STORAGE_FIELDS = ("nbytes", "dtype", "category", "alloc", "free")
-SCENARIOS = ("min", "balanced", "worst")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -35,7 +35,6 @@ from predictor.features import (
 )
 from predictor.graph import StepGraph
 from predictor.predict import (
-    METRICS,
     AnalyticModel,
     MemoryModel,
     Prediction,
@@ -44,6 +43,7 @@ from predictor.predict import (
 )
 from predictor.query_features import PathContext
 from predictor.trust import batch_cap, extrapolation_notes, floors
+from predictor.vocab import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ class OnnxMemoryModel:
         self, embedding: np.ndarray, graph: StepGraph, queries: Sequence[Query]
     ) -> list[Prediction]:
         """Predictions from an embedding `encode(graph)` returned (the head alone)."""
-        from dataset.devices import get_profile
+        from predictor.devices import get_profile
 
         if not queries:
             return []

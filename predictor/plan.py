@@ -22,6 +22,7 @@ from predictor.errors import UserError
 from predictor.graph import StepGraph
 from predictor.predict import GuardViolation, MemoryModel, Prediction, Query
 from predictor.spec import PRECISIONS, TrainSpec
+from predictor.vocab import SEARCH_MODES
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class SearchSpace:
                 raise ValueError(f"unknown precision {p!r} in search space")
         for c in self.checkpointing:
             TrainSpec(checkpointing=c)  # validates the form
-        if self.mode not in ("power", "binsearch"):
+        if self.mode not in SEARCH_MODES:
             raise ValueError(f"mode must be power or binsearch, got {self.mode!r}")
         if self.effective_batch is not None and self.effective_batch < 1:
             raise ValueError("effective_batch must be >= 1")

@@ -27,11 +27,10 @@ from predictor.capture_cache import cache_dir, capture_cached, capture_key  # no
 from predictor.errors import UserError
 from predictor.graph import StepGraph
 from predictor.spec import ModelBundle, TrainSpec
-from predictor.vocab import cublas_workspaces
+from predictor.vocab import METRICS, SCENARIOS, cublas_workspaces
 
 log = logging.getLogger(__name__)
 
-METRICS = ("allocated", "reserved", "device_total")
 METHODS = ("replay", "gnn", "analytic")
 
 
@@ -45,7 +44,7 @@ class Query:
     def __post_init__(self) -> None:
         if self.metric is not None and self.metric not in METRICS:
             raise ValueError(f"unknown metric {self.metric!r}; expected one of {METRICS}")
-        if self.scenario not in ("min", "balanced", "worst"):
+        if self.scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {self.scenario!r}")
 
     def resolved_metric(self, is_gpu: bool) -> str:
@@ -126,7 +125,7 @@ class AnalyticModel:
     version = "analytic-1"
 
     def predict(self, graph: StepGraph, queries: Sequence[Query]) -> list[Prediction]:
-        from dataset.devices import get_profile
+        from predictor.devices import get_profile
 
         check_guards(graph, queries)
         out = []
@@ -271,13 +270,3 @@ class Progress:
 
 
 _progress = logging.getLogger("predictor.progress")
-
-
-def default_model() -> MemoryModel:
-    """The shipped learned model (onnxruntime); the analytic baseline if none ships."""
-    try:
-        from predictor.onnx_model import load_default_model
-    except ImportError:
-        log.warning("no learned model in this install: using the analytic baseline")
-        return AnalyticModel()
-    return load_default_model()

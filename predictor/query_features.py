@@ -137,7 +137,7 @@ class PathContext:
         ]).astype(np.float64)  # fmt: skip
 
     def query(self, sizes: dict[str, int], device: Any, scenario: str = "worst") -> QueryResult:
-        """Query features at `sizes` on `device` (a `dataset.devices.DeviceProfile`)."""
+        """Query features at `sizes` on `device` (a `predictor.devices.DeviceProfile`)."""
         return self.query_many([(sizes, device, scenario)])[0]
 
     def _workspace(self, device: Any) -> int:

@@ -1,5 +1,16 @@
 """Names shared by the recorder, the graph format and the features (no torch import here,
-so loading a StepGraph stays cheap in a server worker)."""
+so loading a StepGraph stays cheap in a server worker), and the vocabularies every layer
+speaks: the metrics a prediction is in, the data-dependent size scenarios, the batch-search
+modes (each a `Literal` and its tuple of values, defined once here)."""
+
+from typing import Literal, get_args
+
+Metric = Literal["allocated", "reserved", "device_total"]
+Scenario = Literal["min", "balanced", "worst"]
+SearchMode = Literal["power", "binsearch"]
+METRICS: tuple[Metric, ...] = get_args(Metric)
+SCENARIOS: tuple[Scenario, ...] = get_args(Scenario)
+SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
 
 CATEGORIES = (
     "parameter",

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dataset.devices import get_profile
+from predictor.devices import get_profile
 from predictor.errors import UserError
 from predictor.graph import StepGraph
 from predictor.predict import Query

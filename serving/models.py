@@ -18,13 +18,13 @@ from typing import Any
 
 from predictor.encoded_analytic import EncodedAnalytic
 from predictor.graph import StepGraph
+from predictor.onnx_model import load_default_model
 from predictor.predict import (
     AnalyticModel,
     EncodingModel,
     MemoryModel,
     Prediction,
     Query,
-    default_model,
 )
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def _download_mlflow(uri: str) -> Path:
 def load_model(spec: str | None) -> MemoryModel:
     """The model for a `ServeConfig.model` value; ValueError naming what went wrong."""
     if spec in (None, "", "default"):
-        model: Any = default_model()
+        model: Any = load_default_model()
     elif spec == "analytic":
         model = AnalyticModel()
     elif spec.startswith(MLFLOW_SCHEMES):

@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dataset.devices import DeviceProfile, get_profile
+from predictor.devices import DeviceProfile, get_profile
 from predictor.graph import StepGraph
 from predictor.plan import Candidate, PlanConfig, SearchSpace, plan
 from predictor.predict import Prediction, Query

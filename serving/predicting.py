@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataset.devices import get_profile
+from predictor.devices import get_profile
 from predictor.predict import Query
 from serving.captures import Work
 from serving.engine import Engine, GraphEntry, Served

@@ -11,9 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
 
-from dataset.devices import PROFILES
 from dataset.zoo import TASKS
-from predictor.predict import METRICS
+from predictor.devices import PROFILES
 from predictor.spec import (
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
@@ -22,6 +21,7 @@ from predictor.spec import (
     STEP_KINDS,
     TrainSpec,
 )
+from predictor.vocab import Metric, Scenario, SearchMode
 
 MAX_SIZE = (1 << 31) - 1
 SymbolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
@@ -29,8 +29,6 @@ Size = Annotated[StrictInt, Field(ge=1, le=MAX_SIZE)]
 Sizes = Annotated[dict[SymbolName, Size], Field(max_length=32)]
 GraphId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")]
 Device = Literal[tuple(PROFILES)]  # type: ignore[valid-type]
-Metric = Literal[METRICS]  # type: ignore[valid-type]
-Scenario = Literal["min", "balanced", "worst"]
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
 Checkpointing = Annotated[str, StringConstraints(pattern=r"^(none|full|blocks:[0-9]{1,6})$")]
 Bytes = Annotated[StrictInt, Field(ge=0, le=1 << 60)]
@@ -161,7 +159,7 @@ class SpaceIn(Strict):
     )
     precision: list[Precision] = Field(default_factory=lambda: ["fp32"], min_length=1, max_length=5)
     effective_batch: int | None = Field(default=None, ge=1, le=1 << 24)
-    mode: Literal["power", "binsearch"] = "binsearch"
+    mode: SearchMode = "binsearch"
     power_of_two: bool = True
 
 

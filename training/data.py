@@ -23,8 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from predictor.features import METRICS, GraphInputs, graph_inputs
+from predictor.features import GraphInputs, graph_inputs
 from predictor.query_features import PathContext
+from predictor.vocab import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def load_dataset(
     naming them, unless `allow_corrupt`: then their records are left out and the Dataset's
     `dropped` says what was left out."""
     from dataset.corpus import Corpus
-    from dataset.devices import get_profile
+    from predictor.devices import get_profile
 
     corpus = Corpus(corpus_dir)
     rows = [r for r in corpus.records() if r["graph_id"]]

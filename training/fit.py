@@ -28,6 +28,7 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.loader import DataLoader
 
 from predictor.gnn import GNNConfig, MemoryGNN, memory_loss
+from predictor.vocab import METRICS
 from training.data import Dataset, error_summary
 from training.fit_config import FitConfig
 
@@ -113,7 +114,7 @@ def evaluate(model: MemoryGNN, data: Dataset, idx: np.ndarray, graphs=None) -> d
     sources = np.array(data.source)[idx]
     for src in sorted(set(sources)):
         sel = sources == src
-        for m, name in enumerate(("allocated", "reserved", "device_total")):
+        for m, name in enumerate(METRICS):
             s = error_summary(pred[sel, m], bound[sel, m], meas[sel, m])
             if s["n"]:
                 out[f"{src}/{name}"] = s

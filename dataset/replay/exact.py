@@ -21,11 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from dataset.allocator import AllocatorConfig
-from dataset.devices import get_profile
 from dataset.replay.trace import replay_trace_fast
 from dataset.sim import simulate
+from predictor.devices import get_profile
 from predictor.graph import StepGraph
-from predictor.predict import AnalyticModel, MemoryModel, Prediction, Query, default_model
+from predictor.onnx_model import load_default_model
+from predictor.predict import AnalyticModel, MemoryModel, Prediction, Query
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +169,7 @@ def predict_with(
         return ReplayModel(config.allocator).predict(graph, queries)
     if chosen == "analytic":
         return AnalyticModel().predict(graph, queries)
-    model = learned or default_model()
+    model = learned or load_default_model()
     preds = model.predict(graph, queries)
     if isinstance(model, AnalyticModel):
         preds = [replace(p, method="analytic") for p in preds]

@@ -15,6 +15,7 @@ simulated reserved peak), with frames naming the node (op, module, phase, step).
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import logging
 import pickle
@@ -22,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
-from dataset.devices import DeviceProfile
 from dataset.sim import build_trace, replay_trace
 from predictor.analytic import STEP_NAMES, sweep
+from predictor.devices import DeviceProfile
 from predictor.errors import UserError
 from predictor.graph import StepGraph
 from predictor.vocab import CATEGORIES, PHASES
@@ -188,11 +189,10 @@ def simulated_step_snapshot(
     if not device.is_gpu:
         raise UserError("a snapshot needs a GPU device profile (the CUDA allocator)")
     swept = sweep(graph, sizes, scenario=scenario)
-    cfg = allocator or AllocatorConfig(
-        capacity_bytes=None
-        if device.total_bytes is None
-        else device.total_bytes - device.context_bytes
-    )
+    usable = None if device.total_bytes is None else device.total_bytes - device.context_bytes
+    cfg = allocator or AllocatorConfig(capacity_bytes=usable)
+    if cfg.capacity_bytes is None:  # as `simulate` does: the device's usable bytes
+        cfg = dataclasses.replace(cfg, capacity_bytes=usable)
     peaks = [
         replay_trace(build_trace(graph, k, swept.sizes, device), cfg)["peak_reserved_bytes"]
         for k in range(len(graph.paths))

@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from predictor.predict import MemoryModel, default_model
+from predictor.onnx_model import load_default_model
+from predictor.predict import MemoryModel
 from predictor.spec import ModelBundle, TrainSpec
 from predictor.step import build_optimizer
 from serving.governor.checks import check_module
@@ -72,7 +73,7 @@ def make_predictor(
 ) -> GovernedPredictor:
     """`model` (the shipped one when None), cached and corrected for `device`."""
     return GovernedPredictor(
-        model or default_model(),
+        model or load_default_model(),
         device=device.profile,
         metric=config.metric,
         corrector=ResidualCorrector(config.corrector),

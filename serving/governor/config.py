@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from predictor.vocab import SCENARIOS
 from serving.governor.alerts import AlertConfig
 from serving.governor.batching import BatchingConfig
 from serving.governor.correction import CorrectorConfig
@@ -68,7 +69,7 @@ class GovernorConfig:
             raise ValueError("max_retries must be >= 1")
         if self.keep_records < 1:
             raise ValueError("keep_records must be >= 1")
-        if self.scenario not in ("min", "balanced", "worst"):
+        if self.scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {self.scenario!r}")
         if self.cache_dir is not None:
             self.cache_dir = Path(self.cache_dir)

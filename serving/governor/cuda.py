@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from dataset.devices import PROFILES
+from predictor.devices import PROFILES
 
 log = logging.getLogger(__name__)
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from predictor.graph import StepGraph
 from predictor.plan import Candidate, PlanConfig, SearchSpace, cost, plan
 from predictor.spec import PRECISIONS, TrainSpec
+from predictor.vocab import SEARCH_MODES
 from serving.governor.correction import GovernedPredictor
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class PolicyConfig:
             raise ValueError(f"overhead_tokens must be >= 0, got {self.overhead_tokens}")
         if not 0 < self.threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
-        if self.mode not in ("power", "binsearch"):
+        if self.mode not in SEARCH_MODES:
             raise ValueError(f"mode must be power or binsearch, got {self.mode!r}")
         if self.max_batch < 1:
             raise ValueError("max_batch must be >= 1")

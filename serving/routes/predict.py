@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 
-from dataset.devices import PROFILES
+from predictor.devices import PROFILES
 from serving import schemas as s
 from serving.deps import Config, Eng, NewWork, Persist, run_watched
 from serving.graphs import RequestError

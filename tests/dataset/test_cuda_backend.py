@@ -19,7 +19,7 @@ from dataset.cuda_backend import (
     nearest_known,
     profile_cuda,
 )
-from dataset.devices import PROFILES, GiB, MiB
+from predictor.devices import PROFILES, GiB, MiB
 from predictor.spec import ModelBundle, TrainSpec
 
 PHASES = {"input", "forward", "backward", "optimizer", "zero_grad"}

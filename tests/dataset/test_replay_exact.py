@@ -8,7 +8,6 @@ import pytest
 from tiny_models import tiny_gpt_bundle
 
 from dataset.allocator import AllocatorConfig
-from dataset.devices import get_profile
 from dataset.replay.exact import ExactConfig, ReplayModel, choose_method, predict_with
 from dataset.replay.trace import replay_trace_fast
 from dataset.sim import build_trace, replay_trace, simulate
@@ -16,6 +15,7 @@ from dataset.zoo import resolve
 from memgnn.cli import main
 from predictor.analytic import sweep
 from predictor.capture import CaptureConfig, capture
+from predictor.devices import get_profile
 from predictor.predict import AnalyticModel, Prediction, Query
 from predictor.spec import TrainSpec
 from predictor.vocab import MATMUL_OPS, PHASES

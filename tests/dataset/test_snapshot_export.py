@@ -5,12 +5,12 @@ import pickle
 import pytest
 
 from dataset.allocator import MiB
-from dataset.devices import get_profile
 from dataset.sim import simulate
 from dataset.snapshot.export import SnapshotRecorder, simulated_step_snapshot, write_snapshot
 from dataset.snapshot.loader import load_snapshot, loads_snapshot, snapshot_from_dict
 from dataset.snapshot.plot import PlotConfig, _sample_points, peak_allocations, plot_snapshot
 from dataset.snapshot.whatif import replay_report
+from predictor.devices import get_profile
 from predictor.predict import capture_cached
 from predictor.spec import TrainSpec
 
@@ -46,7 +46,8 @@ def test_step_export_round_trips_with_the_same_peaks(tmp_path, tiny_gpt):
     sizes = tiny_gpt.sizes({"B": 2, "S": 16})
     graph = capture_cached(tiny_gpt, TrainSpec(), target="cuda", sm=device.sm, sizes=sizes)
     out = tmp_path / "step.pickle"
-    res = simulate(graph, sizes, device, snapshot_path=str(out))
+    res = simulate(graph, sizes, device)
+    write_snapshot(simulated_step_snapshot(graph, sizes, device), out)
     snap = load_snapshot(out)
     acts = {e["action"] for e in snap.trace}
     assert {"alloc", "free_requested", "free_completed", "segment_alloc"} <= acts

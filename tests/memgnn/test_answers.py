@@ -68,10 +68,11 @@ def _run(capsys, *argv):
     ],
 )
 def test_answers_never_build_real_weights_and_name_the_model(capsys, monkeypatch, guarded, argv):
+    import predictor.onnx_model
     import predictor.predict
 
     # the baseline answers: this is about what gets built, not the GNN's numbers
-    monkeypatch.setattr(predictor.predict, "default_model", predictor.predict.AnalyticModel)
+    monkeypatch.setattr(predictor.onnx_model, "load_default_model", predictor.predict.AnalyticModel)
     code, out, err = _run(capsys, *argv, "--model", guarded, "--device", "a100-80gb", "--json")
     assert code == 0, err
     model = json.loads(out)["model"]

@@ -40,7 +40,7 @@ def test_features_are_deterministic(gpt_graph, tmp_path):
     gpt_graph.save(tmp_path / "g.json.gz")
     b = graph_inputs(StepGraph.load(tmp_path / "g.json.gz"))
     assert np.array_equal(a.x, b.x) and np.array_equal(a.edge_index, b.edge_index)
-    from dataset.devices import get_profile
+    from predictor.devices import get_profile
 
     q1 = PathContext(gpt_graph).query({"B": 8, "S": 64}, get_profile("a100-80gb"))
     q2 = PathContext(gpt_graph).query({"B": 8, "S": 64}, get_profile("a100-80gb"))

@@ -36,7 +36,7 @@ def graphs():
 def model_dir(graphs, tmp_path_factory):
     torch.manual_seed(0)
     model = MemoryGNN(GNNConfig(hidden=16, layers=2, head_hidden=32)).eval()
-    from dataset.devices import get_profile
+    from predictor.devices import get_profile
 
     q = np.stack([PathContext(graphs["gpt"]).query({"B": b, "S": 32}, get_profile(d)).features
                   for b in (1, 4, 16) for d in ("a100-80gb", "cpu")])  # fmt: skip

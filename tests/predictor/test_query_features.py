@@ -8,16 +8,16 @@ import pytest
 import torch
 
 import predictor.query_features as qf
-from dataset.devices import get_profile
 from predictor.analytic import sweep
 from predictor.capture import CaptureConfig, capture
+from predictor.devices import get_profile
 from predictor.predict import AnalyticModel, Query
 from predictor.query_features import PathContext
 from predictor.spec import TrainSpec
 
 
 def test_query_features_depend_on_sizes_and_match_the_analytic_model(gpt_graph):
-    from dataset.devices import get_profile
+    from predictor.devices import get_profile
 
     ctx = PathContext(gpt_graph)
     for device in ("a100-80gb", "h100-80gb", "cpu"):
@@ -38,7 +38,7 @@ def test_conv_only_graph_gets_no_cublas_workspace():
     import torch.nn.functional as F
     from torch import nn
 
-    from dataset.devices import get_profile
+    from predictor.devices import get_profile
     from predictor.spec import ModelBundle
 
     bundle = ModelBundle(
@@ -57,7 +57,7 @@ def test_conv_only_graph_gets_no_cublas_workspace():
 
 
 def test_query_many_equals_one_query_at_a_time(gpt_graph):
-    from dataset.devices import get_profile
+    from predictor.devices import get_profile
 
     ctx = PathContext(gpt_graph)
     asks = [
@@ -76,8 +76,8 @@ def test_query_many_equals_one_query_at_a_time(gpt_graph):
 def test_peak_node_is_found_among_the_nodes_where_bytes_rise(gpt_graph):
     """The curves are evaluated only where live bytes can rise; the peak, phase and step
     peaks must equal those of the full per-node sweep."""
-    from dataset.devices import get_profile
     from predictor.analytic import sweep
+    from predictor.devices import get_profile
 
     res = PathContext(gpt_graph).query({"B": 3, "S": 40}, get_profile("cpu"))
     full = sweep(gpt_graph, {"B": 3, "S": 40}, scenario="worst")

@@ -1,6 +1,6 @@
 import pytest
 
-from dataset.devices import PROFILES, get_profile
+from predictor.devices import PROFILES, get_profile
 
 REQUIRED = [
     "cpu",
