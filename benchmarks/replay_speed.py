@@ -224,7 +224,7 @@ def predict_speed(graphs: dict, skip_profile: bool) -> list[dict]:
     return rows
 
 
-SNAPSHOTS = Path("/work/shared/reference/cuda-snapshots")
+SNAPSHOTS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "cuda-snapshots"
 
 
 class _DataOnly(pickle.Unpickler):

@@ -1,7 +1,7 @@
 """Faithful simulator of PyTorch's CUDA caching allocator (the native backend).
 
-Rules (from /work/shared/reference/cuda-caching-allocator.md, checked against
-``c10/cuda/CUDACachingAllocator.cpp``):
+Rules (from ``c10/cuda/CUDACachingAllocator.cpp`` of PyTorch, tag v2.13.0; checked against
+real CUDA snapshots by ``benchmarks/snapshot_fidelity.py``):
 
 * ``round_size``: requests round up to 512 B (optionally to power-of-two divisions).
 * Rounded size <= 1 MiB uses the small pool, else the large pool. A new segment has

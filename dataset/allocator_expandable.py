@@ -1,8 +1,7 @@
 """Expandable segments (``expandable_segments:True``) for :mod:`dataset.allocator`.
 
-Rules (/work/shared/reference/cuda-caching-allocator.md; ``find_expandable_block``,
-``map_block``, ``try_allocate_expandable_block`` and ``unmap_block`` in
-``c10/cuda/CUDACachingAllocator.cpp``):
+Rules (``find_expandable_block``, ``map_block``, ``try_allocate_expandable_block`` and
+``unmap_block`` in ``c10/cuda/CUDACachingAllocator.cpp`` of PyTorch, tag v2.13.0):
 
 * One virtual address range per (stream, pool), 1 1/8 of the device capacity, grown by
   mapping physical pages of 2 MiB (small pool) / 20 MiB (large pool). Reserved bytes are

@@ -5,7 +5,8 @@
   here); measured values replace them when `memgnn validate-gpu` runs on the device.
 - `cublas_workspace_bytes`: one cuBLAS workspace per (handle, stream), allocated through the
   caching allocator and kept: 4096 KiB x 2 + 16 KiB x 8 = 8,519,680 B before Hopper,
-  32 MiB on sm90 and newer (shared/reference/cuda-caching-allocator.md).
+  32 MiB on sm90 and newer (``getChosenWorkspaceSize`` in PyTorch v2.13.0
+  ``aten/src/ATen/cuda/CublasHandlePool.cpp``).
 - `context_bytes`: CUDA context outside the allocator, counted by nvidia-smi only. The
   reference gives about 287 MB with lazy module loading (default since CUDA 11.7); kernel
   images loaded later add more, so this is an estimate that real measurements correct.

@@ -1,6 +1,6 @@
 """Hand-built traces with known answers, one (or more) per allocator rule.
 
-Expected numbers follow /work/shared/reference/cuda-caching-allocator.md.
+Expected numbers follow the rules of ``c10/cuda/CUDACachingAllocator.cpp`` (PyTorch v2.13.0).
 """
 
 import random
