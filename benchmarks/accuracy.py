@@ -44,8 +44,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from predictor.vocab import METRICS  # noqa: E402
-from training.data import Dataset, error_summary, load_dataset, split  # noqa: E402
+from memgnn.predictor.vocab import METRICS  # noqa: E402
+from memgnn.training.data import Dataset, error_summary, load_dataset, split  # noqa: E402
 
 log = logging.getLogger("benchmarks.accuracy")
 RESULTS = Path(__file__).parent / "results"
@@ -67,8 +67,8 @@ def random_split(data: Dataset, seed: int, test_fraction: float = 0.2, val_fract
 def cross_validate(
     data: Dataset, folds: int, max_epochs: int, seed: int, gnn: dict[str, Any], how: str
 ) -> dict[str, Any]:
-    from predictor.gnn import GNNConfig
-    from training.fit import FitConfig, cross_calibrate, fit, predict_log
+    from memgnn.predictor.gnn import GNNConfig
+    from memgnn.training.fit import FitConfig, cross_calibrate, fit, predict_log
 
     families = sorted(set(data.family))
     groups = [families[k::folds] for k in range(folds)] if how == "family" else [["(random)"]]
@@ -94,8 +94,8 @@ def cross_validate(
 
 def baselines(data: Dataset, corpus: str) -> dict[str, np.ndarray]:
     """Per record: params-only and Korthikanti estimates (bytes; NaN where n/a)."""
-    from dataset.corpus import Corpus
-    from predictor.recorder import CATEGORIES
+    from memgnn.dataset.corpus import Corpus
+    from memgnn.predictor.recorder import CATEGORIES
 
     records = {r["job_id"]: r for r in Corpus(corpus).records()}
     corpus_ = Corpus(corpus)
@@ -149,9 +149,9 @@ def with_live_samples(
     drawn seeded), sent through `serving.store.correction_from` and applied with
     `serving.engine.corrected`, as the service does. Records whose group has fewer than k
     others are not scored (NaN)."""
-    from predictor.predict import Prediction
-    from serving.engine import corrected
-    from serving.store import correction_from, ratio
+    from memgnn.predictor.predict import Prediction
+    from memgnn.serving.engine import corrected
+    from memgnn.serving.store import correction_from, ratio
 
     groups: dict[tuple[str, str], list[int]] = {}
     for i, (gid, _) in enumerate(data.keys):
@@ -218,11 +218,11 @@ def per_family(data: Dataset, pred: np.ndarray, analytic: np.ndarray) -> dict[st
 
 
 def latency(model_dir: Path, cache: Path) -> dict[str, Any]:
-    from dataset.zoo import make_bundle
-    from predictor.features import graph_inputs
-    from predictor.onnx_model import OnnxMemoryModel
-    from predictor.predict import Query, capture_cached
-    from predictor.spec import TrainSpec
+    from memgnn.dataset.zoo import make_bundle
+    from memgnn.predictor.features import graph_inputs
+    from memgnn.predictor.onnx_model import OnnxMemoryModel
+    from memgnn.predictor.predict import Query, capture_cached
+    from memgnn.predictor.spec import TrainSpec
 
     model = OnnxMemoryModel.load(model_dir)
     out: dict[str, Any] = {"model_dir": str(model_dir), "model_version": model.version,
@@ -277,7 +277,7 @@ def latency(model_dir: Path, cache: Path) -> dict[str, Any]:
 def _synthetic_encode(model) -> list[dict[str, Any]]:
     """The ONNX encoder alone at exactly 1k / 5k / 20k encoder nodes (random features, a
     random DAG with the corpus' ~2 edges per node)."""
-    from predictor.features import NUM_NODE_FEATURES, NUM_OPS, GraphInputs
+    from memgnn.predictor.features import NUM_NODE_FEATURES, NUM_OPS, GraphInputs
 
     rng = np.random.default_rng(0)
     rows = []
@@ -299,7 +299,7 @@ def _synthetic_encode(model) -> list[dict[str, Any]]:
 
 
 def _dev():
-    from predictor.devices import get_profile
+    from memgnn.predictor.devices import get_profile
 
     return get_profile("a100-80gb")
 

@@ -11,11 +11,11 @@ import logging
 import time
 from pathlib import Path
 
-from dataset.profile import ProfileConfig, profile
-from dataset.zoo import make_bundle
-from predictor.analytic import sweep
-from predictor.capture import capture
-from predictor.spec import TrainSpec
+from memgnn.dataset.profile import ProfileConfig, profile
+from memgnn.dataset.zoo import make_bundle
+from memgnn.predictor.analytic import sweep
+from memgnn.predictor.capture import capture
+from memgnn.predictor.spec import TrainSpec
 
 GPT2_SMALL = {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257, "max_positions": 1024}
 OUT = Path(__file__).parent / "results" / "gpt2_small.json"

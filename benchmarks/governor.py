@@ -64,23 +64,23 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dataset.allocator import AllocatorConfig  # noqa: E402
-from dataset.sim import build_trace, replay_trace  # noqa: E402
-from predictor.devices import get_profile  # noqa: E402
-from predictor.plan import RECOMPUTE_COST  # noqa: E402
-from predictor.predict import capture_cached  # noqa: E402
-from predictor.spec import TrainSpec  # noqa: E402
-from predictor.step import build_optimizer  # noqa: E402
-from serving.governor import (  # noqa: E402
+from memgnn.dataset.allocator import AllocatorConfig  # noqa: E402
+from memgnn.dataset.sim import build_trace, replay_trace  # noqa: E402
+from memgnn.predictor.devices import get_profile  # noqa: E402
+from memgnn.predictor.plan import RECOMPUTE_COST  # noqa: E402
+from memgnn.predictor.predict import capture_cached  # noqa: E402
+from memgnn.predictor.spec import TrainSpec  # noqa: E402
+from memgnn.predictor.step import build_optimizer  # noqa: E402
+from memgnn.serving.governor import (  # noqa: E402
     BatchingConfig,
     EmulatedDevice,
     GovernorConfig,
     MemoryGovernor,
     PolicyConfig,
 )
-from serving.governor.batching import LengthBuckets, TokenBatcher, pad_collate  # noqa: E402
-from serving.governor.demo import long_tail_samples, tiny_varlen_bundle  # noqa: E402
-from serving.governor.runtime import CheckpointToggles  # noqa: E402
+from memgnn.serving.governor.batching import LengthBuckets, TokenBatcher, pad_collate  # noqa: E402
+from memgnn.serving.governor.demo import long_tail_samples, tiny_varlen_bundle  # noqa: E402
+from memgnn.serving.governor.runtime import CheckpointToggles  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 CACHE = Path(tempfile.gettempdir()) / "memgnn-governor-bench"

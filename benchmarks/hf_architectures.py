@@ -110,9 +110,9 @@ def _alarm(signum, frame):
 
 def run_one(model_type: str, task: str, folder: Path, timeout: int) -> dict[str, Any]:
     """Build the tiny config, resolve it as hf:PATH and capture it symbolically."""
-    from dataset.zoo import resolve
-    from predictor.capture import CaptureConfig, capture
-    from predictor.spec import TrainSpec
+    from memgnn.dataset.zoo import resolve
+    from memgnn.predictor.capture import CaptureConfig, capture
+    from memgnn.predictor.spec import TrainSpec
 
     row: dict[str, Any] = {"model_type": model_type, "task": task, "stage": "config"}
     t0 = time.perf_counter()

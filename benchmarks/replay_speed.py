@@ -30,18 +30,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from dataset.allocator import AllocatorConfig, CachingAllocatorSim, MiB, replay
-from dataset.profile import ProfileConfig, profile
-from dataset.replay import encode_events, replay_fast
-from dataset.replay.exact import ReplayModel, estimate_events
-from dataset.replay.trace import replay_trace_fast
-from dataset.sim import build_trace, replay_trace, simulate, trace_arrays
-from dataset.zoo import make_bundle
-from predictor.analytic import sweep
-from predictor.devices import get_profile
-from predictor.onnx_model import load_default_model
-from predictor.predict import Query, capture_cached
-from predictor.spec import TrainSpec
+from memgnn.dataset.allocator import AllocatorConfig, CachingAllocatorSim, MiB, replay
+from memgnn.dataset.profile import ProfileConfig, profile
+from memgnn.dataset.replay import encode_events, replay_fast
+from memgnn.dataset.replay.exact import ReplayModel, estimate_events
+from memgnn.dataset.replay.trace import replay_trace_fast
+from memgnn.dataset.sim import build_trace, replay_trace, simulate, trace_arrays
+from memgnn.dataset.zoo import make_bundle
+from memgnn.predictor.analytic import sweep
+from memgnn.predictor.devices import get_profile
+from memgnn.predictor.onnx_model import load_default_model
+from memgnn.predictor.predict import Query, capture_cached
+from memgnn.predictor.spec import TrainSpec
 
 OUT = Path(__file__).parent / "results"
 DEVICE = get_profile("a100-80gb")

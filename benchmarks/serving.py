@@ -53,7 +53,7 @@ def start_server(state: Path, workers: int, model: str) -> tuple[subprocess.Pope
     cmd = [
         sys.executable,
         "-m",
-        "serving.cli",
+        "memgnn.serving.cli",
         "--port",
         str(port),
         "--model",
@@ -108,9 +108,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def graph_blob(layers: int) -> tuple[dict, int]:
-    from dataset.zoo import make_bundle
-    from predictor.predict import capture_cached
-    from predictor.spec import TrainSpec
+    from memgnn.dataset.zoo import make_bundle
+    from memgnn.predictor.predict import capture_cached
+    from memgnn.predictor.spec import TrainSpec
 
     bundle = make_bundle("gpt2", {"layers": layers, "hidden": 768, "heads": 12})
     graph = capture_cached(bundle, TrainSpec(), target="cuda", sm=90)

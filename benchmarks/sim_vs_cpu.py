@@ -16,9 +16,9 @@ import sys
 import time
 from pathlib import Path
 
-from dataset.profile import ProfileConfig, profile
-from dataset.zoo import make_bundle
-from predictor.spec import TrainSpec
+from memgnn.dataset.profile import ProfileConfig, profile
+from memgnn.dataset.zoo import make_bundle
+from memgnn.predictor.spec import TrainSpec
 
 OUT = Path(__file__).parent / "results"
 

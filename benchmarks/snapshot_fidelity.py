@@ -27,17 +27,17 @@ import sys
 import time
 from pathlib import Path
 
-from dataset.allocator import replay
-from dataset.snapshot.conf import allocator_config
-from dataset.snapshot.loader import load_snapshot
-from dataset.snapshot.replay import (
+from memgnn.dataset.allocator import replay
+from memgnn.dataset.snapshot.conf import allocator_config
+from memgnn.dataset.snapshot.loader import load_snapshot
+from memgnn.dataset.snapshot.replay import (
     blocks_differing,
     dump_blocks,
     recorded_timeline,
     simulate_snapshot,
 )
-from dataset.snapshot.state import initial_state
-from dataset.snapshot.whatif import ALTERNATIVES
+from memgnn.dataset.snapshot.state import initial_state
+from memgnn.dataset.snapshot.whatif import ALTERNATIVES
 
 OUT = Path(__file__).parent / "results"
 _ROOT = Path(__file__).resolve().parents[1]

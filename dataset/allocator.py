@@ -35,9 +35,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-
-from dataset import allocator_expandable
-from dataset.allocator_blocks import (
+from memgnn.dataset import allocator_expandable
+from memgnn.dataset.allocator_blocks import (
     K_LARGE_BUFFER,
     K_MIN_BLOCK,
     K_MIN_LARGE_ALLOC,

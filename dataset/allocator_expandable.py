@@ -18,10 +18,10 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING
 
-from dataset.allocator_blocks import K_LARGE_BUFFER, K_SMALL_BUFFER, Block, BlockPool
+from memgnn.dataset.allocator_blocks import K_LARGE_BUFFER, K_SMALL_BUFFER, Block, BlockPool
 
 if TYPE_CHECKING:
-    from dataset.allocator import CachingAllocatorSim
+    from memgnn.dataset.allocator import CachingAllocatorSim
 
 _UNLIMITED_VA = 1 << 40  # address space per segment when the capacity is unlimited
 

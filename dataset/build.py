@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dataset.executors import EXECUTORS, Task, error_row, run_local, run_ray
-from dataset.sampler import BACKENDS, Job, SamplerConfig, sample_jobs
+from memgnn.dataset.executors import EXECUTORS, Task, error_row, run_local, run_ray
+from memgnn.dataset.sampler import BACKENDS, Job, SamplerConfig, sample_jobs
 
 log = logging.getLogger(__name__)
 
@@ -161,9 +161,8 @@ def make_tasks(jobs: list[Job], cache_dir: str | None, threads: int | None) -> l
 
 def build_corpus(cfg: BuildConfig) -> BuildSummary:
     """Build or resume the corpus in `cfg.out` (see the module docstring)."""
+    from memgnn.dataset.corpus import Corpus, CorpusWriter
     from tqdm import tqdm
-
-    from dataset.corpus import Corpus, CorpusWriter
 
     t0 = time.perf_counter()
     if cfg.backend == "cuda" and cfg.executor == "local" and cfg.workers > 1:
@@ -283,7 +282,7 @@ def _split(text: str | None) -> list[str] | None:
 
 
 def _pinned(items: list[str]) -> dict[str, dict[str, Any]]:
-    from dataset.zoo import get_family
+    from memgnn.dataset.zoo import get_family
 
     raw: dict[str, dict[str, str]] = {}
     for item in items:
@@ -344,10 +343,10 @@ def _interrupt(signum: int, _frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m dataset.build ...` (the same options as `memgnn dataset build`)."""
-    import dataset.build as module  # the importable module, not __main__ (for pickling)
+    """`python -m memgnn.dataset.build ...` (the same options as `memgnn dataset build`)."""
+    import memgnn.dataset.build as module  # the importable module, not __main__ (for pickling)
 
-    parser = argparse.ArgumentParser(prog="python -m dataset.build", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m memgnn.dataset.build", description=__doc__)
     module.add_build_arguments(parser)
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)

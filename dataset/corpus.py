@@ -30,9 +30,8 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-from dataset.record import ProfileRecord
-from predictor.graph import StepGraph, durable_replace, durable_write, file_sha256
+from memgnn.dataset.record import ProfileRecord
+from memgnn.predictor.graph import StepGraph, durable_replace, durable_write, file_sha256
 
 log = logging.getLogger(__name__)
 

@@ -14,13 +14,12 @@ import logging
 from typing import Any
 
 import torch
-
-from predictor.analytic import sweep
-from predictor.graph import StepGraph
-from predictor.pathgraph import ExprInterner, path_from_recorder
-from predictor.recorder import ModuleTracker, RecorderObserver, StepRecorder, register_state
-from predictor.spec import ModelBundle, TrainSpec
-from predictor.step import TrainingStep, step_plan
+from memgnn.predictor.analytic import sweep
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.pathgraph import ExprInterner, path_from_recorder
+from memgnn.predictor.recorder import ModuleTracker, RecorderObserver, StepRecorder, register_state
+from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.step import TrainingStep, step_plan
 
 log = logging.getLogger(__name__)
 

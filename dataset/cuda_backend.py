@@ -38,11 +38,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from predictor.analytic import STEP_NAMES
-from predictor.devices import PROFILES, DeviceProfile, GiB, MiB, gpu_profile
-from predictor.spec import ModelBundle, TrainSpec
-from predictor.step import TrainingStep, step_plan
+from memgnn.predictor.analytic import STEP_NAMES
+from memgnn.predictor.devices import PROFILES, DeviceProfile, GiB, MiB, gpu_profile
+from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.step import TrainingStep, step_plan
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,7 @@ Result = dict[str, Any]
 def run_group(task: Task) -> Result:
     """Profile one config's jobs; plain data in, plain rows (+ the StepGraph) out."""
     import torch
-
-    from dataset.sampler import Job
+    from memgnn.dataset.sampler import Job
 
     jobs = [Job.from_dict(d) for d in task["jobs"]]
     threads = task.get("threads")
@@ -55,10 +54,10 @@ def run_group(task: Task) -> Result:
 
 
 def _run_jobs(jobs: list, cache_dir: str | None) -> Result:
-    from dataset.corpus import record_row
-    from dataset.profile import ProfileConfig, profile
-    from dataset.zoo import make_bundle
-    from predictor.spec import TrainSpec
+    from memgnn.dataset.corpus import record_row
+    from memgnn.dataset.profile import ProfileConfig, profile
+    from memgnn.dataset.zoo import make_bundle
+    from memgnn.predictor.spec import TrainSpec
 
     first = jobs[0]
     try:
@@ -103,7 +102,7 @@ def _run_jobs(jobs: list, cache_dir: str | None) -> Result:
 
 
 def _check_symbolic(graph, record, config) -> tuple[bool, str]:
-    from dataset.profile import symbolic_agrees
+    from memgnn.dataset.profile import symbolic_agrees
 
     try:
         ok, why = symbolic_agrees(graph, record, config)
@@ -122,12 +121,12 @@ def _fails_at_every_size(error: str) -> bool:
 
 def _capture(bundle, train, job, device: str | None, cache_dir: str | None):
     """(symbolic StepGraph, its id, None) or (None, None, why the capture failed)."""
-    from predictor.devices import get_profile
-    from predictor.predict import capture_cached
+    from memgnn.predictor.devices import get_profile
+    from memgnn.predictor.predict import capture_cached
 
     try:
         if job.backend == "cuda" and device is None:
-            from dataset.cuda_backend import detect_profile
+            from memgnn.dataset.cuda_backend import detect_profile
 
             prof = detect_profile()
         else:
@@ -157,9 +156,8 @@ def error_row(
 ) -> dict[str, Any]:
     """A corpus row for a job that failed or was skipped (`error` set, no labels)."""
     import torch
-
-    from dataset.corpus import record_row
-    from dataset.record import ProfileRecord
+    from memgnn.dataset.corpus import record_row
+    from memgnn.dataset.record import ProfileRecord
 
     text = error if isinstance(error, str) else _error_text(error)
     record = ProfileRecord(
@@ -244,7 +242,7 @@ def run_local(
 
 def failed_task(task: Task, error: BaseException | str) -> Result:
     """Error rows for every job of a task that failed outside `run_group`'s own handling."""
-    from dataset.sampler import Job
+    from memgnn.dataset.sampler import Job
 
     text = error if isinstance(error, str) else f"worker failed: {_error_text(error)}"
     log.error("task %s failed: %s", task["group"], text)

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from dataset.allocator import AllocatorConfig
-from dataset.record import ProfileRecord
-from predictor.devices import DeviceProfile, get_profile
-from predictor.graph import StepGraph
-from predictor.spec import ModelBundle, TrainSpec
+from memgnn.dataset.allocator import AllocatorConfig
+from memgnn.dataset.record import ProfileRecord
+from memgnn.predictor.devices import DeviceProfile, get_profile
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.spec import ModelBundle, TrainSpec
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +47,7 @@ class ProfileConfig:
         default = {"sim": "h100-80gb", "cpu": "cpu", "cuda": None}[self.backend]
         name = self.device or default
         if name is None:
-            from dataset.cuda_backend import detect_profile
+            from memgnn.dataset.cuda_backend import detect_profile
 
             return detect_profile()
         return get_profile(name)
@@ -95,11 +94,11 @@ def _run_backend(
     bundle, train, sizes, config: ProfileConfig, device, graph: StepGraph | None = None
 ) -> dict[str, Any]:
     if config.backend == "cpu":
-        from dataset.cpu_backend import profile_cpu
+        from memgnn.dataset.cpu_backend import profile_cpu
 
         return profile_cpu(bundle, train, sizes)
     if config.backend == "cuda":
-        from dataset.cuda_backend import profile_cuda
+        from memgnn.dataset.cuda_backend import profile_cuda
 
         return profile_cuda(
             bundle,
@@ -109,8 +108,8 @@ def _run_backend(
             warmup_steps=config.warmup_steps,
             snapshot_path=config.snapshot_path,
         )
-    from dataset.sim import simulate
-    from predictor.capture import CaptureConfig, capture
+    from memgnn.dataset.sim import simulate
+    from memgnn.predictor.capture import CaptureConfig, capture
 
     if graph is not None:
         sim = simulate(
@@ -149,7 +148,7 @@ def _export(graph: StepGraph, sizes, device, config: ProfileConfig, stats: dict)
     `_dump_snapshot` pickle (gzip if the name ends in .gz)."""
     if not config.snapshot_path:
         return
-    from dataset.snapshot.export import simulated_step_snapshot, write_snapshot
+    from memgnn.dataset.snapshot.export import simulated_step_snapshot, write_snapshot
 
     snap = simulated_step_snapshot(
         graph, sizes, device, scenario=config.scenario, allocator=config.allocator
@@ -175,7 +174,7 @@ def symbolic_agrees(
 ) -> tuple[bool, str]:
     """Does the symbolic `graph`, simulated at `record`'s sizes, give `record`'s labels
     (a concrete sim record) byte for byte? (verdict, a line saying why)"""
-    from dataset.sim import simulate
+    from memgnn.dataset.sim import simulate
 
     device = config.device_profile()
     sim = simulate(

@@ -32,8 +32,8 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from predictor.devices import PROFILES
-from predictor.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec
+from memgnn.predictor.devices import PROFILES
+from memgnn.predictor.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,8 @@ class SamplerConfig:
     hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # pinned, per zoo name
 
     def __post_init__(self) -> None:
-        from dataset.zoo import FAMILIES
-        from predictor.devices import PROFILES
+        from memgnn.dataset.zoo import FAMILIES
+        from memgnn.predictor.devices import PROFILES
 
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
             raise ValueError(f"size must be an int >= 0, got {self.size!r}")
@@ -203,7 +203,7 @@ def _draw_config(
 ) -> list[Job] | None:
     """The jobs of one config on `device`, or None when the draw is not a valid config or
     cannot run there (the caller redraws)."""
-    from dataset.zoo import get_family
+    from memgnn.dataset.zoo import get_family
 
     family = get_family(name)
     hp = {key: rng.choice(_capped(cfg, key, choices)) for key, choices in family.ranges.items()}
@@ -260,9 +260,8 @@ def model_facts(name: str, frozen_hparams: str) -> dict[str, Any] | None:
     """Parameter count, repeated-block count, static dims and whether it convolves
     (meta-device build); None if the hparams are not a valid config."""
     import torch
-
-    from dataset.zoo import make_bundle
-    from predictor.spec import default_blocks
+    from memgnn.dataset.zoo import make_bundle
+    from memgnn.predictor.spec import default_blocks
 
     try:
         bundle = make_bundle(name, json.loads(frozen_hparams))
@@ -309,8 +308,7 @@ def skip_reason(train: TrainSpec, blocks: int, device: str, *, conv: bool = Fals
     """Why (train, device) cannot run on a model with `blocks` repeated blocks (and
     convolutions if `conv`), or None."""
     import torch
-
-    from predictor.devices import PROFILES
+    from memgnn.predictor.devices import PROFILES
 
     profile = PROFILES.get(device)
     if profile is not None and "bf16" in train.precision and not profile.bf16:

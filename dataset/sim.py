@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
-from dataset.replay.events import OP_ALLOC, OP_FREE, OP_MARK, EventArrays
-from predictor.analytic import STEP_NAMES, sweep
-from predictor.devices import DeviceProfile
-from predictor.graph import StepGraph
-from predictor.vocab import MATMUL_OPS, PHASES
+from memgnn.dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
+from memgnn.dataset.replay.events import OP_ALLOC, OP_FREE, OP_MARK, EventArrays
+from memgnn.predictor.analytic import STEP_NAMES, sweep
+from memgnn.predictor.devices import DeviceProfile
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.vocab import MATMUL_OPS, PHASES
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import sys
 from collections import Counter, defaultdict
 from typing import Any
 
-from dataset.corpus import Corpus
+from memgnn.dataset.corpus import Corpus
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ def _quiet_stdout() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dataset.stats", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m memgnn.dataset.stats", description=__doc__)
     add_stats_arguments(parser)
     return stats_cmd(parser.parse_args(argv))
 

@@ -7,7 +7,7 @@ resumes). Then `OUT/validate_gpu_summary.json` and `.md`: per metric (allocated,
 device_total), the relative error (sim - real) / real over the configs that ran on both
 sides without error or OOM, and the worst configs.
 
-    python -m dataset.validate_gpu --out runs/validate [--limit N] [--device h200-141gb]
+    python -m memgnn.dataset.validate_gpu --out runs/validate [--limit N] [--device h200-141gb]
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ from typing import Any
 
 import numpy as np
 import torch
-
-from dataset.profile import ProfileConfig, profile
-from dataset.zoo import get_family, make_bundle
-from predictor.devices import PROFILES, DeviceProfile, get_profile
-from predictor.spec import TrainSpec, check_size
+from memgnn.dataset.profile import ProfileConfig, profile
+from memgnn.dataset.zoo import get_family, make_bundle
+from memgnn.predictor.devices import PROFILES, DeviceProfile, get_profile
+from memgnn.predictor.spec import TrainSpec, check_size
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +209,7 @@ def run_validation(
 ) -> dict[str, Any]:
     """Profile the matrix (or `configs`) on cuda and sim, resuming from `out_dir`; write and
     return the summary. `device_name`: the device profile (default: detected)."""
-    from dataset.cuda_backend import detect_profile, nearest_known
+    from memgnn.dataset.cuda_backend import detect_profile, nearest_known
 
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1, got {limit}")
@@ -369,7 +368,7 @@ def render_markdown(summary: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `python -m dataset.validate_gpu` (and a `memgnn validate-gpu`)."""
+    """The options of `python -m memgnn.dataset.validate_gpu` (and a `memgnn validate-gpu`)."""
     parser.add_argument("--out", type=Path, required=True, help="output directory")
     parser.add_argument("--limit", type=int, default=None, help="run only the first N configs")
     parser.add_argument("--device", default=None, help="device profile (default: detected)")
@@ -396,7 +395,7 @@ def validate_gpu_cmd(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m dataset.validate_gpu", description=__doc__.split("\n\n")[0]
+        prog="python -m memgnn.dataset.validate_gpu", description=__doc__.split("\n\n")[0]
     )
     add_arguments(parser)
     args = parser.parse_args(argv)

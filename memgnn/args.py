@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from predictor.spec import (
+from memgnn.predictor.spec import (
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PEFT_METHODS,

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from memgnn.args import add_cache_arg, add_model_args, add_size_args, add_train_args
-from predictor.vocab import METRICS, SCENARIOS, SEARCH_MODES
+from memgnn.predictor.vocab import METRICS, SCENARIOS, SEARCH_MODES
 
 log = logging.getLogger("memgnn")
 
@@ -106,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_arg(p)
     p.set_defaults(func=commands.plan_cmd)
 
-    from dataset.build import add_build_arguments, build_cmd
-    from dataset.stats import add_stats_arguments, stats_cmd
+    from memgnn.dataset.build import add_build_arguments, build_cmd
+    from memgnn.dataset.stats import add_stats_arguments, stats_cmd
 
     p = sub.add_parser("dataset", help="build and inspect the profiling corpus")
     dsub = p.add_subparsers(dest="dataset_command", required=True)
@@ -118,20 +118,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_stats_arguments(q)
     q.set_defaults(func=stats_cmd)
 
-    from training.train import add_train_arguments, train_cmd
+    from memgnn.training.train import add_train_arguments, train_cmd
 
     p = sub.add_parser("train", help="train the GNN on a corpus, track in mlflow, export ONNX")
     add_train_arguments(p)
     p.set_defaults(func=train_cmd)
 
-    from serving.cli import add_serve_arguments, serve_cmd
+    from memgnn.serving.cli import add_serve_arguments, serve_cmd
 
     p = sub.add_parser("serve", help="the HTTP prediction service")
     add_serve_arguments(p)
     p.set_defaults(func=serve_cmd)
 
     p = sub.add_parser("validate-gpu", help="real GPU vs sim on a fixed config matrix")
-    from dataset.validate_gpu import add_arguments, validate_gpu_cmd
+    from memgnn.dataset.validate_gpu import add_arguments, validate_gpu_cmd
 
     add_arguments(p)
     p.set_defaults(func=validate_gpu_cmd)

@@ -15,14 +15,14 @@ from memgnn.display import fmt_bytes, model_line, print_table
 
 
 def resolve_bundle(args: argparse.Namespace):
-    from dataset.zoo import resolve
+    from memgnn.dataset.zoo import resolve
 
     return resolve(args.model, model_args(args), args.task)
 
 
 def capture_cmd(args: argparse.Namespace) -> int:
-    from predictor.capture import CaptureConfig, capture
-    from predictor.predict import Progress
+    from memgnn.predictor.capture import CaptureConfig, capture
+    from memgnn.predictor.predict import Progress
 
     bundle = resolve_bundle(args)
     sizes = bundle.sizes(parse_sizes(args))
@@ -43,8 +43,8 @@ def capture_cmd(args: argparse.Namespace) -> int:
 
 def graph_info(graph) -> dict[str, Any]:
     """Counts, categories and per-category byte formulas of a StepGraph."""
-    from predictor.expr import simplify_sum
-    from predictor.vocab import CATEGORIES
+    from memgnn.predictor.expr import simplify_sum
+    from memgnn.predictor.vocab import CATEGORIES
 
     info: dict[str, Any] = {
         "graph_id": graph.graph_id,
@@ -76,7 +76,7 @@ def graph_info(graph) -> dict[str, Any]:
 
 
 def graph_info_cmd(args: argparse.Namespace) -> int:
-    from predictor.graph import StepGraph
+    from memgnn.predictor.graph import StepGraph
 
     info = graph_info(StepGraph.load(args.file))
     if args.json:
@@ -103,7 +103,7 @@ def graph_info_cmd(args: argparse.Namespace) -> int:
 def models_cmd(args: argparse.Namespace) -> int:
     """The catalog, parameter counts computed on the meta device, checked against the
     published figures; `--check` exits 1 on a mismatch."""
-    from dataset.zoo import hub
+    from memgnn.dataset.zoo import hub
 
     wanted = [w.lower() for w in args.names]
     entries = [
@@ -134,7 +134,7 @@ def models_cmd(args: argparse.Namespace) -> int:
 
 
 def devices_cmd(args: argparse.Namespace) -> int:
-    from predictor.devices import PROFILES
+    from memgnn.predictor.devices import PROFILES
 
     if args.json:
         print(json.dumps({k: v.to_dict() for k, v in PROFILES.items()}, indent=2))
@@ -154,13 +154,13 @@ def devices_cmd(args: argparse.Namespace) -> int:
 
 
 def profile_cmd(args: argparse.Namespace) -> int:
-    from dataset.profile import ProfileConfig, profile
+    from memgnn.dataset.profile import ProfileConfig, profile
 
     bundle = resolve_bundle(args)
     cfg = ProfileConfig(backend=args.backend, device=args.device, snapshot_path=args.snapshot)
     train = train_spec(args)
     if args.backend != "sim":  # a real step: refuse sizes the model cannot run first
-        from predictor.predict import graph_for_query
+        from memgnn.predictor.predict import graph_for_query
 
         device = cfg.device_profile()
         target = "cuda" if device.is_gpu else "cpu"
@@ -209,7 +209,7 @@ def demo_cmd(args: argparse.Namespace) -> int:
 def _graph_for(bundle, device, sizes, use_cache: bool = True, scenario: str = "worst"):
     """train -> a captured graph whose guards hold at `sizes`, each training config
     captured (or loaded from the cache) once."""
-    from predictor.predict import graph_for_query
+    from memgnn.predictor.predict import graph_for_query
 
     target = "cuda" if device.is_gpu else "cpu"
     graphs: dict[str, Any] = {}
@@ -230,22 +230,22 @@ def _model_info(graph, bundle, train, target: str) -> dict[str, Any]:
     """What model the answer is about: from the graph's capture, else built on fake tensors."""
     info = graph.meta.get("model_info") if graph is not None else None
     if info is None:
-        from predictor.model_info import describe_bundle
+        from memgnn.predictor.model_info import describe_bundle
 
         info = describe_bundle(bundle, train, target).to_dict()
     return info
 
 
 def predict_cmd(args: argparse.Namespace) -> int:
-    from dataset.replay.exact import ExactConfig, choose_method, predict_with
-    from predictor.devices import get_profile
-    from predictor.onnx_model import load_default_model
-    from predictor.predict import Query, unused_sizes
+    from memgnn.dataset.replay.exact import ExactConfig, choose_method, predict_with
+    from memgnn.predictor.devices import get_profile
+    from memgnn.predictor.onnx_model import load_default_model
+    from memgnn.predictor.predict import Query, unused_sizes
 
     if args.url and args.plot:
         raise ValueError("--plot draws a local simulation; it cannot be used with --url")
     if args.url:
-        from serving.client import remote_predict
+        from memgnn.serving.client import remote_predict
 
         if args.method != "auto":
             raise ValueError("--method applies to local predictions; --url asks the server")
@@ -316,10 +316,10 @@ def _csv(text: str, cast=str) -> list:
 
 
 def plan_cmd(args: argparse.Namespace) -> int:
-    from predictor.devices import get_profile
-    from predictor.errors import UserError
-    from predictor.onnx_model import load_default_model
-    from predictor.plan import PlanConfig, SearchSpace, parse_budget, plan
+    from memgnn.predictor.devices import get_profile
+    from memgnn.predictor.errors import UserError
+    from memgnn.predictor.onnx_model import load_default_model
+    from memgnn.predictor.plan import PlanConfig, SearchSpace, parse_budget, plan
 
     if args.batch is not None:
         raise UserError("plan searches the batch size: cap it with --max-batch N, not --batch")
@@ -360,7 +360,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
     )
     target = "cuda" if device.is_gpu else "cpu"
     info = _model_info(graph_for(first), bundle, first, target)
-    from dataset.replay.exact import ReplayModel
+    from memgnn.dataset.replay.exact import ReplayModel
 
     exact = ReplayModel() if device.is_gpu else None  # decides the steps near the budget
     res = plan(

@@ -32,11 +32,11 @@ DEMO_ARGS = {"layers": 2, "hidden": 128, "heads": 4, "vocab": 1000}
 
 
 def run_demo(out: Path) -> int:
-    from dataset.profile import ProfileConfig, profile
-    from dataset.zoo import make_bundle
-    from predictor.analytic import sweep
-    from predictor.capture import capture
-    from predictor.spec import TrainSpec
+    from memgnn.dataset.profile import ProfileConfig, profile
+    from memgnn.dataset.zoo import make_bundle
+    from memgnn.predictor.analytic import sweep
+    from memgnn.predictor.capture import capture
+    from memgnn.predictor.spec import TrainSpec
 
     out.mkdir(parents=True, exist_ok=True)
     bundle = make_bundle(DEMO_MODEL, DEMO_ARGS)
@@ -91,8 +91,8 @@ def run_demo(out: Path) -> int:
 
 
 def _predict_step(graph, sizes, sim) -> None:
-    from predictor.onnx_model import load_default_model
-    from predictor.predict import Query
+    from memgnn.predictor.onnx_model import load_default_model
+    from memgnn.predictor.predict import Query
 
     print("== 4. prediction vs the simulated ground truth (reserved bytes, h100-80gb)")
     model = load_default_model()
@@ -108,8 +108,8 @@ def _predict_step(graph, sizes, sim) -> None:
 
 
 def _service_step(out: Path) -> None:
-    from serving.client import service_round_trip
-    from serving.config import ServeConfig
+    from memgnn.serving.client import service_round_trip
+    from memgnn.serving.config import ServeConfig
 
     print("== 6. the HTTP service on loopback: /predict and /plan")
     res = service_round_trip(
@@ -134,7 +134,7 @@ def _service_step(out: Path) -> None:
 
 
 def _governor_step(out: Path) -> None:
-    from serving.governor.demo import demo_governed_run
+    from memgnn.serving.governor.demo import demo_governed_run
 
     print("== 7. governed training run, variable lengths, emulated memory-capped device")
     res = demo_governed_run(out / "governor", steps=120)

@@ -2,7 +2,7 @@
 (embedded SQLite store), registered with an alias, exported to ONNX, then asked about
 configs of a family it never saw, next to their measured (simulated) labels.
 
-A miniature of `python -m training.ship` (which trains the shipped model on thousands of
+A miniature of `python -m memgnn.training.ship` (which trains the shipped model on thousands of
 records): the model here sees a few dozen records and a few epochs, so its numbers show the
 pipeline working end to end, not the shipped model's accuracy (`benchmarks/accuracy.py`).
 """
@@ -30,12 +30,12 @@ DEVICES = ["a100-80gb", "h100-80gb"]
 
 
 def learn_step(out: Path, *, jobs: int = 72, rows: int = 5) -> None:
-    from dataset.build import BuildConfig, build_corpus
-    from dataset.corpus import Corpus
-    from predictor.gnn import GNNConfig
-    from predictor.onnx_model import OnnxMemoryModel
-    from training.fit import FitConfig
-    from training.train import TrainConfig, run_training
+    from memgnn.dataset.build import BuildConfig, build_corpus
+    from memgnn.dataset.corpus import Corpus
+    from memgnn.predictor.gnn import GNNConfig
+    from memgnn.predictor.onnx_model import OnnxMemoryModel
+    from memgnn.training.fit import FitConfig
+    from memgnn.training.train import TrainConfig, run_training
 
     print("== 5. learn: small corpus -> GNN (mlflow) -> ONNX -> a family it never saw")
     t0 = time.perf_counter()
@@ -82,8 +82,8 @@ def learn_step(out: Path, *, jobs: int = 72, rows: int = 5) -> None:
 def _held_out_table(corpus, records, model, rows: int) -> None:
     """Measured reserved bytes of held-out configs next to the demo model, the shipped
     model (trained on thousands of records, this family included) and the analytic sweep."""
-    from predictor.onnx_model import load_default_model
-    from predictor.predict import AnalyticModel, Query
+    from memgnn.predictor.onnx_model import load_default_model
+    from memgnn.predictor.predict import AnalyticModel, Query
 
     others = {"shipped": load_default_model(), "analytic": AnalyticModel()}
     held = [r for r in records if r["family"] == HELD_OUT and r["peak_reserved_bytes"]]

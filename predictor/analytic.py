@@ -14,9 +14,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
-
-from predictor.graph import PathGraph, StepGraph
-from predictor.vocab import CATEGORIES, PHASES
+from memgnn.predictor.graph import PathGraph, StepGraph
+from memgnn.predictor.vocab import CATEGORIES, PHASES
 
 STEP_NAMES = ("first", "steady")
 

@@ -21,8 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-from predictor.branches import CaptureError
+from memgnn.predictor.branches import CaptureError
 
 __all__ = ["index_bound_hooks"]
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from predictor.recorder import StepRecorder
+from memgnn.predictor.recorder import StepRecorder
 
 log = logging.getLogger(__name__)
 

@@ -16,30 +16,29 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from predictor.bounds import index_bound_hooks
-from predictor.branches import (
+from memgnn.predictor.bounds import index_bound_hooks
+from memgnn.predictor.branches import (
     BranchState,
     CaptureError,
     DataHooks,
     alternatives,
     patched_cond,
 )
-from predictor.expr import sympy_to_source
-from predictor.graph import StepGraph
-from predictor.kernels import (
+from memgnn.predictor.expr import sympy_to_source
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.kernels import (
     cpu_kernel_hooks,
     cuda_scratch,
     cuda_sdpa,
     eager_hooks,
     symbolic_hooks,
 )
-from predictor.model_info import ModelInfo, describe
-from predictor.pathgraph import ExprInterner, path_from_recorder
-from predictor.recorder import ModuleTracker, RecorderObserver, StepRecorder, register_state
-from predictor.spec import ModelBundle, TrainSpec
-from predictor.step import TrainingStep, step_plan
-from predictor.vocab import SCENARIOS
+from memgnn.predictor.model_info import ModelInfo, describe
+from memgnn.predictor.pathgraph import ExprInterner, path_from_recorder
+from memgnn.predictor.recorder import ModuleTracker, RecorderObserver, StepRecorder, register_state
+from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.step import TrainingStep, step_plan
+from memgnn.predictor.vocab import SCENARIOS
 
 log = logging.getLogger(__name__)
 

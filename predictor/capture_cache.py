@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from predictor.graph import StepGraph
-from predictor.model_info import fake_step, module_classes, structure
-from predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.model_info import fake_step, module_classes, structure
+from memgnn.predictor.spec import ModelBundle, TrainSpec
 
 __all__ = ["CAPTURE_VERSION", "cache_dir", "cache_enabled", "capture_cached", "capture_key"]
 
@@ -152,7 +151,7 @@ def capture_cached(
     Dims the bundle declares static are captured at `sizes` (default: the example dims),
     so each such size has its own cached graph. `use_cache=False` (or MEMGNN_CACHE=off
     without a `directory`) captures anew and stores nothing."""
-    from predictor.capture import CaptureConfig, capture
+    from memgnn.predictor.capture import CaptureConfig, capture
 
     wanted = sizes or {}
     trace = bundle.sizes({d: wanted[d] for d in bundle.static_dims if d in wanted})

@@ -21,13 +21,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-
-from predictor.analytic import STEP_NAMES, live_index
-from predictor.errors import UserError
-from predictor.expr import ExprTable
-from predictor.graph import StepGraph
-from predictor.predict import AnalyticModel, Prediction, Query, check_guards
-from predictor.vocab import CATEGORIES, PHASES, cublas_workspaces
+from memgnn.predictor.analytic import STEP_NAMES, live_index
+from memgnn.predictor.errors import UserError
+from memgnn.predictor.expr import ExprTable
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.predict import AnalyticModel, Prediction, Query, check_guards
+from memgnn.predictor.vocab import CATEGORIES, PHASES, cublas_workspaces
 
 __all__ = ["AnalyticEncoding", "EncodedAnalytic"]
 
@@ -187,7 +186,7 @@ class EncodedAnalytic(AnalyticModel):
     def predict_encoded(
         self, enc: AnalyticEncoding, graph: StepGraph, queries: Sequence[Query]
     ) -> list[Prediction]:
-        from predictor.devices import get_profile
+        from memgnn.predictor.devices import get_profile
 
         if not queries:
             return []

@@ -16,8 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-
-from predictor.errors import UserError
+from memgnn.predictor.errors import UserError
 
 _ALLOWED_BINOPS = (ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Pow)
 _ALLOWED_CALLS = {"max", "min"}

@@ -24,10 +24,9 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-
-from predictor.analytic import live_curve
-from predictor.graph import StepGraph
-from predictor.recorder import CATEGORIES, PHASES
+from memgnn.predictor.analytic import live_curve
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.recorder import CATEGORIES, PHASES
 
 log = logging.getLogger(__name__)
 
@@ -266,8 +265,8 @@ def _exponents(graph: StepGraph, path: int, refs: list[dict[str, int]], alloc: n
 
 
 def config_features(train: dict[str, Any], target: str) -> np.ndarray:
-    from predictor.spec import TrainSpec
-    from predictor.step import resolve_optimizer_impl
+    from memgnn.predictor.spec import TrainSpec
+    from memgnn.predictor.step import resolve_optimizer_impl
 
     spec = TrainSpec(**{k: v for k, v in train.items() if k in TrainSpec.__slots__})
     impl = resolve_optimizer_impl(spec, target)

@@ -24,11 +24,10 @@ import logging
 
 import torch
 import torch.nn.functional as F
+from memgnn.predictor.features import NUM_NODE_FEATURES, NUM_OPS, NUM_QUERY_FEATURES
+from memgnn.predictor.gnn_config import GNNConfig
 from torch import Tensor, nn
 from torch_geometric.nn import MessagePassing, global_max_pool, global_mean_pool
-
-from predictor.features import NUM_NODE_FEATURES, NUM_OPS, NUM_QUERY_FEATURES
-from predictor.gnn_config import GNNConfig
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from predictor.expr import ExprTable, validate_source
-from predictor.vocab import CATEGORIES, PHASES, SCENARIOS
+from memgnn.predictor.expr import ExprTable, validate_source
+from memgnn.predictor.vocab import CATEGORIES, PHASES, SCENARIOS
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from memgnn.predictor.spec import TrainSpec
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
-
-from predictor.spec import TrainSpec
 
 logger = logging.getLogger(__name__)
 

@@ -22,9 +22,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
 from torch import nn
-
-from predictor.spec import ModelBundle, TrainSpec, default_blocks
 
 __all__ = ["ModelInfo", "describe", "describe_bundle", "structure", "spec_kind"]
 
@@ -126,9 +125,8 @@ def describe_bundle(bundle: ModelBundle, train: TrainSpec, target: str = "cuda")
 
 def fake_step(bundle: ModelBundle, train: TrainSpec, target: str = "cuda") -> Any:
     """The `TrainingStep` capture would run, built on fake tensors (nothing allocated)."""
+    from memgnn.predictor.step import TrainingStep
     from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from predictor.step import TrainingStep
 
     with FakeTensorMode(allow_non_fake_inputs=True):
         return TrainingStep(bundle, train, device=torch.device("cpu"), target=target, fake=True)

@@ -26,24 +26,23 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from predictor.features import (
+from memgnn.predictor.features import (
     FEATURE_SCHEMA_VERSION,
     NUM_NODE_FEATURES,
     NUM_QUERY_FEATURES,
     graph_inputs,
 )
-from predictor.graph import StepGraph
-from predictor.predict import (
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.predict import (
     AnalyticModel,
     MemoryModel,
     Prediction,
     Query,
     check_guards,
 )
-from predictor.query_features import PathContext
-from predictor.trust import batch_cap, extrapolation_notes, floors
-from predictor.vocab import METRICS
+from memgnn.predictor.query_features import PathContext
+from memgnn.predictor.trust import batch_cap, extrapolation_notes, floors
+from memgnn.predictor.vocab import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +182,7 @@ class OnnxMemoryModel:
         self, embedding: np.ndarray, graph: StepGraph, queries: Sequence[Query]
     ) -> list[Prediction]:
         """Predictions from an embedding `encode(graph)` returned (the head alone)."""
-        from predictor.devices import get_profile
+        from memgnn.predictor.devices import get_profile
 
         if not queries:
             return []

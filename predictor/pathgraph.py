@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
-from predictor.branches import CaptureError
-from predictor.expr import sympy_to_source
-from predictor.graph import PathGraph
-from predictor.recorder import CATEGORIES, PHASES, StepRecorder, live_categories
+from memgnn.predictor.branches import CaptureError
+from memgnn.predictor.expr import sympy_to_source
+from memgnn.predictor.graph import PathGraph
+from memgnn.predictor.recorder import CATEGORIES, PHASES, StepRecorder, live_categories
 
 
 class ExprInterner:

@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from predictor.errors import UserError
-from predictor.graph import StepGraph
-from predictor.predict import GuardViolation, MemoryModel, Prediction, Query
-from predictor.spec import PRECISIONS, TrainSpec
-from predictor.vocab import SEARCH_MODES
+from memgnn.predictor.errors import UserError
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.predict import GuardViolation, MemoryModel, Prediction, Query
+from memgnn.predictor.spec import PRECISIONS, TrainSpec
+from memgnn.predictor.vocab import SEARCH_MODES
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from predictor.analytic import sweep
-from predictor.capture_cache import cache_dir, capture_cached, capture_key  # noqa: F401
-from predictor.errors import UserError
-from predictor.graph import StepGraph
-from predictor.spec import ModelBundle, TrainSpec
-from predictor.vocab import METRICS, SCENARIOS, cublas_workspaces
+from memgnn.predictor.analytic import sweep
+from memgnn.predictor.capture_cache import cache_dir, capture_cached, capture_key  # noqa: F401
+from memgnn.predictor.errors import UserError
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.vocab import METRICS, SCENARIOS, cublas_workspaces
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ class AnalyticModel:
     version = "analytic-1"
 
     def predict(self, graph: StepGraph, queries: Sequence[Query]) -> list[Prediction]:
-        from predictor.devices import get_profile
+        from memgnn.predictor.devices import get_profile
 
         check_guards(graph, queries)
         out = []
@@ -187,8 +187,8 @@ def graph_for_query(
     capture traced at `sizes` themselves (logged; not cached: the cache keys on the
     example sizes). `GuardViolation` when even that graph's guards fail at `sizes`: the
     model itself cannot run there (e.g. more positions than its position table)."""
-    from predictor.branches import CaptureError
-    from predictor.capture import CaptureConfig, capture
+    from memgnn.predictor.branches import CaptureError
+    from memgnn.predictor.capture import CaptureConfig, capture
 
     with Progress(f"capturing {bundle.name} for a {target} target"):
         graph = capture_cached(

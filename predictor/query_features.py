@@ -20,11 +20,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-
-from predictor.analytic import live_curves, live_index, round_bytes
-from predictor.features import config_features, log_scale, op_id
-from predictor.graph import StepGraph
-from predictor.vocab import CATEGORIES, PHASES, cublas_workspaces
+from memgnn.predictor.analytic import live_curves, live_index, round_bytes
+from memgnn.predictor.features import config_features, log_scale, op_id
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.vocab import CATEGORIES, PHASES, cublas_workspaces
 
 _MIB = 1 << 20
 # above this many (pair, node) counts the curves use per-storage cumulative sums instead

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from memgnn.predictor.vocab import CATEGORIES, PHASES
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-
-from predictor.vocab import CATEGORIES, PHASES
 
 log = logging.getLogger(__name__)
 

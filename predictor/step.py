@@ -17,10 +17,9 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 import torch
+from memgnn.predictor.lora import apply_lora
+from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
 from torch import nn
-
-from predictor.lora import apply_lora
-from predictor.spec import ModelBundle, TrainSpec, default_blocks
 
 log = logging.getLogger(__name__)
 

@@ -24,8 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-
-from predictor.features import QUERY_COLUMNS
+from memgnn.predictor.features import QUERY_COLUMNS
 
 __all__ = ["SEGMENT", "batch_cap", "extrapolation_notes", "floors", "training_range"]
 

@@ -15,17 +15,16 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi_offline import FastAPIOffline
+from memgnn.predictor.predict import MemoryModel
+from memgnn.serving.config import ServeConfig
+from memgnn.serving.engine import Engine
+from memgnn.serving.errors import install_error_handlers
+from memgnn.serving.metrics import Metrics
+from memgnn.serving.middleware import LimitsAndMetrics
+from memgnn.serving.models import load_model
+from memgnn.serving.routes import admin, graphs, health, plan, predict, samples, snapshots
+from memgnn.serving.store import Store
 from threadpoolctl import threadpool_limits
-
-from predictor.predict import MemoryModel
-from serving.config import ServeConfig
-from serving.engine import Engine
-from serving.errors import install_error_handlers
-from serving.metrics import Metrics
-from serving.middleware import LimitsAndMetrics
-from serving.models import load_model
-from serving.routes import admin, graphs, health, plan, predict, samples, snapshots
-from serving.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +94,7 @@ def create_app(config: ServeConfig, *, model: MemoryModel | None = None) -> Fast
 
 
 def app_from_env() -> FastAPI:
-    """uvicorn factory for worker processes (`serving.app:app_from_env`, factory=True)."""
+    """uvicorn factory for worker processes (`memgnn.serving.app:app_from_env`, factory=True)."""
     return create_app(ServeConfig.from_env())
 
 

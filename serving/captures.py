@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from serving.graphs import RequestError
+from memgnn.serving.graphs import RequestError
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +66,10 @@ class Work:
 
 def _worker_main(conn: Any) -> None:  # pragma: no cover - runs in the child process
     """The child: capture each job it is sent, answer ("ok", gzip bytes) or an error."""
-    from dataset.zoo import resolve
-    from predictor.predict import capture_cached
-    from predictor.spec import TrainSpec
-    from serving.graphs import graph_bytes
+    from memgnn.dataset.zoo import resolve
+    from memgnn.predictor.predict import capture_cached
+    from memgnn.predictor.spec import TrainSpec
+    from memgnn.serving.graphs import graph_bytes
 
     conn.send(("ready",))
     while True:

@@ -8,13 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-
-from predictor.devices import get_profile
-from predictor.errors import UserError
-from predictor.graph import StepGraph
-from predictor.predict import Query
-from predictor.spec import ModelBundle
-from serving.graphs import RequestError
+from memgnn.predictor.devices import get_profile
+from memgnn.predictor.errors import UserError
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.predict import Query
+from memgnn.predictor.spec import ModelBundle
+from memgnn.serving.graphs import RequestError
 
 
 def check_sizes(graph: StepGraph, queries: Sequence[Query]) -> None:
@@ -82,7 +81,7 @@ def check_measurement(graph: StepGraph, query: Query, measured_bytes: int) -> No
 def check_hparams(spec: str, bundle: ModelBundle, scale: float) -> None:
     """A zoo model's integer hparams stay within `scale` (max_hparam_scale) x the largest
     value of the zoo's range (or its default): a capture's cost grows with them."""
-    from dataset.zoo import get_family
+    from memgnn.dataset.zoo import get_family
 
     family = get_family(spec)
     for name, value in bundle.hparams.items():

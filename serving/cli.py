@@ -4,7 +4,7 @@
                  [--workers K]
 
 One worker runs the app object in-process; several workers import
-`serving.app:app_from_env` (the config travels in environment variables).
+`memgnn.serving.app:app_from_env` (the config travels in environment variables).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import os
 from typing import Any
 
 import uvicorn
-
-from serving.config import TOKEN_ENV_VAR, ServeConfig, default_state_dir
+from memgnn.serving.config import TOKEN_ENV_VAR, ServeConfig, default_state_dir
 
 log = logging.getLogger(__name__)
 
@@ -123,18 +122,18 @@ def serve_cmd(args: argparse.Namespace) -> int:
         "timeout_graceful_shutdown": GRACEFUL_S,
     }
     if args.workers == 1:
-        from serving.app import create_app
+        from memgnn.serving.app import create_app
 
         app = create_app(config)
         Server(uvicorn.Config(app, **common), app).run()
     else:
         os.environ.update(config.to_env())
-        uvicorn.run("serving.app:app_from_env", factory=True, workers=args.workers, **common)
+        uvicorn.run("memgnn.serving.app:app_from_env", factory=True, workers=args.workers, **common)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m serving.cli` runs the server without the memgnn CLI."""
+    """`python -m memgnn.serving.cli` runs the server without the memgnn CLI."""
     parser = argparse.ArgumentParser(prog="memgnn serve", description=__doc__.splitlines()[0])
     add_serve_arguments(parser)
     args = parser.parse_args(argv)

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from serving.config import ServeConfig
+from memgnn.serving.config import ServeConfig
 
 log = logging.getLogger(__name__)
 
@@ -246,9 +245,8 @@ def local_server(
 ) -> Iterator[str]:
     """Start the app on `host` (a free port unless given), yield its URL, stop it."""
     import uvicorn
-
-    from serving.app import create_app
-    from serving.cli import GRACEFUL_S, Server
+    from memgnn.serving.app import create_app
+    from memgnn.serving.cli import GRACEFUL_S, Server
 
     port = port or free_port(host)
     app = create_app(config)

@@ -19,10 +19,9 @@ from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import HTTPException
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
-from serving.captures import Work
-from serving.config import ServeConfig
-from serving.engine import Engine
+from memgnn.serving.captures import Work
+from memgnn.serving.config import ServeConfig
+from memgnn.serving.engine import Engine
 
 _bearer = HTTPBearer(auto_error=False, description="the server's token (write endpoints)")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]

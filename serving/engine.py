@@ -18,17 +18,17 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from typing import Any
 
-from predictor.errors import UserError
-from predictor.graph import StepGraph
-from predictor.predict import EncodingModel, MemoryModel, Prediction, Query
-from predictor.spec import ModelBundle, TrainSpec
-from serving.captures import CaptureWorker, Work
-from serving.checks import check_hparams, check_measurement, check_sizes
-from serving.config import ServeConfig
-from serving.graphs import RequestError, build_graph, decode_body, graph_bytes, unknown_ops
-from serving.metrics import Metrics
-from serving.models import as_encoding_model, op_checker
-from serving.store import Correction, Sample, Store
+from memgnn.predictor.errors import UserError
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.predict import EncodingModel, MemoryModel, Prediction, Query
+from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.serving.captures import CaptureWorker, Work
+from memgnn.serving.checks import check_hparams, check_measurement, check_sizes
+from memgnn.serving.config import ServeConfig
+from memgnn.serving.graphs import RequestError, build_graph, decode_body, graph_bytes, unknown_ops
+from memgnn.serving.metrics import Metrics
+from memgnn.serving.models import as_encoding_model, op_checker
+from memgnn.serving.store import Correction, Sample, Store
 
 log = logging.getLogger(__name__)
 
@@ -298,7 +298,7 @@ class Engine:
         with self._lock:
             bundle = self._bundles.get(key)
         if bundle is None:
-            from dataset.zoo import resolve
+            from memgnn.dataset.zoo import resolve
 
             try:
                 bundle = resolve(spec, model_args, task)

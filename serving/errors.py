@@ -10,9 +10,8 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-
-from predictor.errors import UserError
-from serving.graphs import RequestError
+from memgnn.predictor.errors import UserError
+from memgnn.serving.graphs import RequestError
 
 log = logging.getLogger(__name__)
 

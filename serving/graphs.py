@@ -22,8 +22,8 @@ import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from predictor.errors import UserError
-from predictor.graph import FORMAT, StepGraph
+from memgnn.predictor.errors import UserError
+from memgnn.predictor.graph import FORMAT, StepGraph
 
 log = logging.getLogger(__name__)
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 from fastapi.exceptions import HTTPException
+from memgnn.serving.metrics import Metrics
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from serving.metrics import Metrics
 
 
 class LimitsAndMetrics:

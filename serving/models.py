@@ -16,10 +16,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from predictor.encoded_analytic import EncodedAnalytic
-from predictor.graph import StepGraph
-from predictor.onnx_model import load_default_model
-from predictor.predict import (
+from memgnn.predictor.encoded_analytic import EncodedAnalytic
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.onnx_model import load_default_model
+from memgnn.predictor.predict import (
     AnalyticModel,
     EncodingModel,
     MemoryModel,
@@ -70,11 +70,11 @@ def op_checker(model: Any) -> Callable[[str], bool] | None:
         known = {str(op) for op in vocab}
         return lambda op: op not in known
     try:
-        from predictor.onnx_model import OnnxMemoryModel
+        from memgnn.predictor.onnx_model import OnnxMemoryModel
     except ImportError:
         return None
     if isinstance(model, OnnxMemoryModel):
-        from predictor.features import op_id
+        from memgnn.predictor.features import op_id
 
         return lambda op: op_id(op)[1]
     return None
@@ -82,7 +82,7 @@ def op_checker(model: Any) -> Callable[[str], bool] | None:
 
 def _load_dir(path: Path) -> MemoryModel:
     try:
-        from predictor.onnx_model import OnnxMemoryModel
+        from memgnn.predictor.onnx_model import OnnxMemoryModel
     except ImportError as exc:
         raise ValueError(
             f"cannot load a model from {path}: this install has no learned-model loader "

@@ -7,14 +7,14 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from predictor.devices import DeviceProfile, get_profile
-from predictor.graph import StepGraph
-from predictor.plan import Candidate, PlanConfig, SearchSpace, plan
-from predictor.predict import Prediction, Query
-from predictor.spec import ModelBundle, TrainSpec, default_blocks
-from serving.captures import Work
-from serving.engine import Engine, GraphEntry
-from serving.graphs import RequestError
+from memgnn.predictor.devices import DeviceProfile, get_profile
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.plan import Candidate, PlanConfig, SearchSpace, plan
+from memgnn.predictor.predict import Prediction, Query
+from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
+from memgnn.serving.captures import Work
+from memgnn.serving.engine import Engine, GraphEntry
+from memgnn.serving.graphs import RequestError
 
 log = logging.getLogger(__name__)
 

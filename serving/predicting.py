@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from predictor.devices import get_profile
-from predictor.predict import Query
-from serving.captures import Work
-from serving.engine import Engine, GraphEntry, Served
-from serving.graphs import RequestError, build_graph
+from memgnn.predictor.devices import get_profile
+from memgnn.predictor.predict import Query
+from memgnn.serving.captures import Work
+from memgnn.serving.engine import Engine, GraphEntry, Served
+from memgnn.serving.graphs import RequestError, build_graph
 
 
 def _entries(

@@ -9,11 +9,9 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
-
-from dataset.zoo import TASKS
-from predictor.devices import PROFILES
-from predictor.spec import (
+from memgnn.dataset.zoo import TASKS
+from memgnn.predictor.devices import PROFILES
+from memgnn.predictor.spec import (
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PEFT_METHODS,
@@ -21,7 +19,8 @@ from predictor.spec import (
     STEP_KINDS,
     TrainSpec,
 )
-from predictor.vocab import Metric, Scenario, SearchMode
+from memgnn.predictor.vocab import Metric, Scenario, SearchMode
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
 
 MAX_SIZE = (1 << 31) - 1
 SymbolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]

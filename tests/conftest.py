@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from memgnn.predictor.spec import ModelBundle
 from tiny_models import (
     CondModel,
     EarlyExit,
@@ -12,8 +13,6 @@ from tiny_models import (
     tiny_gpt_bundle,
     tiny_mlp_bundle,
 )
-
-from predictor.spec import ModelBundle
 
 
 @pytest.fixture(scope="module")

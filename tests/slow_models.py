@@ -9,9 +9,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from memgnn.predictor.spec import ModelBundle
 from torch import nn
-
-from predictor.spec import ModelBundle
 
 
 class Sleepy(nn.Module):

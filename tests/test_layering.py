@@ -1,5 +1,8 @@
 """Dependencies point one way: predictor <- dataset <- training <- serving <- memgnn.
 
+The folders install as `memgnn.predictor`, `memgnn.dataset`, ... (pyproject's package-dir);
+`memgnn.cli` and the other modules of memgnn/ are the top layer.
+
 The import graph is read from the source with `ast` (no imports executed), counting every
 project import, at module level or inside a function, except those under
 `if TYPE_CHECKING:`. Two rules:
@@ -11,6 +14,7 @@ project import, at module level or inside a function, except those under
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,7 +23,8 @@ LAYERS = ("predictor", "dataset", "training", "serving", "memgnn")
 
 def _module_name(path: Path) -> str:
     parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    return ".".join(parts if parts[0] == "memgnn" else ("memgnn", *parts))
 
 
 def _modules() -> dict[str, Path]:
@@ -59,7 +64,10 @@ def import_graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
 
 
 def _layer(module: str) -> int:
-    return LAYERS.index(module.split(".")[0])
+    parts = module.split(".")
+    if parts[0] == "memgnn" and len(parts) > 1 and parts[1] in LAYERS[:-1]:
+        parts = parts[1:]
+    return LAYERS.index(parts[0])
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -120,11 +128,40 @@ def test_predictor_is_the_base_layer():
     outside = sorted(
         f"{a} -> {b}"
         for a, targets in graph.items()
-        if a.startswith("predictor")
+        if a.startswith("memgnn.predictor")
         for b in targets
-        if not b.startswith("predictor")
+        if not b.startswith("memgnn.predictor")
     )
     assert outside == []
+
+
+def test_imports_use_the_installed_names():
+    """`import predictor...` works in the checkout (the current directory is on sys.path)
+    but not installed: there only `memgnn` is a top-level package."""
+    sources = [
+        (path, path.read_text())
+        for folder in (*LAYERS, "tests", "benchmarks")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+    ]
+    readme = (ROOT / "README.md").read_text()  # its examples are code users copy
+    sources += [
+        (ROOT / "README.md", block) for block in re.findall(r"```python\n(.*?)```", readme, re.S)
+    ]
+    bare = []
+    for path, text in sources:
+        for node in ast.walk(ast.parse(text, filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            bare += [
+                f"{path.relative_to(ROOT)}:{node.lineno} {n}"
+                for n in names
+                if n.split(".")[0] in LAYERS[:-1]
+            ]
+    assert bare == []
 
 
 def test_no_import_cycles():

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from memgnn.predictor.spec import ModelBundle
 from torch import nn
-
-from predictor.spec import ModelBundle
 
 
 class Block(nn.Module):

@@ -22,10 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from predictor.features import GraphInputs, graph_inputs
-from predictor.query_features import PathContext
-from predictor.vocab import METRICS
+from memgnn.predictor.features import GraphInputs, graph_inputs
+from memgnn.predictor.query_features import PathContext
+from memgnn.predictor.vocab import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +74,8 @@ def load_dataset(
     A corpus part that does not read or a graph file that does not load raises ValueError
     naming them, unless `allow_corrupt`: then their records are left out and the Dataset's
     `dropped` says what was left out."""
-    from dataset.corpus import Corpus
-    from predictor.devices import get_profile
+    from memgnn.dataset.corpus import Corpus
+    from memgnn.predictor.devices import get_profile
 
     corpus = Corpus(corpus_dir)
     rows = [r for r in corpus.records() if r["graph_id"]]

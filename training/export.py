@@ -17,15 +17,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
-
-from predictor.features import (
+from memgnn.predictor.features import (
     FEATURE_SCHEMA_VERSION,
     NUM_NODE_FEATURES,
     NUM_QUERY_FEATURES,
     GraphInputs,
 )
-from predictor.gnn import MemoryGNN
+from memgnn.predictor.gnn import MemoryGNN
+from torch import nn
 
 log = logging.getLogger(__name__)
 

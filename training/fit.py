@@ -24,13 +24,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from memgnn.predictor.gnn import GNNConfig, MemoryGNN, memory_loss
+from memgnn.predictor.vocab import METRICS
+from memgnn.training.data import Dataset, error_summary
+from memgnn.training.fit_config import FitConfig
 from torch_geometric.data import Batch, Data
 from torch_geometric.loader import DataLoader
-
-from predictor.gnn import GNNConfig, MemoryGNN, memory_loss
-from predictor.vocab import METRICS
-from training.data import Dataset, error_summary
-from training.fit_config import FitConfig
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Train the model shipped in `predictor/default_model/`, end to end, with one command:
 
-    .venv/bin/python -m training.ship            # corpus -> train -> predictor/default_model
+    .venv/bin/python -m memgnn.training.ship            # corpus -> train -> predictor/default_model
 
 1. builds (or finishes: it is resumable) the corpus in `runs/corpus` with
    `dataset.build` (all 14 zoo families): the same as
@@ -20,9 +20,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from dataset.build import BuildConfig, build_corpus
-from training.fit_config import FitConfig
-from training.train import TrainConfig, run_training
+from memgnn.dataset.build import BuildConfig, build_corpus
+from memgnn.training.fit_config import FitConfig
+from memgnn.training.train import TrainConfig, run_training
 
 log = logging.getLogger(__name__)
 

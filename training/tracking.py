@@ -75,7 +75,7 @@ class Tracker:
         """Log the ONNX directory as a pyfunc model, register it, point `alias` at it."""
         if not self.enabled:
             return {}
-        from training.pyfunc import MemgnnPyfunc
+        from memgnn.training.pyfunc import MemgnnPyfunc
 
         mlflow = self._m()
         with warnings.catch_warnings():  # "add type hints to predict": input is a dict

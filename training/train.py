@@ -1,6 +1,6 @@
 """`memgnn train --corpus DIR --out DIR`: fit the GNN, export ONNX, track and register it.
 
-    memgnn train --corpus runs/corpus --out runs/train            # or python -m training.train
+    memgnn train --corpus runs/corpus --out runs/train  # or python -m memgnn.training.train
 
 Steps: load the corpus (`training.data`), hold out whole families (`--holdout-families`,
 default bert,resnet,moe; `none` trains on every family) and draw a seeded validation split
@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from predictor.gnn_config import GNNConfig
-from training.fit_config import FitConfig
+from memgnn.predictor.gnn_config import GNNConfig
+from memgnn.training.fit_config import FitConfig
 
 log = logging.getLogger(__name__)
 
@@ -169,9 +168,9 @@ def _save_state(out: Path, state: dict[str, Any]) -> None:
 
 def run_training(cfg: TrainConfig) -> dict[str, Any]:
     """The whole pipeline (see the module docstring); returns the model card."""
-    from training.data import load_dataset, split
-    from training.fit import fit
-    from training.tracking import Tracker
+    from memgnn.training.data import load_dataset, split
+    from memgnn.training.fit import fit
+    from memgnn.training.tracking import Tracker
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -207,10 +206,10 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def _finish(cfg, data, sp, model, history, tracker, out: Path, t0: float) -> dict[str, Any]:
-    from predictor.trust import training_range
-    from training.export import export_onnx, weights_hash, write_card
-    from training.fit import cross_calibrate, evaluate, predict_log
-    from training.tracking import parity_plot
+    from memgnn.predictor.trust import training_range
+    from memgnn.training.export import export_onnx, weights_hash, write_card
+    from memgnn.training.fit import cross_calibrate, evaluate, predict_log
+    from memgnn.training.tracking import parity_plot
 
     seen = np.concatenate([sp.train, sp.val])
     calibration = cross_calibrate(model, data, seen, cfg.fit)
@@ -258,7 +257,7 @@ def _finish(cfg, data, sp, model, history, tracker, out: Path, t0: float) -> dic
 
 
 def _analytic_summary(data, idx: np.ndarray) -> dict[str, Any]:
-    from training.data import error_summary
+    from memgnn.training.data import error_summary
 
     prim = data.primary_metric()[idx]
     rows = np.arange(len(idx))

@@ -15,22 +15,21 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
-from dataset.allocator import (
+from memgnn.dataset.allocator import (
     _BASE_ADDR,
     K_ROUND_LARGE,
     AllocatorConfig,
     AllocatorStats,
     format_size,
 )
-from dataset.replay import core as C
-from dataset.replay.core import (
+from memgnn.dataset.replay import core as C
+from memgnn.dataset.replay.core import (
     ERR_BAD_OP,
     ERR_DOUBLE_ALLOC,
     NOT_HELD,
     run_events,
 )
-from dataset.replay.events import OP_ALLOC, EventArrays, encode_events
+from memgnn.dataset.replay.events import OP_ALLOC, EventArrays, encode_events
 
 __all__ = ["FastReplayResult", "replay_fast", "config_array", "snapshot"]
 

@@ -23,9 +23,8 @@ called into another module would keep running stale machine code after an edit t
 from __future__ import annotations
 
 import numpy as np
+from memgnn.dataset.replay.events import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, OP_MARK
 from numba import njit
-
-from dataset.replay.events import OP_ALLOC, OP_EMPTY_CACHE, OP_FREE, OP_MARK
 
 __all__ = ["run_events", "release_cached_blocks", "N_BLOCK_FIELDS", "N_STATS", "N_CFG"]
 

@@ -20,13 +20,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from dataset.allocator import AllocatorConfig
-from dataset.replay.trace import replay_trace_fast
-from dataset.sim import simulate
-from predictor.devices import get_profile
-from predictor.graph import StepGraph
-from predictor.onnx_model import load_default_model
-from predictor.predict import AnalyticModel, MemoryModel, Prediction, Query
+from memgnn.dataset.allocator import AllocatorConfig
+from memgnn.dataset.replay.trace import replay_trace_fast
+from memgnn.dataset.sim import simulate
+from memgnn.predictor.devices import get_profile
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.onnx_model import load_default_model
+from memgnn.predictor.predict import AnalyticModel, MemoryModel, Prediction, Query
 
 log = logging.getLogger(__name__)
 

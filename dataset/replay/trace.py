@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataset.allocator import AllocatorConfig
-from dataset.replay.api import replay_fast
-from dataset.replay.events import OP_MARK, EventArrays, encode_events
-from predictor.analytic import STEP_NAMES
+from memgnn.dataset.allocator import AllocatorConfig
+from memgnn.dataset.replay.api import replay_fast
+from memgnn.dataset.replay.events import OP_MARK, EventArrays, encode_events
+from memgnn.predictor.analytic import STEP_NAMES
 
 __all__ = ["replay_trace_fast"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from dataset.allocator import AllocatorConfig, MiB
-from predictor.errors import UserError
+from memgnn.dataset.allocator import AllocatorConfig, MiB
+from memgnn.predictor.errors import UserError
 
 __all__ = ["allocator_config", "parse_alloc_conf", "recorded_alloc_conf"]
 

@@ -22,13 +22,13 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
-from dataset.sim import build_trace, replay_trace
-from predictor.analytic import STEP_NAMES, sweep
-from predictor.devices import DeviceProfile
-from predictor.errors import UserError
-from predictor.graph import StepGraph
-from predictor.vocab import CATEGORIES, PHASES
+from memgnn.dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
+from memgnn.dataset.sim import build_trace, replay_trace
+from memgnn.predictor.analytic import STEP_NAMES, sweep
+from memgnn.predictor.devices import DeviceProfile
+from memgnn.predictor.errors import UserError
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.vocab import CATEGORIES, PHASES
 
 logger = logging.getLogger(__name__)
 

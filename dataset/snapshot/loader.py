@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from predictor.errors import UserError
+from memgnn.predictor.errors import UserError
 
 logger = logging.getLogger(__name__)
 

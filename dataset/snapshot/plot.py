@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dataset.allocator import AllocatorConfig, format_size
-from dataset.snapshot.loader import Snapshot
-from dataset.snapshot.replay import recorded_timeline, simulate_snapshot
-from dataset.snapshot.state import initial_state
-from predictor.errors import UserError
+from memgnn.dataset.allocator import AllocatorConfig, format_size
+from memgnn.dataset.snapshot.loader import Snapshot
+from memgnn.dataset.snapshot.replay import recorded_timeline, simulate_snapshot
+from memgnn.dataset.snapshot.state import initial_state
+from memgnn.predictor.errors import UserError
 
 logger = logging.getLogger(__name__)
 

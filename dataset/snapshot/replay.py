@@ -25,9 +25,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
-from dataset.snapshot.loader import Snapshot
-from dataset.snapshot.state import InitialState, initial_state, seed, seed_live_blocks
+from memgnn.dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
+from memgnn.dataset.snapshot.loader import Snapshot
+from memgnn.dataset.snapshot.state import InitialState, initial_state, seed, seed_live_blocks
 
 logger = logging.getLogger(__name__)
 

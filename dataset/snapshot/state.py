@@ -23,9 +23,9 @@ import bisect
 import logging
 from dataclasses import dataclass, field
 
-from dataset.allocator import K_MIN_BLOCK, K_SMALL_BUFFER, K_SMALL_SIZE, CachingAllocatorSim
-from dataset.allocator import round_size as _round_size
-from dataset.snapshot.loader import Snapshot, SnapshotError
+from memgnn.dataset.allocator import K_MIN_BLOCK, K_SMALL_BUFFER, K_SMALL_SIZE, CachingAllocatorSim
+from memgnn.dataset.allocator import round_size as _round_size
+from memgnn.dataset.snapshot.loader import Snapshot, SnapshotError
 
 logger = logging.getLogger(__name__)
 

@@ -13,18 +13,18 @@ import logging
 import time
 from typing import Any
 
-from dataset.allocator import AllocatorConfig
-from dataset.snapshot.conf import allocator_config, recorded_alloc_conf
-from dataset.snapshot.loader import Snapshot
-from dataset.snapshot.replay import (
+from memgnn.dataset.allocator import AllocatorConfig
+from memgnn.dataset.snapshot.conf import allocator_config, recorded_alloc_conf
+from memgnn.dataset.snapshot.loader import Snapshot
+from memgnn.dataset.snapshot.replay import (
     SimulatedRun,
     blocks_differing,
     dump_blocks,
     recorded_timeline,
     simulate_snapshot,
 )
-from dataset.snapshot.state import InitialState, initial_state
-from predictor.errors import UserError
+from memgnn.dataset.snapshot.state import InitialState, initial_state
+from memgnn.predictor.errors import UserError
 
 logger = logging.getLogger(__name__)
 

@@ -20,9 +20,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from memgnn.predictor.spec import ModelBundle
 from torch import nn
-
-from predictor.spec import ModelBundle
 
 from .layers import (
     Block,

@@ -23,9 +23,8 @@ from functools import partial
 from typing import Any
 
 import torch
+from memgnn.predictor.spec import ModelBundle
 from torch import nn
-
-from predictor.spec import ModelBundle
 
 from .hub import resolve_config_file
 from .layers import IGNORE_INDEX, fake_mode_active, image_inputs, shifted_labels

@@ -10,9 +10,8 @@ from collections.abc import Mapping
 from functools import partial
 from typing import Any
 
+from memgnn.predictor.spec import ModelBundle
 from torch import nn
-
-from predictor.spec import ModelBundle
 
 from .hf import (
     build_named,

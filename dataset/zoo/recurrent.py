@@ -20,9 +20,8 @@ from functools import partial
 from typing import Any
 
 import torch
+from memgnn.predictor.spec import ModelBundle
 from torch import nn
-
-from predictor.spec import ModelBundle
 
 from .layers import causal_lm_step, token_inputs
 from .registry import Family, check_choice, check_float, check_ints

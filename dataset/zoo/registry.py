@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from predictor.spec import ModelBundle
+from memgnn.predictor.spec import ModelBundle
 
 logger = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from predictor.errors import UserError
-from predictor.spec import ModelBundle
+from memgnn.predictor.errors import UserError
+from memgnn.predictor.spec import ModelBundle
 
 from . import dynamic, hf, hf_families, recurrent, transformers_inhouse, vision
 from .registry import TASKS, Family

@@ -16,8 +16,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
-from predictor.spec import ModelBundle
+from memgnn.predictor.spec import ModelBundle
 
 from .layers import (
     IGNORE_INDEX,

@@ -13,9 +13,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from memgnn.predictor.spec import ModelBundle
 from torch import nn
-
-from predictor.spec import ModelBundle
 
 from .layers import classifier_step, image_inputs
 from .registry import Family, check_choice, check_int, check_ints

@@ -1,7 +1,7 @@
 """The runtime memory governor: predicts each training step's peak before it runs and keeps
 it under the device's memory, by micro-batching, checkpointing and precision.
 
-    from serving.governor import MemoryGovernor, GovernorConfig
+    from memgnn.serving.governor import MemoryGovernor, GovernorConfig
     gov = MemoryGovernor(bundle, TrainSpec(), device="cuda")
     record = gov.step(batch)                 # the governor runs the step, or
     for plan in gov.plan(batch):             # you run it (see serving.governor.loop)
@@ -16,20 +16,20 @@ the prediction), `devices` / `cuda` (the devices it reads), `demo` (the demo wor
 `integrations/` (Lightning, Hugging Face, the monitor they share).
 """
 
-from serving.governor.alerts import Alert, AlertConfig, StepRecord
-from serving.governor.batching import BatchingConfig
-from serving.governor.config import GovernorConfig
-from serving.governor.core import MemoryGovernor
-from serving.governor.correction import CorrectorConfig
-from serving.governor.devices import (
+from memgnn.serving.governor.alerts import Alert, AlertConfig, StepRecord
+from memgnn.serving.governor.batching import BatchingConfig
+from memgnn.serving.governor.config import GovernorConfig
+from memgnn.serving.governor.core import MemoryGovernor
+from memgnn.serving.governor.correction import CorrectorConfig
+from memgnn.serving.governor.devices import (
     CpuDevice,
     CudaDevice,
     EmulatedDevice,
     GovernedDevice,
     resolve_device,
 )
-from serving.governor.loop import MicroBatch, StepPlan
-from serving.governor.policy import PolicyConfig
+from memgnn.serving.governor.loop import MicroBatch, StepPlan
+from memgnn.serving.governor.policy import PolicyConfig
 
 __all__ = [
     "Alert",

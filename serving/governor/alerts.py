@@ -198,7 +198,7 @@ class HttpSampleSink:
             self.failed += 1
 
     def _run(self) -> None:
-        from serving.client import MemgnnClient
+        from memgnn.serving.client import MemgnnClient
 
         uploaded: set[str] = set()
         with MemgnnClient(self.url, token=self.token, timeout=self.timeout) as client:

@@ -12,16 +12,15 @@ import logging
 from typing import Any
 
 import torch
+from memgnn.predictor.onnx_model import load_default_model
+from memgnn.predictor.predict import MemoryModel
+from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.step import build_optimizer
+from memgnn.serving.governor.checks import check_module
+from memgnn.serving.governor.config import GovernorConfig
+from memgnn.serving.governor.correction import GovernedPredictor, ResidualCorrector
+from memgnn.serving.governor.devices import EmulatedDevice, GovernedDevice
 from torch import nn
-
-from predictor.onnx_model import load_default_model
-from predictor.predict import MemoryModel
-from predictor.spec import ModelBundle, TrainSpec
-from predictor.step import build_optimizer
-from serving.governor.checks import check_module
-from serving.governor.config import GovernorConfig
-from serving.governor.correction import GovernedPredictor, ResidualCorrector
-from serving.governor.devices import EmulatedDevice, GovernedDevice
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,8 @@ import logging
 from collections import Counter
 
 import torch
+from memgnn.predictor.spec import ModelBundle, TrainSpec
 from torch import nn
-
-from predictor.spec import ModelBundle, TrainSpec
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from predictor.vocab import SCENARIOS
-from serving.governor.alerts import AlertConfig
-from serving.governor.batching import BatchingConfig
-from serving.governor.correction import CorrectorConfig
-from serving.governor.policy import PolicyConfig
+from memgnn.predictor.vocab import SCENARIOS
+from memgnn.serving.governor.alerts import AlertConfig
+from memgnn.serving.governor.batching import BatchingConfig
+from memgnn.serving.governor.correction import CorrectorConfig
+from memgnn.serving.governor.policy import PolicyConfig
 
 __all__ = ["AlertConfig", "BatchingConfig", "CorrectorConfig", "GovernorConfig", "PolicyConfig"]
 

@@ -31,14 +31,11 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from torch import nn
-from torch._subclasses.fake_tensor import FakeTensor
-
-from predictor.graph import StepGraph
-from predictor.predict import MemoryModel
-from predictor.spec import ModelBundle, TrainSpec, default_blocks
-from serving.governor.alerts import Alert, AlertBook, StepRecord
-from serving.governor.batching import (
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.predict import MemoryModel
+from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
+from memgnn.serving.governor.alerts import Alert, AlertBook, StepRecord
+from memgnn.serving.governor.batching import (
     LengthBuckets,
     TokenBatcher,
     default_sizes,
@@ -47,15 +44,22 @@ from serving.governor.batching import (
     sample_length,
     split,
 )
-from serving.governor.build import default_optimizer, make_predictor, make_scaler, place_model
-from serving.governor.checks import check_optimizer
-from serving.governor.config import GovernorConfig
-from serving.governor.devices import GovernedDevice, resolve_device
-from serving.governor.graphs import StepGraphs
-from serving.governor.loop import StepPlan, plans
-from serving.governor.observe import Observer
-from serving.governor.policy import Decision, Policy
-from serving.governor.runtime import CheckpointToggles, ElasticPrecision, OverflowTracker
+from memgnn.serving.governor.build import (
+    default_optimizer,
+    make_predictor,
+    make_scaler,
+    place_model,
+)
+from memgnn.serving.governor.checks import check_optimizer
+from memgnn.serving.governor.config import GovernorConfig
+from memgnn.serving.governor.devices import GovernedDevice, resolve_device
+from memgnn.serving.governor.graphs import StepGraphs
+from memgnn.serving.governor.loop import StepPlan, plans
+from memgnn.serving.governor.observe import Observer
+from memgnn.serving.governor.policy import Decision, Policy
+from memgnn.serving.governor.runtime import CheckpointToggles, ElasticPrecision, OverflowTracker
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 log = logging.getLogger(__name__)
 

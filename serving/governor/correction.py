@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from predictor.graph import StepGraph
-from predictor.predict import MemoryModel, Prediction, Query
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.predict import MemoryModel, Prediction, Query
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,8 @@ import logging
 from typing import Any
 
 import torch
+from memgnn.predictor.devices import PROFILES
 from torch.utils._pytree import tree_map
-
-from predictor.devices import PROFILES
 
 log = logging.getLogger(__name__)
 

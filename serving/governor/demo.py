@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-from dataset.zoo import make_bundle
-from predictor.spec import ModelBundle, TrainSpec
-from serving.governor.batching import BatchingConfig, pad_collate, sample_length
-from serving.governor.config import GovernorConfig
-from serving.governor.core import MemoryGovernor
-from serving.governor.devices import EmulatedDevice
+from memgnn.dataset.zoo import make_bundle
+from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.serving.governor.batching import BatchingConfig, pad_collate, sample_length
+from memgnn.serving.governor.config import GovernorConfig
+from memgnn.serving.governor.core import MemoryGovernor
+from memgnn.serving.governor.devices import EmulatedDevice
 
 log = logging.getLogger(__name__)
 

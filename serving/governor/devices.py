@@ -33,12 +33,11 @@ import weakref
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
+from memgnn.dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
+from memgnn.serving.governor.cuda import CudaDevice
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves, tree_map
-
-from dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
-from serving.governor.cuda import CudaDevice
 
 log = logging.getLogger(__name__)
 

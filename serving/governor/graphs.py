@@ -13,11 +13,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.predict import capture_cached
+from memgnn.predictor.spec import ModelBundle, TrainSpec
 from torch.utils._python_dispatch import _disable_current_modes
-
-from predictor.graph import StepGraph
-from predictor.predict import capture_cached
-from predictor.spec import ModelBundle, TrainSpec
 
 log = logging.getLogger(__name__)
 

@@ -42,12 +42,11 @@ from types import TracebackType
 from typing import Any, Protocol
 
 import torch
-
-from serving.governor.alerts import StepRecord
-from serving.governor.batching import even_chunks, split
-from serving.governor.devices import GovernedDevice
-from serving.governor.policy import Decision
-from serving.governor.runtime import CheckpointToggles, OverflowTracker
+from memgnn.serving.governor.alerts import StepRecord
+from memgnn.serving.governor.batching import even_chunks, split
+from memgnn.serving.governor.devices import GovernedDevice
+from memgnn.serving.governor.policy import Decision
+from memgnn.serving.governor.runtime import CheckpointToggles, OverflowTracker
 
 log = logging.getLogger(__name__)
 

@@ -16,14 +16,13 @@ from collections import deque
 from typing import Any
 
 import torch
-
-from predictor.graph import StepGraph
-from serving.governor.alerts import Alert, AlertBook, StepRecord, tier_of
-from serving.governor.config import GovernorConfig
-from serving.governor.correction import GovernedPredictor
-from serving.governor.devices import GovernedDevice
-from serving.governor.policy import Decision, Policy
-from serving.governor.runtime import CheckpointToggles, ElasticPrecision, OverflowTracker
+from memgnn.predictor.graph import StepGraph
+from memgnn.serving.governor.alerts import Alert, AlertBook, StepRecord, tier_of
+from memgnn.serving.governor.config import GovernorConfig
+from memgnn.serving.governor.correction import GovernedPredictor
+from memgnn.serving.governor.devices import GovernedDevice
+from memgnn.serving.governor.policy import Decision, Policy
+from memgnn.serving.governor.runtime import CheckpointToggles, ElasticPrecision, OverflowTracker
 
 log = logging.getLogger(__name__)
 

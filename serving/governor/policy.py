@@ -23,11 +23,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from predictor.graph import StepGraph
-from predictor.plan import Candidate, PlanConfig, SearchSpace, cost, plan
-from predictor.spec import PRECISIONS, TrainSpec
-from predictor.vocab import SEARCH_MODES
-from serving.governor.correction import GovernedPredictor
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.plan import Candidate, PlanConfig, SearchSpace, cost, plan
+from memgnn.predictor.spec import PRECISIONS, TrainSpec
+from memgnn.predictor.vocab import SEARCH_MODES
+from memgnn.serving.governor.correction import GovernedPredictor
 
 log = logging.getLogger(__name__)
 

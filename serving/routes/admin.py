@@ -5,11 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-
-from serving import schemas as s
-from serving.deps import Config, Eng, require_writer
-from serving.graphs import RequestError
-from serving.models import load_model
+from memgnn.serving import schemas as s
+from memgnn.serving.deps import Config, Eng, require_writer
+from memgnn.serving.graphs import RequestError
+from memgnn.serving.models import load_model
 
 router = APIRouter(tags=["admin"])
 

@@ -7,10 +7,9 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
-
-from serving import schemas as s
-from serving.deps import Config, Eng, require_writer
-from serving.graphs import build_graph, decode_body, parse_json
+from memgnn.serving import schemas as s
+from memgnn.serving.deps import Config, Eng, require_writer
+from memgnn.serving.graphs import build_graph, decode_body, parse_json
 
 router = APIRouter(tags=["graphs"])
 

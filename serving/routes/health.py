@@ -6,8 +6,7 @@ import logging
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
-
-from serving.metrics import CONTENT_TYPE
+from memgnn.serving.metrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 

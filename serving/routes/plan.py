@@ -6,10 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
-
-from serving import schemas as s
-from serving.deps import Eng, NewWork, Persist, run_watched
-from serving.planning import run_plan
+from memgnn.serving import schemas as s
+from memgnn.serving.deps import Eng, NewWork, Persist, run_watched
+from memgnn.serving.planning import run_plan
 
 router = APIRouter(tags=["plan"])
 

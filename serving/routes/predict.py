@@ -6,12 +6,11 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
-
-from predictor.devices import PROFILES
-from serving import schemas as s
-from serving.deps import Config, Eng, NewWork, Persist, run_watched
-from serving.graphs import RequestError
-from serving.predicting import run_predict
+from memgnn.predictor.devices import PROFILES
+from memgnn.serving import schemas as s
+from memgnn.serving.deps import Config, Eng, NewWork, Persist, run_watched
+from memgnn.serving.graphs import RequestError
+from memgnn.serving.predicting import run_predict
 
 router = APIRouter(tags=["predict"])
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-
-from predictor.predict import Query as PredictQuery
-from serving import schemas as s
-from serving.deps import Eng, Writer
+from memgnn.predictor.predict import Query as PredictQuery
+from memgnn.serving import schemas as s
+from memgnn.serving.deps import Eng, Writer
 
 router = APIRouter(tags=["samples"])
 

@@ -14,11 +14,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from memgnn.dataset.snapshot.loader import LoadLimits, loads_snapshot
+from memgnn.dataset.snapshot.whatif import replay_report
+from memgnn.serving.graphs import RequestError
 from pydantic import BaseModel, ConfigDict
-
-from dataset.snapshot.loader import LoadLimits, loads_snapshot
-from dataset.snapshot.whatif import replay_report
-from serving.graphs import RequestError
 
 log = logging.getLogger(__name__)
 

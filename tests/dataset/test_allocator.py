@@ -7,8 +7,7 @@ import random
 
 import pytest
 import torch
-
-from dataset.allocator import (
+from memgnn.dataset.allocator import (
     AllocatorConfig,
     CachingAllocatorSim,
     MiB,

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from dataset.allocator import AllocatorConfig, CachingAllocatorSim, MiB, SimulatedOOM
-from dataset.replay import replay_fast
+from memgnn.dataset.allocator import AllocatorConfig, CachingAllocatorSim, MiB, SimulatedOOM
+from memgnn.dataset.replay import replay_fast
 
 KiB = 1 << 10
 

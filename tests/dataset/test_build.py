@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
-from dataset import build as build_mod
-from dataset.build import BuildConfig, add_build_arguments, build_corpus, config_from_args
-from dataset.corpus import Corpus
-from dataset.sampler import sample_jobs
+from memgnn.dataset import build as build_mod
+from memgnn.dataset.build import BuildConfig, add_build_arguments, build_corpus, config_from_args
+from memgnn.dataset.corpus import Corpus
+from memgnn.dataset.sampler import sample_jobs
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {
@@ -113,9 +112,9 @@ def test_cpu_build(tmp_path):
 
 
 def test_a_failing_job_becomes_an_error_row(tmp_path, monkeypatch):
-    import dataset.profile
+    import memgnn.dataset.profile
 
-    real = dataset.profile.profile
+    real = memgnn.dataset.profile.profile
 
     def flaky(bundle, train, sizes, config, *, graph=None):
         if sizes["B"] == min(j.sizes["B"] for j in jobs):
@@ -124,7 +123,7 @@ def test_a_failing_job_becomes_an_error_row(tmp_path, monkeypatch):
 
     cfg = tiny(tmp_path, ["mlp"], 3, devices=["h100-80gb"])
     jobs = sample_jobs(cfg.sampler())
-    monkeypatch.setattr(dataset.profile, "profile", flaky)
+    monkeypatch.setattr(memgnn.dataset.profile, "profile", flaky)
     summary = build_corpus(cfg)
     assert summary.profiled == 3 and summary.errors == 1 and summary.ok == 2
     (bad,) = [r for r in Corpus(tmp_path).records(ok_only=False) if r["error"]]
@@ -148,7 +147,7 @@ def test_kill_9_mid_build_then_resume_then_corrupt_part(tmp_path):
     cfg = config_from_args(parser.parse_args(_cli_args(out)))
     expected = expected_ids(cfg)
     assert len(expected) == 16
-    cmd = [sys.executable, "-m", "dataset.build", *_cli_args(out)]
+    cmd = [sys.executable, "-m", "memgnn.dataset.build", *_cli_args(out)]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -185,8 +184,8 @@ def test_kill_9_mid_build_then_resume_then_corrupt_part(tmp_path):
 
 
 def test_a_truncated_graph_fails_stats_and_is_re_captured_by_the_next_build(tmp_path, capsys):
-    from dataset.stats import add_stats_arguments, stats_cmd
-    from predictor.graph import file_sha256
+    from memgnn.dataset.stats import add_stats_arguments, stats_cmd
+    from memgnn.predictor.graph import file_sha256
 
     cfg = tiny(tmp_path, ["mlp"], 3)
     assert build_corpus(cfg).profiled == 3
@@ -269,8 +268,8 @@ def crash_on_bad(task: dict) -> dict:
 
 
 def test_a_task_that_kills_its_worker_is_retried_alone_then_recorded():
-    from dataset.executors import run_local
-    from dataset.sampler import Job
+    from memgnn.dataset.executors import run_local
+    from memgnn.dataset.sampler import Job
 
     def task(group: str, n: int) -> dict:
         job = Job(
@@ -291,8 +290,8 @@ def test_results_pickle_also_when_the_graph_comes_from_the_capture_cache(tmp_pat
     still be able to send them back."""
     import pickle
 
-    from dataset.build import make_tasks
-    from dataset.executors import run_group
+    from memgnn.dataset.build import make_tasks
+    from memgnn.dataset.executors import run_group
 
     cfg = tiny(tmp_path, ["mlp"], 2, sizes_per_config=2)
     (task,) = make_tasks(sample_jobs(cfg.sampler()), str(tmp_path / "cache"), 1)
@@ -306,9 +305,9 @@ def _labels(row):
 
 
 def test_sim_labels_use_the_symbolic_graph_once_it_agrees_with_a_concrete_capture(tmp_path):
-    from dataset.profile import ProfileConfig, profile
-    from dataset.zoo import make_bundle
-    from predictor.spec import TrainSpec
+    from memgnn.dataset.profile import ProfileConfig, profile
+    from memgnn.dataset.zoo import make_bundle
+    from memgnn.predictor.spec import TrainSpec
 
     build_corpus(tiny(tmp_path, ["gpt2"], 3, devices=["a100-80gb"]))
     rows = Corpus(tmp_path).records()
@@ -331,9 +330,11 @@ def test_sim_labels_use_the_symbolic_graph_once_it_agrees_with_a_concrete_captur
 
 
 def test_sim_labels_stay_concrete_where_the_symbolic_graph_disagrees(tmp_path, monkeypatch):
-    import dataset.profile
+    import memgnn.dataset.profile
 
-    monkeypatch.setattr(dataset.profile, "symbolic_agrees", lambda g, r, c: (False, "differs"))
+    monkeypatch.setattr(
+        memgnn.dataset.profile, "symbolic_agrees", lambda g, r, c: (False, "differs")
+    )
     build_corpus(tiny(tmp_path, ["mlp"], 3, devices=["a100-80gb"]))
     rows = Corpus(tmp_path).records()
     assert len(rows) == 3

@@ -4,9 +4,8 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
-from dataset.corpus import SCHEMA, Corpus, CorpusWriter, record_row
-from dataset.record import ProfileRecord
+from memgnn.dataset.corpus import SCHEMA, Corpus, CorpusWriter, record_row
+from memgnn.dataset.record import ProfileRecord
 
 
 def _record(i: int) -> ProfileRecord:
@@ -97,8 +96,9 @@ def test_reading_a_corrupt_part_changes_nothing(tmp_path):
 
 @pytest.fixture(scope="module")
 def mlp_graph():
-    from predictor.capture import capture
-    from predictor.spec import TrainSpec
+    from memgnn.predictor.capture import capture
+    from memgnn.predictor.spec import TrainSpec
+
     from tests.conftest import tiny_mlp_bundle
 
     return capture(tiny_mlp_bundle(), TrainSpec())

@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
-from dataset.cuda_backend import (
+from memgnn.dataset.cuda_backend import (
     NO_CUDA,
     CudaApi,
     category_bytes,
@@ -19,8 +17,9 @@ from dataset.cuda_backend import (
     nearest_known,
     profile_cuda,
 )
-from predictor.devices import PROFILES, GiB, MiB
-from predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.devices import PROFILES, GiB, MiB
+from memgnn.predictor.spec import ModelBundle, TrainSpec
+from torch import nn
 
 PHASES = {"input", "forward", "backward", "optimizer", "zero_grad"}
 

@@ -1,8 +1,7 @@
 import pytest
 import torch
-
-from dataset.profile import ProfileConfig, profile, profile_many
-from predictor.spec import ModelBundle, TrainSpec
+from memgnn.dataset.profile import ProfileConfig, profile, profile_many
+from memgnn.predictor.spec import ModelBundle, TrainSpec
 
 CONFIGS = [
     TrainSpec(),
@@ -43,7 +42,7 @@ def test_gpu_sim_reports_all_metrics_and_phases(tiny_gpt):
 
 
 def test_sim_flags_oom_on_a_small_device(tiny_gpt):
-    from dataset.allocator import AllocatorConfig
+    from memgnn.dataset.allocator import AllocatorConfig
 
     rec = profile(
         tiny_gpt,

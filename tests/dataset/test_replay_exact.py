@@ -5,20 +5,20 @@ import json
 
 import numpy as np
 import pytest
+from memgnn.dataset.allocator import AllocatorConfig
+from memgnn.dataset.replay.exact import ExactConfig, ReplayModel, choose_method, predict_with
+from memgnn.dataset.replay.trace import replay_trace_fast
+from memgnn.dataset.sim import build_trace, replay_trace, simulate
+from memgnn.dataset.zoo import resolve
+from memgnn.predictor.analytic import sweep
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.devices import get_profile
+from memgnn.predictor.predict import AnalyticModel, Prediction, Query
+from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.vocab import MATMUL_OPS, PHASES
 from tiny_models import tiny_gpt_bundle
 
-from dataset.allocator import AllocatorConfig
-from dataset.replay.exact import ExactConfig, ReplayModel, choose_method, predict_with
-from dataset.replay.trace import replay_trace_fast
-from dataset.sim import build_trace, replay_trace, simulate
-from dataset.zoo import resolve
 from memgnn.cli import main
-from predictor.analytic import sweep
-from predictor.capture import CaptureConfig, capture
-from predictor.devices import get_profile
-from predictor.predict import AnalyticModel, Prediction, Query
-from predictor.spec import TrainSpec
-from predictor.vocab import MATMUL_OPS, PHASES
 from tests.dataset.test_allocator_fast import assert_same
 
 A100 = get_profile("a100-80gb")

@@ -5,16 +5,15 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-
-from dataset.sampler import (
+from memgnn.dataset.sampler import (
     DEFAULT_SIM_DEVICES,
     SamplerConfig,
     canonical_id,
     sample_jobs,
     skip_reason,
 )
-from dataset.zoo import FAMILIES, get_family
-from predictor.spec import TrainSpec
+from memgnn.dataset.zoo import FAMILIES, get_family
+from memgnn.predictor.spec import TrainSpec
 
 CHEAP = ["mlp", "resnet", "lstm", "unet"]
 

@@ -3,16 +3,15 @@
 import pickle
 
 import pytest
-
-from dataset.allocator import MiB
-from dataset.sim import simulate
-from dataset.snapshot.export import SnapshotRecorder, simulated_step_snapshot, write_snapshot
-from dataset.snapshot.loader import load_snapshot, loads_snapshot, snapshot_from_dict
-from dataset.snapshot.plot import PlotConfig, _sample_points, peak_allocations, plot_snapshot
-from dataset.snapshot.whatif import replay_report
-from predictor.devices import get_profile
-from predictor.predict import capture_cached
-from predictor.spec import TrainSpec
+from memgnn.dataset.allocator import MiB
+from memgnn.dataset.sim import simulate
+from memgnn.dataset.snapshot.export import SnapshotRecorder, simulated_step_snapshot, write_snapshot
+from memgnn.dataset.snapshot.loader import load_snapshot, loads_snapshot, snapshot_from_dict
+from memgnn.dataset.snapshot.plot import PlotConfig, _sample_points, peak_allocations, plot_snapshot
+from memgnn.dataset.snapshot.whatif import replay_report
+from memgnn.predictor.devices import get_profile
+from memgnn.predictor.predict import capture_cached
+from memgnn.predictor.spec import TrainSpec
 
 
 def test_recorder_writes_pytorch_actions_and_segments(tmp_path):

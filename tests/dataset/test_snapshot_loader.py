@@ -5,8 +5,7 @@ import os
 import pickle
 
 import pytest
-
-from dataset.snapshot.loader import LoadLimits, SnapshotError, load_snapshot, loads_snapshot
+from memgnn.dataset.snapshot.loader import LoadLimits, SnapshotError, load_snapshot, loads_snapshot
 
 
 def _snap(**extra):

@@ -3,13 +3,12 @@
 import pickle
 
 import pytest
-
-from dataset.allocator import MiB
-from dataset.snapshot.conf import allocator_config, parse_alloc_conf, recorded_alloc_conf
-from dataset.snapshot.export import SnapshotRecorder
-from dataset.snapshot.loader import Snapshot, loads_snapshot
-from dataset.snapshot.replay import recorded_timeline, simulate_snapshot
-from dataset.snapshot.whatif import CONTRACT_FIELDS, replay_report
+from memgnn.dataset.allocator import MiB
+from memgnn.dataset.snapshot.conf import allocator_config, parse_alloc_conf, recorded_alloc_conf
+from memgnn.dataset.snapshot.export import SnapshotRecorder
+from memgnn.dataset.snapshot.loader import Snapshot, loads_snapshot
+from memgnn.dataset.snapshot.replay import recorded_timeline, simulate_snapshot
+from memgnn.dataset.snapshot.whatif import CONTRACT_FIELDS, replay_report
 
 L = 1 << 40  # a low recorded address
 H = L + 100 * MiB  # a higher one

@@ -1,10 +1,10 @@
 """Seeding the allocator simulator from a recorded state, and rebuilding that state."""
 
 import pytest
+from memgnn.dataset.allocator import AllocatorConfig, CachingAllocatorSim, MiB
+from memgnn.dataset.snapshot.loader import Snapshot
+from memgnn.dataset.snapshot.state import initial_state, seed
 
-from dataset.allocator import AllocatorConfig, CachingAllocatorSim, MiB
-from dataset.snapshot.loader import Snapshot
-from dataset.snapshot.state import initial_state, seed
 from tests.dataset.test_allocator import check_invariants
 
 KiB = 1 << 10

@@ -6,12 +6,17 @@ import argparse
 import json
 
 import pytest
-
-from dataset.corpus import Corpus, CorpusWriter, record_row
-from dataset.executors import error_row
-from dataset.record import ProfileRecord
-from dataset.sampler import Job
-from dataset.stats import add_stats_arguments, corpus_stats, failure_reason, render_stats, stats_cmd
+from memgnn.dataset.corpus import Corpus, CorpusWriter, record_row
+from memgnn.dataset.executors import error_row
+from memgnn.dataset.record import ProfileRecord
+from memgnn.dataset.sampler import Job
+from memgnn.dataset.stats import (
+    add_stats_arguments,
+    corpus_stats,
+    failure_reason,
+    render_stats,
+    stats_cmd,
+)
 
 MiB = 1 << 20
 

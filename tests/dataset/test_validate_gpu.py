@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 
+import memgnn.dataset.validate_gpu as vg
 import pytest
 import torch
-
-import dataset.validate_gpu as vg
-from dataset.record import ProfileRecord
-from dataset.validate_gpu import (
+from memgnn.dataset.record import ProfileRecord
+from memgnn.dataset.validate_gpu import (
     RECORDS_FILE,
     SUMMARY_JSON,
     SUMMARY_MD,
@@ -22,7 +21,7 @@ from dataset.validate_gpu import (
     run_validation,
     summarize,
 )
-from predictor.spec import TrainSpec
+from memgnn.predictor.spec import TrainSpec
 
 # ---- the matrix --------------------------------------------------------------------------
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import sympy
 import torch
+from memgnn.dataset import zoo
+from memgnn.predictor.spec import ModelBundle
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
@@ -25,9 +27,6 @@ from torch.fx.experimental.symbolic_shapes import (
     GuardOnDataDependentSymNode,
     ShapeEnv,
 )
-
-from dataset import zoo
-from predictor.spec import ModelBundle
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = zoo.family_names()
@@ -103,7 +102,7 @@ def test_training_step(name: str) -> None:
 
 
 def _default_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    from predictor.spec import default_blocks
+    from memgnn.predictor.spec import default_blocks
 
     return default_blocks(model)
 
@@ -297,7 +296,7 @@ def test_resolve_hf_errors(tmp_path: Path) -> None:
 def test_resolve_python_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "zoo_user_models.py").write_text(
         textwrap.dedent("""
-        from dataset.zoo import make_bundle
+        from memgnn.dataset.zoo import make_bundle
 
         def factory(hidden="16"):
             return make_bundle("mlp", {"hidden": int(hidden)})

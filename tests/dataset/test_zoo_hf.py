@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from dataset import zoo
-from predictor.spec import TrainSpec
-from predictor.step import TrainingStep
+from memgnn.dataset import zoo
+from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.step import TrainingStep
 
 pytest.importorskip("transformers")
 
@@ -81,7 +80,7 @@ def _write_config(tmp_path: Path, model_type: str, **kwargs) -> Path:
 def test_attention_follows_what_the_model_class_supports(
     tmp_path, model_type, task, kwargs, attention
 ):
-    from dataset.zoo.hf import attention_for
+    from memgnn.dataset.zoo.hf import attention_for
 
     path = _write_config(tmp_path, model_type, **kwargs)
     bundle = zoo.resolve(f"hf:{path}", task=task)

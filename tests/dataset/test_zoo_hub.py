@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-
-from dataset import zoo
-from dataset.zoo import hub
-from dataset.zoo.hf import infer_task
+from memgnn.dataset import zoo
+from memgnn.dataset.zoo import hub
+from memgnn.dataset.zoo.hf import infer_task
 
 transformers = pytest.importorskip("transformers")
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from predictor.spec import ModelBundle
+from memgnn.predictor.spec import ModelBundle
 
 
 class Block(nn.Module):
@@ -68,11 +68,13 @@ def _run(capsys, *argv):
     ],
 )
 def test_answers_never_build_real_weights_and_name_the_model(capsys, monkeypatch, guarded, argv):
-    import predictor.onnx_model
-    import predictor.predict
+    import memgnn.predictor.onnx_model
+    import memgnn.predictor.predict
 
     # the baseline answers: this is about what gets built, not the GNN's numbers
-    monkeypatch.setattr(predictor.onnx_model, "load_default_model", predictor.predict.AnalyticModel)
+    monkeypatch.setattr(
+        memgnn.predictor.onnx_model, "load_default_model", memgnn.predictor.predict.AnalyticModel
+    )
     code, out, err = _run(capsys, *argv, "--model", guarded, "--device", "a100-80gb", "--json")
     assert code == 0, err
     model = json.loads(out)["model"]

@@ -80,8 +80,8 @@ def test_profile_json_has_contract_fields(capsys):
 
 
 def test_predict_through_a_running_service(tmp_path, capsys):
-    from serving.client import local_server
-    from serving.config import ServeConfig
+    from memgnn.serving.client import local_server
+    from memgnn.serving.config import ServeConfig
 
     cfg = ServeConfig(model="analytic", state_dir=tmp_path)
     with local_server(cfg) as url:

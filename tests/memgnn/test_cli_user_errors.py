@@ -18,7 +18,7 @@ USER_MODEL = textwrap.dedent(
     import torch.nn.functional as F
     from torch import nn
 
-    from predictor.spec import ModelBundle
+    from memgnn.predictor.spec import ModelBundle
 
 
     def make(width="32"):
@@ -167,7 +167,7 @@ def test_help_describes_the_tool_and_shows_defaults(capsys):
 
 
 def test_capture_progress_goes_to_stderr(user_dir, capsys, caplog, monkeypatch):
-    from predictor.predict import Progress
+    from memgnn.predictor.predict import Progress
 
     monkeypatch.setattr(Progress, "first", 0.0)  # this capture is quicker than 2 s
     caplog.set_level(logging.INFO, logger="predictor.progress")
@@ -185,7 +185,7 @@ POSITIONS_MODEL = textwrap.dedent(
     import torch.nn.functional as F
     from torch import nn
 
-    from predictor.spec import ModelBundle
+    from memgnn.predictor.spec import ModelBundle
 
 
     class Positions(nn.Module):

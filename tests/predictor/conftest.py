@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from predictor.capture import CaptureConfig, capture
-from predictor.graph import StepGraph
-from predictor.spec import TrainSpec
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.spec import TrainSpec
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,7 @@
 import numpy as np
-
-from predictor.analytic import round_bytes, sweep
-from predictor.graph import PathGraph, StepGraph
-from predictor.vocab import CATEGORIES, PHASES
+from memgnn.predictor.analytic import round_bytes, sweep
+from memgnn.predictor.graph import PathGraph, StepGraph
+from memgnn.predictor.vocab import CATEGORIES, PHASES
 
 
 def _graph():

@@ -5,12 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from memgnn.predictor.branches import CaptureError
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.predict import AnalyticModel, GuardViolation, Query, graph_for_query
+from memgnn.predictor.spec import ModelBundle, TrainSpec
 from torch import nn
-
-from predictor.branches import CaptureError
-from predictor.capture import CaptureConfig, capture
-from predictor.predict import AnalyticModel, GuardViolation, Query, graph_for_query
-from predictor.spec import ModelBundle, TrainSpec
 
 POSITIONS = 32
 
@@ -77,7 +76,7 @@ def test_hf_gpt2_positions_become_a_guard():
     transformers = pytest.importorskip("transformers")
     from functools import partial
 
-    from dataset.zoo.hf import build_hf, causal_inputs, hf_step
+    from memgnn.dataset.zoo.hf import build_hf, causal_inputs, hf_step
 
     config = transformers.GPT2Config(
         n_layer=1, n_embd=16, n_head=2, vocab_size=40, n_positions=POSITIONS

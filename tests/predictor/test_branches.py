@@ -1,9 +1,8 @@
 import pytest
-
-from predictor.analytic import sweep
-from predictor.branches import CaptureError
-from predictor.capture import CaptureConfig, capture
-from predictor.spec import TrainSpec
+from memgnn.predictor.analytic import sweep
+from memgnn.predictor.branches import CaptureError
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.spec import TrainSpec
 
 
 def test_python_branch_is_enumerated_as_paths(early_exit):

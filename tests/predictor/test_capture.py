@@ -2,11 +2,10 @@ import math
 
 import pytest
 import torch
-
-from predictor.branches import CaptureError
-from predictor.capture import CaptureConfig, capture
-from predictor.spec import TrainSpec
-from predictor.vocab import CATEGORIES
+from memgnn.predictor.branches import CaptureError
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.vocab import CATEGORIES
 
 SIZES = [(3, 17), (1, 5), (64, 1024)]
 
@@ -106,7 +105,7 @@ def test_pure_bf16_halves_parameter_bytes(tiny_gpt):
 
 
 def test_checkpointing_lowers_activation_peak(tiny_gpt):
-    from predictor.analytic import sweep
+    from memgnn.predictor.analytic import sweep
 
     sizes = {"B": 8, "S": 256}
     plain = sweep(capture(tiny_gpt, TrainSpec()), sizes)
@@ -124,7 +123,7 @@ def test_steady_only_registers_optimizer_state_before_the_step(tiny_mlp):
 
 
 def test_data_dependent_scalar_fails_naming_module():
-    from predictor.spec import ModelBundle
+    from memgnn.predictor.spec import ModelBundle
 
     class Bad(torch.nn.Module):
         def __init__(self):
@@ -165,7 +164,7 @@ def test_size_not_in_input_spec_is_named(tiny_mlp):
     ],
 )
 def test_zoo_symbolic_capture_matches_concrete(name, hparams, points):
-    from dataset.zoo import make_bundle
+    from memgnn.dataset.zoo import make_bundle
 
     bundle = make_bundle(name, hparams)
     train = TrainSpec(steps="first")
@@ -200,7 +199,7 @@ def test_zoo_symbolic_capture_matches_concrete(name, hparams, points):
 )
 def test_hf_architectures_without_sdpa_capture_symbolically(tmp_path, model_type, task, kwargs):
     transformers = pytest.importorskip("transformers")
-    from dataset.zoo import resolve
+    from memgnn.dataset.zoo import resolve
 
     folder = tmp_path / model_type
     transformers.AutoConfig.for_model(model_type, **kwargs).save_pretrained(str(folder))

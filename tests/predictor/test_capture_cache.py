@@ -8,12 +8,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import memgnn.predictor.capture
 import pytest
-
-import predictor.capture
-from predictor.capture import CaptureConfig, capture
-from predictor.predict import AnalyticModel, Query, capture_cached
-from predictor.spec import TrainSpec
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.predict import AnalyticModel, Query, capture_cached
+from memgnn.predictor.spec import TrainSpec
 
 TRAIN = TrainSpec(steps="first")
 SIZES = {"B": 2, "S": 8}
@@ -26,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from predictor.spec import ModelBundle
+from memgnn.predictor.spec import ModelBundle
 
 WIDTH = {width}
 
@@ -78,7 +77,7 @@ def _gpt2_config(path: Path, layers: int) -> None:
 
 def test_hf_config_edited_in_place_is_captured_anew(tmp_path):
     pytest.importorskip("transformers")
-    from dataset.zoo import resolve
+    from memgnn.dataset.zoo import resolve
 
     path = tmp_path / "model" / "config.json"
     _gpt2_config(path, layers=1)
@@ -98,7 +97,7 @@ def _write_cnn(folder: Path, width: int) -> None:
 
 
 def _resolve_cnn():
-    from dataset.zoo import resolve
+    from memgnn.dataset.zoo import resolve
 
     return resolve("py:user_cnn:factory")
 
@@ -133,7 +132,7 @@ def test_model_changed_outside_its_source_is_captured_anew(user_cnn):
 def test_unchanged_model_comes_from_the_cache(user_cnn, monkeypatch):
     cache = user_cnn / "cache"
     first = capture_cached(_resolve_cnn(), TRAIN, target="cpu", directory=cache)
-    monkeypatch.setattr(predictor.capture, "capture", _no_capture)
+    monkeypatch.setattr(memgnn.predictor.capture, "capture", _no_capture)
     again = capture_cached(_resolve_cnn(), TRAIN, target="cpu", directory=cache)
     assert again.graph_id == first.graph_id
 

@@ -1,6 +1,5 @@
 import pytest
-
-from predictor.devices import PROFILES, get_profile
+from memgnn.predictor.devices import PROFILES, get_profile
 
 REQUIRED = [
     "cpu",

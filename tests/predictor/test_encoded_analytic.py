@@ -6,11 +6,10 @@ import dataclasses
 import itertools
 
 import pytest
-
-from predictor.capture import capture
-from predictor.encoded_analytic import EncodedAnalytic
-from predictor.predict import AnalyticModel, EncodingModel, Query
-from predictor.spec import TrainSpec
+from memgnn.predictor.capture import capture
+from memgnn.predictor.encoded_analytic import EncodedAnalytic
+from memgnn.predictor.predict import AnalyticModel, EncodingModel, Query
+from memgnn.predictor.spec import TrainSpec
 
 
 def _queries(graph) -> list[Query]:

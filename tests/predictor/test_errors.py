@@ -1,6 +1,5 @@
 import pytest
-
-from predictor.errors import UserError
+from memgnn.predictor.errors import UserError
 
 
 def test_user_error_is_a_value_error():

@@ -1,8 +1,7 @@
 import numpy as np
 import pytest
 import sympy
-
-from predictor.expr import ExprTable, simplify_sum, sympy_to_source, validate_source
+from memgnn.predictor.expr import ExprTable, simplify_sum, sympy_to_source, validate_source
 
 
 def test_sympy_to_source_renames_and_keeps_floor_division():
@@ -99,7 +98,7 @@ def test_table_evaluates_with_more_than_64_symbols():
 
 
 def test_constants_wider_than_64_bits_are_rejected():
-    from predictor.errors import UserError
+    from memgnn.predictor.errors import UserError
 
     with pytest.raises(UserError, match="64 bits"):
         validate_source(f"B * {2**64}", ["B"])

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from predictor.features import (
+from memgnn.predictor.features import (
     HASH_BUCKETS,
     NUM_NODE_FEATURES,
     NUM_QUERY_FEATURES,
@@ -12,8 +11,8 @@ from predictor.features import (
     graph_inputs,
     op_id,
 )
-from predictor.graph import StepGraph
-from predictor.query_features import PathContext
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.query_features import PathContext
 
 
 def test_graph_inputs_shapes_and_edges(gpt_graph):
@@ -40,7 +39,7 @@ def test_features_are_deterministic(gpt_graph, tmp_path):
     gpt_graph.save(tmp_path / "g.json.gz")
     b = graph_inputs(StepGraph.load(tmp_path / "g.json.gz"))
     assert np.array_equal(a.x, b.x) and np.array_equal(a.edge_index, b.edge_index)
-    from predictor.devices import get_profile
+    from memgnn.predictor.devices import get_profile
 
     q1 = PathContext(gpt_graph).query({"B": 8, "S": 64}, get_profile("a100-80gb"))
     q2 = PathContext(gpt_graph).query({"B": 8, "S": 64}, get_profile("a100-80gb"))

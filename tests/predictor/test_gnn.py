@@ -10,15 +10,14 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.features import NUM_QUERY_FEATURES, graph_inputs
+from memgnn.predictor.gnn import DirConv, GNNConfig, MemoryGNN, memory_loss
+from memgnn.predictor.onnx_model import DEFAULT_MODEL_DIR, OnnxMemoryModel
+from memgnn.predictor.spec import TrainSpec
 from onnx import numpy_helper
 from torch_geometric.data import Batch, Data
 from torch_geometric.nn import MessagePassing
-
-from predictor.capture import CaptureConfig, capture
-from predictor.features import NUM_QUERY_FEATURES, graph_inputs
-from predictor.gnn import DirConv, GNNConfig, MemoryGNN, memory_loss
-from predictor.onnx_model import DEFAULT_MODEL_DIR, OnnxMemoryModel
-from predictor.spec import TrainSpec
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors (tests/conftest.py)
 
@@ -172,7 +171,7 @@ def _onnx_outputs(onnx_model: OnnxMemoryModel, graph, q: np.ndarray):
 
 
 def test_pyg_model_agrees_with_its_onnx_export(captured, tmp_path):
-    from training.export import export_onnx, write_card
+    from memgnn.training.export import export_onnx, write_card
 
     torch.manual_seed(0)
     model = MemoryGNN(GNNConfig(hidden=16, layers=3, head_hidden=32)).eval()

@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from predictor.gnn_config import GNNConfig
+from memgnn.predictor.gnn_config import GNNConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,10 +3,9 @@ import hashlib
 import json
 
 import pytest
-
-from predictor.capture import capture
-from predictor.graph import StepGraph, file_sha256
-from predictor.spec import TrainSpec
+from memgnn.predictor.capture import capture
+from memgnn.predictor.graph import StepGraph, file_sha256
+from memgnn.predictor.spec import TrainSpec
 
 
 @pytest.fixture

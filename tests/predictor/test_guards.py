@@ -5,10 +5,9 @@ from __future__ import annotations
 from functools import partial
 
 import pytest
-
-from predictor.capture import CaptureConfig, capture
-from predictor.predict import AnalyticModel, GuardViolation, Query, graph_for_query
-from predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.predict import AnalyticModel, GuardViolation, Query, graph_for_query
+from memgnn.predictor.spec import ModelBundle, TrainSpec
 
 transformers = pytest.importorskip("transformers")
 
@@ -17,7 +16,7 @@ WINDOW = 16
 
 def _sliding_window_bundle() -> ModelBundle:
     """A one-layer Mistral whose attention mask changes once S reaches its window."""
-    from dataset.zoo.hf import build_hf, causal_inputs, hf_step
+    from memgnn.dataset.zoo.hf import build_hf, causal_inputs, hf_step
 
     config = transformers.MistralConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

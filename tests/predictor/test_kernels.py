@@ -2,10 +2,9 @@ import numpy as np
 import pytest
 import sympy
 import torch
-
-from predictor.capture import CaptureConfig, capture
-from predictor.kernels import choose_sdpa, mkldnn_rnn_workspace_bytes
-from predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.kernels import choose_sdpa, mkldnn_rnn_workspace_bytes
+from memgnn.predictor.spec import ModelBundle, TrainSpec
 
 
 def _qkv(dtype, d=64, kv_heads=4):

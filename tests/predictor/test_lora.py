@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from dataset import zoo
-from dataset.profile import ProfileConfig, profile
-from predictor.model_info import describe
-from predictor.spec import ModelBundle, TrainSpec
-from predictor.step import TrainingStep
+from memgnn.dataset import zoo
+from memgnn.dataset.profile import ProfileConfig, profile
+from memgnn.predictor.model_info import describe
+from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.step import TrainingStep
 
 pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")

@@ -1,8 +1,7 @@
 import torch
+from memgnn.predictor.model_info import describe, describe_bundle, structure
+from memgnn.predictor.spec import ModelBundle, TrainSpec
 from torch import nn
-
-from predictor.model_info import describe, describe_bundle, structure
-from predictor.spec import ModelBundle, TrainSpec
 
 
 class Tied(nn.Module):

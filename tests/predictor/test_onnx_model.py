@@ -9,15 +9,14 @@ import shutil
 import numpy as np
 import pytest
 import torch
-
-from predictor.capture import CaptureConfig, capture
-from predictor.features import FEATURE_SCHEMA_VERSION, graph_inputs
-from predictor.gnn import GNNConfig, MemoryGNN
-from predictor.onnx_model import OnnxMemoryModel, load_default_model, read_card
-from predictor.predict import AnalyticModel, Prediction, Query
-from predictor.query_features import PathContext
-from predictor.spec import TrainSpec
-from training.export import export_onnx, write_card
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.features import FEATURE_SCHEMA_VERSION, graph_inputs
+from memgnn.predictor.gnn import GNNConfig, MemoryGNN
+from memgnn.predictor.onnx_model import OnnxMemoryModel, load_default_model, read_card
+from memgnn.predictor.predict import AnalyticModel, Prediction, Query
+from memgnn.predictor.query_features import PathContext
+from memgnn.predictor.spec import TrainSpec
+from memgnn.training.export import export_onnx, write_card
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +35,7 @@ def graphs():
 def model_dir(graphs, tmp_path_factory):
     torch.manual_seed(0)
     model = MemoryGNN(GNNConfig(hidden=16, layers=2, head_hidden=32)).eval()
-    from predictor.devices import get_profile
+    from memgnn.predictor.devices import get_profile
 
     q = np.stack([PathContext(graphs["gpt"]).query({"B": b, "S": 32}, get_profile(d)).features
                   for b in (1, 4, 16) for d in ("a100-80gb", "cpu")])  # fmt: skip

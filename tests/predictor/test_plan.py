@@ -1,9 +1,8 @@
 import pytest
-
-from predictor.capture import capture
-from predictor.plan import PlanConfig, SearchSpace, cost, largest_batch, plan
-from predictor.predict import AnalyticModel, Prediction
-from predictor.spec import TrainSpec
+from memgnn.predictor.capture import capture
+from memgnn.predictor.plan import PlanConfig, SearchSpace, cost, largest_batch, plan
+from memgnn.predictor.predict import AnalyticModel, Prediction
+from memgnn.predictor.spec import TrainSpec
 
 
 class LinearModel:
@@ -33,7 +32,7 @@ def graph_for(train):
 
 
 def test_largest_batch_power_and_binsearch():
-    from predictor.plan import _Prober
+    from memgnn.predictor.plan import _Prober
 
     space = SearchSpace(mode="binsearch", power_of_two=False)
     cfg = PlanConfig(budget_bytes=1000 + 200 * 37 + 50)

@@ -2,9 +2,8 @@
 refuses a batch whose exact answer fits and never admits one whose answer does not."""
 
 import pytest
-
-from predictor.plan import PlanConfig, SearchSpace, plan
-from predictor.predict import Prediction
+from memgnn.predictor.plan import PlanConfig, SearchSpace, plan
+from memgnn.predictor.predict import Prediction
 
 
 class Formula:
@@ -48,7 +47,7 @@ def run(learned, limit, exact=None, power_of_two=False):
 
 
 def _base():
-    from predictor.spec import TrainSpec
+    from memgnn.predictor.spec import TrainSpec
 
     return TrainSpec()
 

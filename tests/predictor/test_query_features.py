@@ -3,21 +3,20 @@ two ways of computing live-byte curves."""
 
 from __future__ import annotations
 
+import memgnn.predictor.query_features as qf
 import numpy as np
 import pytest
 import torch
-
-import predictor.query_features as qf
-from predictor.analytic import sweep
-from predictor.capture import CaptureConfig, capture
-from predictor.devices import get_profile
-from predictor.predict import AnalyticModel, Query
-from predictor.query_features import PathContext
-from predictor.spec import TrainSpec
+from memgnn.predictor.analytic import sweep
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.devices import get_profile
+from memgnn.predictor.predict import AnalyticModel, Query
+from memgnn.predictor.query_features import PathContext
+from memgnn.predictor.spec import TrainSpec
 
 
 def test_query_features_depend_on_sizes_and_match_the_analytic_model(gpt_graph):
-    from predictor.devices import get_profile
+    from memgnn.predictor.devices import get_profile
 
     ctx = PathContext(gpt_graph)
     for device in ("a100-80gb", "h100-80gb", "cpu"):
@@ -36,10 +35,9 @@ def test_query_features_depend_on_sizes_and_match_the_analytic_model(gpt_graph):
 
 def test_conv_only_graph_gets_no_cublas_workspace():
     import torch.nn.functional as F
+    from memgnn.predictor.devices import get_profile
+    from memgnn.predictor.spec import ModelBundle
     from torch import nn
-
-    from predictor.devices import get_profile
-    from predictor.spec import ModelBundle
 
     bundle = ModelBundle(
         name="conv", family="conv", build=lambda: nn.Conv2d(3, 4, 3),
@@ -57,7 +55,7 @@ def test_conv_only_graph_gets_no_cublas_workspace():
 
 
 def test_query_many_equals_one_query_at_a_time(gpt_graph):
-    from predictor.devices import get_profile
+    from memgnn.predictor.devices import get_profile
 
     ctx = PathContext(gpt_graph)
     asks = [
@@ -76,8 +74,8 @@ def test_query_many_equals_one_query_at_a_time(gpt_graph):
 def test_peak_node_is_found_among_the_nodes_where_bytes_rise(gpt_graph):
     """The curves are evaluated only where live bytes can rise; the peak, phase and step
     peaks must equal those of the full per-node sweep."""
-    from predictor.analytic import sweep
-    from predictor.devices import get_profile
+    from memgnn.predictor.analytic import sweep
+    from memgnn.predictor.devices import get_profile
 
     res = PathContext(gpt_graph).query({"B": 3, "S": 40}, get_profile("cpu"))
     full = sweep(gpt_graph, {"B": 3, "S": 40}, scenario="worst")

@@ -1,11 +1,10 @@
 import torch
-
-from predictor.analytic import sweep
-from predictor.graph import StepGraph
-from predictor.pathgraph import ExprInterner, path_from_recorder
-from predictor.recorder import CATEGORIES, RecorderObserver, StepRecorder, register_state
-from predictor.spec import TrainSpec
-from predictor.step import TrainingStep
+from memgnn.predictor.analytic import sweep
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.pathgraph import ExprInterner, path_from_recorder
+from memgnn.predictor.recorder import CATEGORIES, RecorderObserver, StepRecorder, register_state
+from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.step import TrainingStep
 
 
 def test_views_and_inplace_ops_share_a_storage():

@@ -4,11 +4,11 @@ B far outside the training range, extrapolation said out loud, guards honoured."
 from __future__ import annotations
 
 import pytest
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.onnx_model import load_default_model
+from memgnn.predictor.predict import Query
+from memgnn.predictor.spec import TrainSpec
 
-from predictor.capture import CaptureConfig, capture
-from predictor.onnx_model import load_default_model
-from predictor.predict import Query
-from predictor.spec import TrainSpec
 from tests.tiny_models import tiny_mlp_bundle
 
 BATCHES = [2**k for k in range(0, 25, 2)]  # 1 .. 16M, far past the corpus's B <= 256

@@ -7,13 +7,12 @@ import json
 
 import pytest
 from fastapi.testclient import TestClient
+from memgnn.predictor.capture import capture
+from memgnn.predictor.predict import AnalyticModel, Query
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.app import create_app
+from memgnn.serving.config import ServeConfig
 from tiny_models import tiny_mlp_bundle
-
-from predictor.capture import capture
-from predictor.predict import AnalyticModel, Query
-from predictor.spec import TrainSpec
-from serving.app import create_app
-from serving.config import ServeConfig
 
 TOKEN = "t0ken"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -64,7 +63,7 @@ def test_lifespan_limits_blas_threads_and_restores_them(tmp_path, monkeypatch):
     """The limit is process-wide; OpenBLAS applies it unreliably once other threads have
     set one (as the fuzz module's import does), so the call itself is what is checked here
     (`benchmarks/serving.py` measures its effect: server CPU per request)."""
-    import serving.app as app_module
+    import memgnn.serving.app as app_module
 
     calls = []
 

@@ -16,13 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from memgnn.predictor.capture import capture
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.app import create_app
+from memgnn.serving.client import free_port, local_server
+from memgnn.serving.config import ServeConfig
 from tiny_models import tiny_mlp_bundle
-
-from predictor.capture import capture
-from predictor.spec import TrainSpec
-from serving.app import create_app
-from serving.client import free_port, local_server
-from serving.config import ServeConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "captures"
@@ -131,7 +130,7 @@ def test_sigterm_during_a_long_capture_exits_within_seconds(tmp_path):
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
         "MEMGNN_CACHE": str(tmp_path / "cache"),
     }
-    cmd = [sys.executable, "-m", "serving.cli", "--port", str(port), "--model", "analytic"]
+    cmd = [sys.executable, "-m", "memgnn.serving.cli", "--port", str(port), "--model", "analytic"]
     cmd += ["--state-dir", str(tmp_path / "s"), "--allow-local-specs", "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"

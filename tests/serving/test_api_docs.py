@@ -9,10 +9,9 @@ import subprocess
 
 import pytest
 from fastapi.testclient import TestClient
-
-from serving.app import create_app
-from serving.client import local_server
-from serving.config import ServeConfig
+from memgnn.serving.app import create_app
+from memgnn.serving.client import local_server
+from memgnn.serving.config import ServeConfig
 
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from memgnn.predictor.capture import capture
+from memgnn.predictor.spec import TrainSpec
 from tiny_models import tiny_mlp_bundle
-
-from predictor.capture import capture
-from predictor.spec import TrainSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "durable"
@@ -31,7 +30,7 @@ def start(db: Path, port: int) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
-        "serving.cli",
+        "memgnn.serving.cli",
         "--port",
         str(port),
         "--model",

@@ -20,14 +20,13 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
+from memgnn.predictor.capture import capture  # noqa: E402
+from memgnn.predictor.spec import TrainSpec  # noqa: E402
+from memgnn.serving.app import create_app  # noqa: E402
+from memgnn.serving.config import ServeConfig  # noqa: E402
+from memgnn.serving.graphs import graph_bytes  # noqa: E402
+from memgnn.serving.store import Store  # noqa: E402
 from tiny_models import tiny_mlp_bundle  # noqa: E402
-
-from predictor.capture import capture  # noqa: E402
-from predictor.spec import TrainSpec  # noqa: E402
-from serving.app import create_app  # noqa: E402
-from serving.config import ServeConfig  # noqa: E402
-from serving.graphs import graph_bytes  # noqa: E402
-from serving.store import Store  # noqa: E402
 
 TOKEN = "fuzz"
 _STATE = Path(tempfile.mkdtemp(prefix="memgnn-fuzz-"))

@@ -9,13 +9,12 @@ from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
+from memgnn.predictor.capture import capture
+from memgnn.predictor.predict import AnalyticModel
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.app import create_app
+from memgnn.serving.config import ServeConfig
 from tiny_models import tiny_mlp_bundle
-
-from predictor.capture import capture
-from predictor.predict import AnalyticModel
-from predictor.spec import TrainSpec
-from serving.app import create_app
-from serving.config import ServeConfig
 
 
 class FakeLearned:
@@ -119,7 +118,7 @@ def test_concurrent_requests_on_a_model_that_is_not_thread_safe(tmp_path, graph)
 
 
 def test_registry_uris_and_reload_to_another_model(tmp_path, graph, monkeypatch):
-    import serving.models as models
+    import memgnn.serving.models as models
 
     fetched = []
     monkeypatch.setattr(models, "_download_mlflow", lambda uri: fetched.append(uri) or tmp_path)

@@ -9,12 +9,11 @@ import json
 import pytest
 from fastapi.routing import iter_route_contexts
 from fastapi.testclient import TestClient
+from memgnn.predictor.capture import capture
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.app import create_app
+from memgnn.serving.config import ServeConfig
 from tiny_models import tiny_mlp_bundle
-
-from predictor.capture import capture
-from predictor.spec import TrainSpec
-from serving.app import create_app
-from serving.config import ServeConfig
 
 TOKEN = "s3cret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -419,7 +418,7 @@ def test_internal_errors_are_500_not_the_callers_fault(tmp_path, data, exc, stat
     with TestClient(create_app(cfg, model=_Broken(exc)), raise_server_exceptions=False) as c:
         gid = c.post("/graphs", json=data, headers={"authorization": f"Bearer {TOKEN}"})
         gid = gid.json()["graph_id"]
-        with caplog.at_level("ERROR", logger="serving.errors"):
+        with caplog.at_level("ERROR", logger="memgnn.serving.errors"):
             r = c.post("/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 2}}]})
     assert r.status_code == status, r.text
     assert "traceback" in r.json()["detail"]
@@ -427,7 +426,7 @@ def test_internal_errors_are_500_not_the_callers_fault(tmp_path, data, exc, stat
 
 
 def test_a_user_error_from_the_model_is_422(tmp_path, data):
-    from predictor.errors import UserError
+    from memgnn.predictor.errors import UserError
 
     cfg = ServeConfig(state_dir=tmp_path, token=TOKEN)
     model = _Broken(UserError("sizes too large for this model"))

@@ -8,14 +8,13 @@ import math
 
 import pytest
 from fastapi.testclient import TestClient
+from memgnn.predictor.capture import capture
+from memgnn.predictor.predict import Query
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.app import create_app
+from memgnn.serving.checks import resident_bytes
+from memgnn.serving.config import ServeConfig
 from tiny_models import tiny_mlp_bundle
-
-from predictor.capture import capture
-from predictor.predict import Query
-from predictor.spec import TrainSpec
-from serving.app import create_app
-from serving.checks import resident_bytes
-from serving.config import ServeConfig
 
 TOKEN = "samples"
 AUTH = {"authorization": f"Bearer {TOKEN}"}

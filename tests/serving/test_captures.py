@@ -6,9 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from serving.captures import CaptureWorker, Work
-from serving.graphs import RequestError
+from memgnn.serving.captures import CaptureWorker, Work
+from memgnn.serving.graphs import RequestError
 
 
 def test_a_request_takes_at_most_its_captures():

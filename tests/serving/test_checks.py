@@ -4,14 +4,13 @@ answers are in test_api_safety.py, test_api_samples.py and test_api_captures.py)
 from __future__ import annotations
 
 import pytest
+from memgnn.dataset.zoo import resolve
+from memgnn.predictor.capture import capture
+from memgnn.predictor.predict import Query
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.checks import check_hparams, check_measurement, check_sizes, resident_bytes
+from memgnn.serving.graphs import RequestError
 from tiny_models import tiny_mlp_bundle
-
-from dataset.zoo import resolve
-from predictor.capture import capture
-from predictor.predict import Query
-from predictor.spec import TrainSpec
-from serving.checks import check_hparams, check_measurement, check_sizes, resident_bytes
-from serving.graphs import RequestError
 
 
 @pytest.fixture(scope="module")

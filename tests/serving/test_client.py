@@ -5,12 +5,10 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from tiny_models import tiny_mlp_bundle
-
-from predictor.capture import capture
-from predictor.spec import TrainSpec
-from serving.cli import add_serve_arguments, config_from_args
-from serving.client import (
+from memgnn.predictor.capture import capture
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.cli import add_serve_arguments, config_from_args
+from memgnn.serving.client import (
     MemgnnClient,
     ServiceError,
     free_port,
@@ -19,7 +17,8 @@ from serving.client import (
     remote_predict,
     service_round_trip,
 )
-from serving.config import ServeConfig
+from memgnn.serving.config import ServeConfig
+from tiny_models import tiny_mlp_bundle
 
 TOKEN = "client-token"
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
-from predictor.encoded_analytic import EncodedAnalytic
-from predictor.predict import AnalyticModel, EncodingModel
-from serving.models import Unencoded, as_encoding_model, load_model
+from memgnn.predictor.encoded_analytic import EncodedAnalytic
+from memgnn.predictor.predict import AnalyticModel, EncodingModel
+from memgnn.serving.models import Unencoded, as_encoding_model, load_model
 
 
 def test_loader_serves_the_analytic_model_encoded():

@@ -6,12 +6,11 @@ import pickle
 
 import pytest
 from fastapi.testclient import TestClient
-
-from dataset.allocator import MiB
-from dataset.snapshot.export import SnapshotRecorder
-from dataset.snapshot.whatif import CONTRACT_FIELDS
-from serving.app import create_app
-from serving.config import ServeConfig
+from memgnn.dataset.allocator import MiB
+from memgnn.dataset.snapshot.export import SnapshotRecorder
+from memgnn.dataset.snapshot.whatif import CONTRACT_FIELDS
+from memgnn.serving.app import create_app
+from memgnn.serving.config import ServeConfig
 
 
 @pytest.fixture(scope="module")

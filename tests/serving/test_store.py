@@ -7,8 +7,7 @@ import sqlite3
 import threading
 
 import pytest
-
-from serving.store import RATIO_MAX, Correction, Sample, Store, correction_from, ratio
+from memgnn.serving.store import RATIO_MAX, Correction, Sample, Store, correction_from, ratio
 
 
 def sample(measured: int, predicted: int = 1000, **kw) -> Sample:

@@ -13,7 +13,7 @@ CAPS = {"max_tokens": 256, "max_batch": 8, "max_static_seq": 16}
 
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory):
-    from dataset.build import BuildConfig, build_corpus
+    from memgnn.dataset.build import BuildConfig, build_corpus
 
     root = tmp_path_factory.mktemp("corpus")
     common = dict(out=root, families=list(TINY), hparams=TINY, caps=CAPS, progress=False)

@@ -7,8 +7,7 @@ import shutil
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
-from training.data import error_summary, load_dataset, split
+from memgnn.training.data import error_summary, load_dataset, split
 
 
 def test_dataset_targets_and_hash(tiny_corpus):

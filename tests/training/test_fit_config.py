@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from training.fit_config import FitConfig
+from memgnn.training.fit_config import FitConfig
 
 
 @pytest.mark.parametrize(

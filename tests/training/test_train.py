@@ -6,10 +6,9 @@ import argparse
 import json
 
 import pytest
-
-from predictor.onnx_model import OnnxMemoryModel
-from predictor.predict import Query
-from training.train import add_train_arguments, train_cmd
+from memgnn.predictor.onnx_model import OnnxMemoryModel
+from memgnn.predictor.predict import Query
+from memgnn.training.train import add_train_arguments, train_cmd
 
 
 def _args(corpus, out, *extra):
@@ -23,7 +22,7 @@ def _args(corpus, out, *extra):
 
 
 def test_train_end_to_end_with_crash_and_resume(tiny_corpus, tmp_path, monkeypatch, capsys):
-    import training.tracking as tracking
+    import memgnn.training.tracking as tracking
 
     out = tmp_path / "run"
     real = tracking.Tracker.log_epoch
@@ -65,7 +64,7 @@ def test_train_end_to_end_with_crash_and_resume(tiny_corpus, tmp_path, monkeypat
     assert {"model_card.json", "parity.png"} <= artifacts
 
     model = OnnxMemoryModel.load(out / "model")
-    from dataset.corpus import Corpus
+    from memgnn.dataset.corpus import Corpus
 
     corpus = Corpus(tiny_corpus)
     graph = corpus.graph(corpus.records()[0]["graph_id"])
@@ -74,7 +73,7 @@ def test_train_end_to_end_with_crash_and_resume(tiny_corpus, tmp_path, monkeypat
 
 
 def test_resume_after_a_crash_in_the_head_phase(tiny_corpus, tmp_path, monkeypatch):
-    import training.tracking as tracking
+    import memgnn.training.tracking as tracking
 
     out = tmp_path / "run"
     real = tracking.Tracker.log_epoch
@@ -109,7 +108,7 @@ def test_a_corrupt_graph_stops_training_unless_allowed_and_the_card_says_so(
 ):
     import shutil
 
-    from dataset.corpus import Corpus
+    from memgnn.dataset.corpus import Corpus
 
     corpus = tmp_path / "corpus"
     shutil.copytree(tiny_corpus, corpus)

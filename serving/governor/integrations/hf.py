@@ -24,9 +24,8 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-
-from serving.governor.core import MemoryGovernor
-from serving.governor.integrations.monitor import StepMonitor
+from memgnn.serving.governor.core import MemoryGovernor
+from memgnn.serving.governor.integrations.monitor import StepMonitor
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from serving.governor.core import MemoryGovernor
-from serving.governor.integrations.monitor import StepMonitor
+from memgnn.serving.governor.core import MemoryGovernor
+from memgnn.serving.governor.integrations.monitor import StepMonitor
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from serving.governor.alerts import Alert, StepRecord
-from serving.governor.core import MemoryGovernor
-from serving.governor.policy import Decision
+from memgnn.serving.governor.alerts import Alert, StepRecord
+from memgnn.serving.governor.core import MemoryGovernor
+from memgnn.serving.governor.policy import Decision
 
 log = logging.getLogger(__name__)
 

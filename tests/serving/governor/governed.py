@@ -6,10 +6,9 @@ from dataclasses import fields
 from typing import Any
 
 import torch
-
-from predictor.predict import AnalyticModel
-from predictor.spec import TrainSpec
-from serving.governor import (
+from memgnn.predictor.predict import AnalyticModel
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.governor import (
     AlertConfig,
     BatchingConfig,
     EmulatedDevice,
@@ -17,7 +16,7 @@ from serving.governor import (
     MemoryGovernor,
     PolicyConfig,
 )
-from serving.governor.demo import tiny_varlen_bundle
+from memgnn.serving.governor.demo import tiny_varlen_bundle
 
 MiB = 1 << 20
 _NESTED = {"policy": PolicyConfig, "batching": BatchingConfig, "alerts": AlertConfig}

@@ -10,12 +10,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 import torch
 from governed import governor
-
-from predictor.graph import StepGraph
-from predictor.spec import TrainSpec
-from serving.governor.alerts import AlertBook, HttpSampleSink, StepRecord, tier_of
-from serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
-from serving.governor.runtime import OverflowTracker, sensitive_modules
+from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.governor.alerts import AlertBook, HttpSampleSink, StepRecord, tier_of
+from memgnn.serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
+from memgnn.serving.governor.runtime import OverflowTracker, sensitive_modules
 
 MiB = 1 << 20
 
@@ -127,7 +126,7 @@ def test_fragmentation_and_recompute_warnings(cache):
 def test_alert_book_cooldown_and_tiers():
     seen = []
     book = AlertBook(cooldown=10, on_alert=seen.append)
-    from serving.governor.alerts import Alert
+    from memgnn.serving.governor.alerts import Alert
 
     assert book.emit(Alert(step=1, kind="x", level="info", message="a"))
     assert not book.emit(Alert(step=5, kind="x", level="info", message="b"))
@@ -196,7 +195,7 @@ def test_records_and_samples_reach_their_sinks(cache):
 
 def test_mlflow_sink_logs_each_record(cache, tmp_path):
     mlflow = pytest.importorskip("mlflow", reason="mlflow is not installed")
-    from serving.governor.alerts import mlflow_sink
+    from memgnn.serving.governor.alerts import mlflow_sink
 
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -9,13 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 from governed import config, governor
-
-from predictor.predict import AnalyticModel
-from predictor.spec import TrainSpec
-from serving.governor import EmulatedDevice, MemoryGovernor
-from serving.governor.batching import LengthBuckets, even_chunks, split
-from serving.governor.correction import ResidualCorrector
-from serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
+from memgnn.predictor.predict import AnalyticModel
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.governor import EmulatedDevice, MemoryGovernor
+from memgnn.serving.governor.batching import LengthBuckets, even_chunks, split
+from memgnn.serving.governor.correction import ResidualCorrector
+from memgnn.serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from dataset.allocator import SimulatedOOM
-from predictor.spec import TrainSpec
-from predictor.step import build_optimizer
-from serving.governor.devices import CpuDevice, EmulatedDevice, resolve_device
+from memgnn.dataset.allocator import SimulatedOOM
+from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.step import build_optimizer
+from memgnn.serving.governor.devices import CpuDevice, EmulatedDevice, resolve_device
 
 MiB = 1 << 20
 
@@ -151,7 +150,7 @@ def test_cuda_device_reads_torch_cuda(monkeypatch):
     """No GPU here: torch.cuda's answers are faked to check what CudaDevice makes of them."""
     from types import SimpleNamespace
 
-    from serving.governor.cuda import CudaDevice
+    from memgnn.serving.governor.cuda import CudaDevice
 
     cuda = torch.cuda
     props = SimpleNamespace(total_memory=80 * 1024 * MiB, major=8, minor=0)

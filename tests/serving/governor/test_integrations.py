@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 from governed import config
-
-from predictor.predict import AnalyticModel
-from predictor.spec import TrainSpec
-from serving.governor import MemoryGovernor
-from serving.governor.batching import pad_collate
-from serving.governor.demo import long_tail_samples, tiny_varlen_bundle
-from serving.governor.devices import EmulatedDevice
+from memgnn.predictor.predict import AnalyticModel
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.governor import MemoryGovernor
+from memgnn.serving.governor.batching import pad_collate
+from memgnn.serving.governor.demo import long_tail_samples, tiny_varlen_bundle
+from memgnn.serving.governor.devices import EmulatedDevice
 
 MiB = 1 << 20
 
@@ -23,7 +22,7 @@ def test_lightning_callback_plans_predicts_and_logs(cache):
     L = pytest.importorskip(
         "lightning.pytorch", reason="lightning is not installed (pip install memgnn[lightning])"
     )
-    from serving.governor.integrations.lightning import GovernorCallback
+    from memgnn.serving.governor.integrations.lightning import GovernorCallback
 
     bundle = tiny_varlen_bundle()
     samples = list(long_tail_samples(64, lo=40, hi=60))
@@ -85,8 +84,8 @@ def test_hf_trainer_callback_configures_and_logs(cache, tmp_path):
         "transformers", reason="transformers is not installed (pip install memgnn[transformers])"
     )
     pytest.importorskip("accelerate", reason="the HF Trainer needs accelerate (not installed)")
-    from dataset.zoo import make_bundle
-    from serving.governor.integrations.hf import GovernorTrainerCallback
+    from memgnn.dataset.zoo import make_bundle
+    from memgnn.serving.governor.integrations.hf import GovernorTrainerCallback
 
     bundle = make_bundle("gpt2", {"layers": 2, "hidden": 32, "heads": 2, "vocab": 128,
                                   "dropout": 0.0})  # fmt: skip

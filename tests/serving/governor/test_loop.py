@@ -9,11 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 from governed import governor
-
-from predictor.predict import AnalyticModel
-from predictor.spec import TrainSpec
-from serving.governor import EmulatedDevice, MemoryGovernor
-from serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
+from memgnn.predictor.predict import AnalyticModel
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.governor import EmulatedDevice, MemoryGovernor
+from memgnn.serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 MiB = 1 << 20

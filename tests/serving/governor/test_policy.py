@@ -11,11 +11,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-
-from predictor.predict import Prediction
-from predictor.spec import TrainSpec
-from serving.governor.correction import GovernedPredictor
-from serving.governor.policy import Policy, PolicyConfig
+from memgnn.predictor.predict import Prediction
+from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.governor.correction import GovernedPredictor
+from memgnn.serving.governor.policy import Policy, PolicyConfig
 
 CAPACITY = 100_000
 BASE = 10_000
