@@ -253,3 +253,13 @@ def test_single_gpu_answers_are_unchanged():
         "parameter": 625984, "gradient": 0, "optimizer_state": 1251840, "input": 1920,
         "activation": 1562724, "temporary": 491528,
     }  # fmt: skip
+
+
+def test_hsdp_shards_within_groups_and_replicates_across():
+    hsdp = _predict(_captured(gpus=4, sharding="hsdp")).breakdown  # 2 groups of 2 ranks
+    fsdp2 = _predict(_captured(gpus=2, sharding="fsdp")).breakdown
+    assert hsdp["parallel"]["shard_group_size"] == 2
+    assert hsdp["categories"]["optimizer_state"] == fsdp2["categories"]["optimizer_state"]
+    assert _initial_bytes(_captured(gpus=4, sharding="hsdp"), "parameter") == _initial_bytes(
+        _captured(gpus=2, sharding="fsdp"), "parameter"
+    )
