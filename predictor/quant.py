@@ -260,10 +260,11 @@ QUANTIZED_TYPES = (Linear4bitSim, Linear8bitSim)
 def modules_to_not_convert(model: nn.Module) -> list[str]:
     """transformers' `get_keys_to_not_convert` + `_keep_in_fp32_modules` for an HF model;
     else the module of the last parameter (the same rule's 'last module')."""
+    keys: list[str] = []
     try:
         from transformers import PreTrainedModel
         from transformers.quantizers.base import get_keys_to_not_convert
-    except ImportError:  # pragma: no cover - transformers is a dependency
+    except ImportError:  # transformers absent, or older than its quantizers.base helper
         PreTrainedModel = None  # noqa: N806
     if PreTrainedModel is not None and isinstance(model, PreTrainedModel):
         keys = list(get_keys_to_not_convert(model))
@@ -274,8 +275,12 @@ def modules_to_not_convert(model: nn.Module) -> list[str]:
 
 
 def _should_convert(name: str, skip: list[str]) -> bool:
-    from transformers.quantizers.quantizers_utils import should_convert_module
-
+    """transformers' `should_convert_module`; without it, its prefix-at-a-module-boundary
+    and suffix rules (not the regex one)."""
+    try:
+        from transformers.quantizers.quantizers_utils import should_convert_module
+    except ImportError:
+        return not any(name == k or name.startswith(k + ".") or name.endswith(k) for k in skip)
     return should_convert_module(name, skip)
 
 
