@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from memgnn.dataset import zoo
+from memgnn.predictor.model_info import describe
 from memgnn.predictor.quant import Linear4bitSim, Linear8bitSim, quantize_model
 from memgnn.predictor.recorder import StepRecorder
 from memgnn.predictor.spec import ModelBundle, TrainSpec
@@ -88,6 +89,14 @@ def test_quantised_parameter_bytes_by_hand(tiny_llama, kind):
     assert base.lm_head.weight.dtype == torch.bfloat16
     want = Linear8bitSim if kind == "int8" else Linear4bitSim
     assert isinstance(base.model.layers[0].mlp.down_proj, want)
+    # the model's identity counts logical parameters (two nf4 values a byte)
+    info = describe(step.model, tiny_llama, train)
+    linears = LAYERS * sum(o * i for o, i in LAYER_LINEARS.values())
+    others = 2 * VOCAB * HIDDEN + (2 * LAYERS + 1) * HIDDEN
+    assert info.parameters == linears + others + adapters // 4
+    assert info.param_dtypes[kind.removesuffix("-dq")] == linears
+    assert info.module_class == f"LlamaForCausalLM + LoRA r=4 on {kind}"
+    assert info.compute_dtype == "bfloat16"
 
 
 def test_peft_wraps_quantised_targets_and_trains_only_adapters(tiny_llama):
