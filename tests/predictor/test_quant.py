@@ -207,3 +207,16 @@ def test_bad_quantisation_options_are_rejected(kwargs, message):
 def test_bitsandbytes_options_on_a_cpu_target_name_the_option(tiny_llama, kwargs, message):
     with pytest.raises(ValueError, match=message):
         TrainingStep(tiny_llama, TrainSpec(**kwargs), device=CPU, target="cpu")
+
+
+@pytest.mark.parametrize("kind", ["nf4-dq", "int8"])
+def test_a_symbolic_capture_agrees_with_a_concrete_one(tiny_llama, kind):
+    from memgnn.predictor.analytic import sweep
+    from memgnn.predictor.capture import CaptureConfig, capture
+
+    train = TrainSpec(peft="lora", lora_r=4, lora_targets="q_proj", quantize_base=kind)
+    sizes = {"B": 3, "S": 24}
+    sym = capture(tiny_llama, train, CaptureConfig(target="cuda", sizes={"B": 2, "S": 16}))
+    conc = capture(tiny_llama, train, CaptureConfig(target="cuda", symbolic=False, sizes=sizes))
+    assert sweep(sym, sizes).peak_bytes == sweep(conc, sizes).peak_bytes
+    assert sweep(sym, sizes, round_to=512).peak_bytes == sweep(conc, sizes, round_to=512).peak_bytes
