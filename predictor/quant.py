@@ -115,7 +115,7 @@ class _Dequant4bit:
             held = torch.empty_like(self.absmax, dtype=torch.float32)
             held.copy_(self.absmax)
             absmax = held + self.offset
-        w = x.new_empty(self.out_features, self.in_features)
+        w = self.weight.new_empty(self.out_features, self.in_features, dtype=x.dtype)
         out = F.linear(x, w, bias)
         del absmax, held, w
         return out
