@@ -81,6 +81,17 @@ def apply_lora(model: nn.Module, train: TrainSpec) -> nn.Module:
     return wrapped
 
 
+def _recast(module: nn.Module, dtype: torch.dtype) -> None:
+    """Floating parameters and buffers of `module` rebuilt in `dtype` (no-op where equal)."""
+    for m in module.modules():
+        for name, p in m._parameters.items():
+            if p is not None and p.is_floating_point() and p.dtype != dtype:
+                m._parameters[name] = nn.Parameter(p.detach().to(dtype), p.requires_grad)
+        for name, b in m._buffers.items():
+            if b is not None and b.is_floating_point() and b.dtype != dtype:
+                m._buffers[name] = b.to(dtype)
+
+
 @contextlib.contextmanager
 def _fake_safe_adapter_moves() -> Iterator[None]:
     """peft moves each new adapter to its base layer's device and dtype with `Module.to`,
@@ -94,11 +105,10 @@ def _fake_safe_adapter_moves() -> Iterator[None]:
         device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
         tensors = [*self.parameters(), *self.buffers()]
         if tensors and all(
-            isinstance(t, FakeTensor)
-            and (device is None or t.device == device)
-            and (dtype is None or not t.is_floating_point() or t.dtype == dtype)
-            for t in tensors
+            isinstance(t, FakeTensor) and (device is None or t.device == device) for t in tensors
         ):
+            if dtype is not None:
+                _recast(self, dtype)
             return self
         return original(self, *args, **kwargs)
 

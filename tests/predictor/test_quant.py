@@ -220,3 +220,15 @@ def test_a_symbolic_capture_agrees_with_a_concrete_one(tiny_llama, kind):
     conc = capture(tiny_llama, train, CaptureConfig(target="cuda", symbolic=False, sizes=sizes))
     assert sweep(sym, sizes).peak_bytes == sweep(conc, sizes).peak_bytes
     assert sweep(sym, sizes, round_to=512).peak_bytes == sweep(conc, sizes, round_to=512).peak_bytes
+
+
+def test_amp_over_nf4_keeps_fp32_adapters_on_fake_tensors(tiny_llama):
+    """peft casts adapters to a 4-bit base's compute dtype (bf16 here), then back to fp32
+    (`autocast_adapter_dtype`); on fake tensors that cast must not fail."""
+    from memgnn.predictor.model_info import fake_step
+
+    train = TrainSpec(peft="lora", lora_targets="q_proj", precision="amp-bf16", quantize_base="nf4")
+    step = fake_step(tiny_llama, train, "cuda")
+    assert {p.dtype for p in step.params} == {torch.float32}
+    q = step.model.get_base_model().model.layers[0].self_attn.q_proj.get_base_layer()
+    assert (q.orig_dtype, q.compute_dtype) == (torch.float32, torch.bfloat16)
