@@ -11,6 +11,7 @@ from memgnn.predictor.spec import (
     OPTIMIZERS,
     PEFT_METHODS,
     PRECISIONS,
+    QUANTIZE_BASES,
     STEP_KINDS,
     TrainSpec,
 )
@@ -75,6 +76,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         help="fsdp/hsdp: free all-gathered parameters after forward (default true)",
     )
     g.add_argument("--hsdp-shard-size", type=int, default=0, help="hsdp: ranks per shard group")
+    g.add_argument(
+        "--quantize-base",
+        choices=QUANTIZE_BASES,
+        default="none",
+        help="QLoRA: the frozen base's Linears in bitsandbytes nf4 (nf4-dq: double quant) "
+        "or int8; GPU devices, with --peft lora",
+    )
 
 
 def add_cache_arg(p: argparse.ArgumentParser) -> None:
@@ -133,6 +141,7 @@ def train_spec(args: argparse.Namespace) -> TrainSpec:
         sharding=args.sharding,
         fsdp_reshard_after_forward=args.fsdp_reshard_after_forward,
         hsdp_shard_size=args.hsdp_shard_size,
+        quantize_base=args.quantize_base,
     )
 
 

@@ -35,7 +35,7 @@ def lora_targets(train: TrainSpec) -> list[str] | None:
 
 def module_names(model: nn.Module) -> list[str]:
     """The leaf names (last dotted part) of the Linear and Conv1D modules LoRA can target."""
-    kinds = {"Linear", "Conv1D", "Conv2d", "Embedding"}
+    kinds = {"Linear", "Conv1D", "Conv2d", "Embedding", "Linear4bitSim", "Linear8bitSim"}
     return sorted(
         {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if type(m).__name__ in kinds}
     )
@@ -64,6 +64,10 @@ def apply_lora(model: nn.Module, train: TrainSpec) -> nn.Module:
         lora_dropout=train.lora_dropout,
         target_modules=targets,
     )
+    if train.quantize_base != "none":
+        from memgnn.predictor.quant_lora import register_quant_layers
+
+        register_quant_layers(config)
     try:
         with _fake_safe_adapter_moves():
             wrapped: Any = peft.get_peft_model(model, config)
@@ -75,6 +79,17 @@ def apply_lora(model: nn.Module, train: TrainSpec) -> nn.Module:
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
     logger.debug("LoRA r=%d targets=%s: %d trainable parameters", train.lora_r, targets, trainable)
     return wrapped
+
+
+def _recast(module: nn.Module, dtype: torch.dtype) -> None:
+    """Floating parameters and buffers of `module` rebuilt in `dtype` (no-op where equal)."""
+    for m in module.modules():
+        for name, p in m._parameters.items():
+            if p is not None and p.is_floating_point() and p.dtype != dtype:
+                m._parameters[name] = nn.Parameter(p.detach().to(dtype), p.requires_grad)
+        for name, b in m._buffers.items():
+            if b is not None and b.is_floating_point() and b.dtype != dtype:
+                m._buffers[name] = b.to(dtype)
 
 
 @contextlib.contextmanager
@@ -90,11 +105,10 @@ def _fake_safe_adapter_moves() -> Iterator[None]:
         device, dtype, _, _ = torch._C._nn._parse_to(*args, **kwargs)
         tensors = [*self.parameters(), *self.buffers()]
         if tensors and all(
-            isinstance(t, FakeTensor)
-            and (device is None or t.device == device)
-            and (dtype is None or not t.is_floating_point() or t.dtype == dtype)
-            for t in tensors
+            isinstance(t, FakeTensor) and (device is None or t.device == device) for t in tensors
         ):
+            if dtype is not None:
+                _recast(self, dtype)
             return self
         return original(self, *args, **kwargs)
 

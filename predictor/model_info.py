@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from memgnn.predictor.quant import QUANTIZED_TYPES, Linear4bitSim, compute_dtype
 from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
 from torch import nn
 
@@ -88,15 +89,31 @@ def _class_name(model: nn.Module, train: TrainSpec) -> str:
     r=16` (not peft's PeftModel)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     lora = f" + LoRA r={train.lora_r}" if train.peft == "lora" else ""
-    return f"{type(base).__name__}{lora}"
+    quant = f" on {train.quantize_base}" if train.quantize_base != "none" else ""
+    return f"{type(base).__name__}{lora}{quant}"
+
+
+def _quantised_weights(model: nn.Module) -> dict[int, tuple[str, int]]:
+    """id(weight) -> (format, logical parameters) of the `--quantize-base` stand-ins: a
+    packed nf4 weight holds two parameters a byte."""
+    return {
+        id(m.weight): (
+            "nf4" if isinstance(m, Linear4bitSim) else "int8",
+            m.in_features * m.out_features,
+        )
+        for m in model.modules()
+        if isinstance(m, QUANTIZED_TYPES)
+    }
 
 
 def describe(model: nn.Module, bundle: ModelBundle, train: TrainSpec) -> ModelInfo:
     """The identity of a built model (see the module docstring)."""
     params = list(model.parameters())  # unique: tied weights once
+    quantised = _quantised_weights(model)
+    numel = {id(p): quantised.get(id(p), ("", p.numel()))[1] for p in params}
     dtypes: Counter[str] = Counter()
     for p in params:
-        dtypes[_dtype_name(p.dtype)] += p.numel()
+        dtypes[quantised.get(id(p), (_dtype_name(p.dtype),))[0]] += numel[id(p)]
     config = getattr(model, "config", None)
     autocast = train.autocast_dtype
     info = ModelInfo(
@@ -104,7 +121,7 @@ def describe(model: nn.Module, bundle: ModelBundle, train: TrainSpec) -> ModelIn
         kind=spec_kind(bundle.name),
         family=bundle.family,
         module_class=_class_name(model, train),
-        parameters=sum(p.numel() for p in params),
+        parameters=sum(numel.values()),
         trainable_parameters=sum(p.numel() for p in params if p.requires_grad),
         parameter_bytes=sum(p.numel() * p.element_size() for p in params),
         buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
@@ -116,6 +133,8 @@ def describe(model: nn.Module, bundle: ModelBundle, train: TrainSpec) -> ModelIn
         attention=getattr(config, "_attn_implementation", None),
     )
     info.compute_dtype = _dtype_name(autocast) if autocast is not None else info.param_dtype
+    if quantised and autocast is None:  # bnb_4bit_compute_dtype (predictor.quant)
+        info.compute_dtype = _dtype_name(compute_dtype(train))
     return info
 
 

@@ -16,6 +16,7 @@ from memgnn.predictor.spec import (
     OPTIMIZERS,
     PEFT_METHODS,
     PRECISIONS,
+    QUANTIZE_BASES,
     STEP_KINDS,
     TrainSpec,
 )
@@ -77,6 +78,8 @@ class TrainIn(Strict):
     def _parallel(self) -> TrainIn:
         self.to_spec()  # the combination rules (ValueError names the option) live in TrainSpec
         return self
+
+    quantize_base: Literal[QUANTIZE_BASES] = "none"  # type: ignore[valid-type]
 
     def to_spec(self) -> TrainSpec:
         return TrainSpec(**self.model_dump())

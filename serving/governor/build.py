@@ -54,6 +54,16 @@ def default_optimizer(
 ) -> torch.optim.Optimizer:
     """The TrainSpec's optimizer over the trainable parameters, its state on `device`."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if train.optimizer == "adamw8bit":  # predictor.optim8bit models memory only: train with bnb's
+        try:
+            from bitsandbytes.optim import AdamW8bit
+        except ImportError as exc:
+            raise ValueError(
+                "TrainSpec(optimizer='adamw8bit') trains with bitsandbytes.optim.AdamW8bit: "
+                "install bitsandbytes or pass your own optimizer"
+            ) from exc
+        with device.context():
+            return AdamW8bit(params, lr=train.lr)
     with device.context():
         return build_optimizer(params, train, device.target)
 

@@ -55,11 +55,14 @@ def check_module(module: nn.Module, bundle: ModelBundle, train: TrainSpec) -> No
 
 def check_optimizer(optimizer: torch.optim.Optimizer, module: nn.Module, train: TrainSpec):
     """ValueError if `optimizer` keeps other state than the TrainSpec's optimizer would."""
-    expected = _CLASSES[train.optimizer]
-    if type(optimizer) is not expected:
+    expected = _CLASSES.get(train.optimizer)
+    name = expected.__name__ if expected is not None else "bitsandbytes' AdamW8bit"
+    cls = type(optimizer)
+    bnb = cls.__name__ == "AdamW8bit" and cls.__module__.startswith("bitsandbytes")
+    if (cls is not expected) if expected else not bnb:
         raise ValueError(
             f"the optimizer is {type(optimizer).__name__}, but the governor predicts for "
-            f"TrainSpec(optimizer={train.optimizer!r}) ({expected.__name__}); its state memory "
+            f"TrainSpec(optimizer={train.optimizer!r}) ({name}); its state memory "
             "differs: pass a TrainSpec with the optimizer you train with"
         )
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}

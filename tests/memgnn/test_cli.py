@@ -41,6 +41,16 @@ def test_capture_and_graph_info_roundtrip(tmp_path, capsys):
         ),
         (["profile", "--model", "mlp", "--device", "tpu-v9"], "unknown device profile"),
         (["graph-info", "/nonexistent.json.gz"], "not found"),
+        (["predict", "--model", "mlp", "--quantize-base", "nf4"], "needs --peft lora"),
+        (
+            ["profile", "--model", "mlp", "--peft", "lora", "--lora-targets", "linear"]
+            + ["--quantize-base", "nf4", "--backend", "cpu"],
+            "--quantize-base nf4 (QLoRA) models bitsandbytes' CUDA kernels",
+        ),
+        (
+            ["predict", "--model", "mlp", "--optimizer", "adamw8bit", "--device", "cpu"],
+            "--optimizer adamw8bit models bitsandbytes' CUDA kernel",
+        ),
     ],
 )
 def test_bad_input_exits_nonzero_with_one_line(capsys, argv, message):
@@ -117,3 +127,18 @@ def test_models_lists_catalog_counts_and_checks_them(capsys):
     assert all(r["params_match"] for r in rows.values())
     assert main(["models", "no-such-model"]) == 2
     assert "no catalog model matches" in capsys.readouterr().err
+
+
+def test_predict_qlora_with_8bit_adamw(capsys):
+    argv = ["predict", "--model", "mlp", "--peft", "lora", "--lora-targets", "linear"]
+    argv += ["--optimizer", "adamw8bit", "--device", "a10g-24gb", "--json"]
+    code, text, _ = _run(capsys, *argv, "--quantize-base", "nf4")
+    assert code == 0
+    nf4 = json.loads(text)
+    code, text, _ = _run(capsys, *argv)
+    plain = json.loads(text)
+    assert nf4["model"]["module_class"] == "MLP + LoRA r=8 on nf4"
+    assert nf4["model"]["parameters"] == plain["model"]["parameters"]
+    cats = nf4["breakdown"]["categories"], plain["breakdown"]["categories"]
+    assert cats[0]["parameter"] < cats[1]["parameter"]  # 4-bit base weights
+    assert cats[0]["optimizer_state"] == cats[1]["optimizer_state"]  # same adapters

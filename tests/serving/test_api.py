@@ -296,3 +296,33 @@ def test_admin_reload(client, gid):
     # still serving, graphs reload from the store
     ok = client.post("/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 1}}]})
     assert ok.status_code == 200
+
+
+def test_predict_and_plan_take_quantize_base_and_adamw8bit(client):
+    train = {"peft": "lora", "lora_targets": "linear", "optimizer": "adamw8bit"}
+    preds = {}
+    for quant in ("none", "int8"):
+        body = {
+            "model": {"spec": "mlp", "train": train | {"quantize_base": quant}},
+            "configs": [{"sizes": {"B": 8}, "device": "a10g-24gb", "metric": "allocated"}],
+        }
+        r = client.post("/predict", json=body)
+        assert r.status_code == 200, r.text
+        preds[quant] = r.json()["predictions"][0]
+    params = {q: p["breakdown"]["categories"]["parameter"] for q, p in preds.items()}
+    assert params["int8"] < params["none"]
+    plan = {
+        "model": {"spec": "mlp", "train": train | {"quantize_base": "int8"}},
+        "budget_fraction": 0.01,
+        "device": "a10g-24gb",
+        "space": {"checkpointing": ["none"], "max_batch": 64},
+    }
+    r = client.post("/plan", json=plan)
+    assert r.status_code == 200, r.text
+    assert r.json()["best"] is not None
+    bad = {
+        "model": {"spec": "mlp", "train": train | {"quantize_base": "nf4"}},
+        "configs": [{"sizes": {"B": 8}, "device": "cpu"}],
+    }
+    r = client.post("/predict", json=bad)
+    assert r.status_code in (400, 422) and "--quantize-base" in r.text

@@ -136,6 +136,18 @@ def test_the_optimizer_must_be_the_one_predicted_for(cache, monkeypatch, caplog)
     assert gov.optimizer is not None
 
 
+def test_adamw8bit_must_be_bitsandbytes_own(cache, monkeypatch):
+    """predictor.optim8bit's AdamW8bit models memory only (its update is no AdamW): the
+    governor, which trains, takes bitsandbytes' class and refuses the stand-in."""
+    from memgnn.predictor.optim8bit import AdamW8bit
+
+    monkeypatch.setenv("MEMGNN_CACHE", str(cache))
+    model = build(tiny_varlen_bundle(), EmulatedDevice(256 * MiB))
+    train = TrainSpec(optimizer="adamw8bit")
+    with pytest.raises(ValueError, match="AdamW8bit, but the governor predicts for .*bitsandbytes"):
+        governed(model, AdamW8bit(model.parameters()), train=train)
+
+
 def test_the_module_must_be_the_bundles_model(cache, monkeypatch):
     monkeypatch.setenv("MEMGNN_CACHE", str(cache))
     other = tiny_varlen_bundle(hidden=48)
