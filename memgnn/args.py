@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from memgnn.predictor.spec import (
+    ATTENTIONS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PEFT_METHODS,
@@ -43,7 +44,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=PRECISIONS, default="fp32")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     g.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto")
-    g.add_argument("--checkpointing", default="none", help="none | full | blocks:N")
+    g.add_argument(
+        "--checkpointing",
+        default="none",
+        help="none | full | blocks:N (the first N blocks) | hf (transformers' own, every layer)",
+    )
     g.add_argument("--grad-accum", type=int, default=1)
     g.add_argument("--steps", choices=STEP_KINDS, default="both")
     g.add_argument(
@@ -57,6 +62,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-alpha", type=float, default=16.0)
     g.add_argument("--lora-dropout", type=float, default=0.0)
     g.add_argument("--lora-targets", default="", help="q_proj,v_proj,...; default: peft's")
+    g.add_argument(
+        "--attention",
+        choices=ATTENTIONS,
+        default="auto",
+        help="HF attn_implementation: eager | sdpa | flash (flash_attention_2, CUDA sm80+); "
+        "auto: the model class's default",
+    )
 
 
 def add_cache_arg(p: argparse.ArgumentParser) -> None:
@@ -111,6 +123,7 @@ def train_spec(args: argparse.Namespace) -> TrainSpec:
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         lora_targets=args.lora_targets,
+        attention=args.attention,
     )
 
 

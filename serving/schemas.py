@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from memgnn.dataset.zoo import TASKS
 from memgnn.predictor.devices import PROFILES
 from memgnn.predictor.spec import (
+    ATTENTIONS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PEFT_METHODS,
@@ -29,7 +30,7 @@ Sizes = Annotated[dict[SymbolName, Size], Field(max_length=32)]
 GraphId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")]
 Device = Literal[tuple(PROFILES)]  # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
-Checkpointing = Annotated[str, StringConstraints(pattern=r"^(none|full|blocks:[0-9]{1,6})$")]
+Checkpointing = Annotated[str, StringConstraints(pattern=r"^(none|full|hf|blocks:[0-9]{1,6})$")]
 Bytes = Annotated[StrictInt, Field(ge=0, le=1 << 60)]
 
 
@@ -68,6 +69,7 @@ class TrainIn(Strict):
     lora_alpha: float = Field(default=16.0, gt=0, le=1e6)
     lora_dropout: float = Field(default=0.0, ge=0, lt=1)
     lora_targets: str = Field(default="", max_length=4096)
+    attention: Literal[ATTENTIONS] = "auto"  # type: ignore[valid-type]
 
     def to_spec(self) -> TrainSpec:
         return TrainSpec(**self.model_dump())
