@@ -156,3 +156,18 @@ def test_the_capture_cache_keys_on_attention(tiny_llama):
         for a in ("auto", "eager", "sdpa", "flash")
     }
     assert len(keys) == 4
+
+
+def test_the_cli_and_the_service_take_attention():
+    from memgnn.serving.schemas import TrainIn
+
+    from memgnn.args import train_spec
+    from memgnn.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["predict", "--model", "gpt2", "--attention", "flash", "--checkpointing", "hf"]
+    )
+    assert (train_spec(args).attention, train_spec(args).checkpointing) == ("flash", "hf")
+    assert TrainIn(attention="eager", checkpointing="hf").to_spec().attention == "eager"
+    with pytest.raises(ValueError, match="attention"):
+        TrainIn(attention="flash2")
