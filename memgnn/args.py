@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from memgnn.predictor.spec import (
+    ATTENTIONS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PEFT_METHODS,
@@ -52,7 +53,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=PRECISIONS, default="fp32")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     g.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto")
-    g.add_argument("--checkpointing", default="none", help="none | full | blocks:N")
+    g.add_argument(
+        "--checkpointing",
+        default="none",
+        help="none | full | blocks:N (the first N blocks) | hf (transformers' own, every layer)",
+    )
     g.add_argument("--grad-accum", type=int, default=1)
     g.add_argument("--steps", choices=STEP_KINDS, default="both")
     g.add_argument(
@@ -82,6 +87,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         default="none",
         help="QLoRA: the frozen base's Linears in bitsandbytes nf4 (nf4-dq: double quant) "
         "or int8; GPU devices, with --peft lora",
+    )
+    g.add_argument(
+        "--attention",
+        choices=ATTENTIONS,
+        default="auto",
+        help="HF attn_implementation: eager | sdpa | flash (flash_attention_2, CUDA sm80+); "
+        "auto: the model class's default",
     )
 
 
@@ -142,6 +154,7 @@ def train_spec(args: argparse.Namespace) -> TrainSpec:
         fsdp_reshard_after_forward=args.fsdp_reshard_after_forward,
         hsdp_shard_size=args.hsdp_shard_size,
         quantize_base=args.quantize_base,
+        attention=args.attention,
     )
 
 

@@ -72,6 +72,8 @@ def model_line(info: Mapping[str, Any]) -> str:
         parts.append(f"{info['blocks']} blocks")
     if info.get("hidden"):
         parts.append(f"hidden {info['hidden']}")
+    if info.get("attention"):
+        parts.append(f"{info['attention']} attention")
     n = int(info["parameters"])
     parts.append(f"{fmt_count(n)} parameters ({n:,})")
     if info.get("trainable_parameters", n) != n:

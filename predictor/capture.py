@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from memgnn.predictor.attention import check_attention, unpacked_positions
 from memgnn.predictor.bounds import index_bound_hooks
 from memgnn.predictor.branches import (
     BranchState,
@@ -25,6 +26,7 @@ from memgnn.predictor.branches import (
     patched_cond,
 )
 from memgnn.predictor.expr import sympy_to_source
+from memgnn.predictor.flash_attn import flash_scratch, hf_flash_kernels
 from memgnn.predictor.graph import StepGraph
 from memgnn.predictor.kernels import (
     cpu_kernel_hooks,
@@ -159,12 +161,19 @@ class _Run:
         return rec, state, names, self.env
 
     def _kernels(self):
+        stack = contextlib.ExitStack()
+        stack.enter_context(unpacked_positions())
         if self.cfg.target != "cuda":
-            return contextlib.nullcontext()
-        return cuda_sdpa(self.cfg.sm)
+            return stack
+        stack.enter_context(cuda_sdpa(self.cfg.sm))
+        if self.train.attention == "flash":
+            stack.enter_context(hf_flash_kernels())
+        return stack
 
     def _scratch(self):
-        return cuda_scratch if self.cfg.target == "cuda" else None
+        if self.cfg.target != "cuda":
+            return None
+        return lambda func, args: cuda_scratch(func, args) or flash_scratch(func, args)
 
     def _run_steps(self, step, sizes, rec: StepRecorder, state: BranchState, steps) -> None:
         if step.world is not None:
@@ -190,6 +199,7 @@ def capture(
 ) -> StepGraph:
     """Capture every control-flow path of one training step of `bundle` under `train`."""
     cfg = config or CaptureConfig()
+    check_attention(train, cfg.target, cfg.sm)
     sizes = bundle.sizes(cfg.sizes)
     max_paths = cfg.max_paths or bundle.max_paths
     t0 = time.perf_counter()

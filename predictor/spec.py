@@ -24,7 +24,11 @@ PEFT_METHODS = ("none", "lora")
 QUANTIZE_BASES = ("none", "nf4", "nf4-dq", "int8")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
 STEP_KINDS = ("first", "steady", "both")
-_CKPT_RE = re.compile(r"^(none|full|blocks:(\d+))$")
+# HF's attn_implementation: auto = the model class's default (sdpa where it supports it)
+ATTENTIONS = ("auto", "eager", "sdpa", "flash")
+# none | full | blocks:N (our wrapper around the first N blocks) | hf (transformers' own
+# gradient checkpointing of every decoder layer, non-reentrant)
+_CKPT_RE = re.compile(r"^(none|full|hf|blocks:(\d+))$")
 _SYMBOL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 InputMaker = Callable[[Mapping[str, Any], torch.device, torch.dtype], dict[str, torch.Tensor]]
@@ -39,7 +43,7 @@ class TrainSpec:
     optimizer: str = "adamw"
     optimizer_impl: str = "auto"  # auto = what PyTorch picks for the target device
     lr: float = 1e-3
-    checkpointing: str = "none"  # none | full | blocks:N (the first N blocks)
+    checkpointing: str = "none"  # none | full | hf | blocks:N (the first N blocks)
     grad_accum: int = 1
     set_to_none: bool = True  # optimizer.zero_grad(set_to_none=...)
     steps: str = "both"  # first | steady | both
@@ -58,6 +62,7 @@ class TrainSpec:
     # nf4 = Linear4bit NF4 (BitsAndBytesConfig's default, LitGPT's bnb.nf4), nf4-dq = with
     # double quantisation (bnb_4bit_use_double_quant, LitGPT's bnb.nf4-dq), int8 = LLM.int8()
     quantize_base: str = "none"  # none | nf4 | nf4-dq | int8
+    attention: str = "auto"  # eager | sdpa | flash (flash_attention_2); see predictor/attention.py
 
     def __post_init__(self) -> None:
         self._check_parallel()
@@ -102,7 +107,11 @@ class TrainSpec:
                 raise ValueError("adafactor has no fused implementation")
         if not _CKPT_RE.match(self.checkpointing):
             raise ValueError(
-                f"bad checkpointing {self.checkpointing!r}; expected none, full or blocks:N"
+                f"bad checkpointing {self.checkpointing!r}; expected none, full, hf or blocks:N"
+            )
+        if self.attention not in ATTENTIONS:
+            raise ValueError(
+                f"unknown --attention {self.attention!r}; expected one of {ATTENTIONS}"
             )
         if self.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
@@ -157,10 +166,10 @@ class TrainSpec:
 
     @property
     def checkpoint_blocks(self) -> int | None:
-        """None: no checkpointing; -1: every block; N: the first N blocks."""
+        """None: no checkpointing; -1: every block (full, hf); N: the first N blocks."""
         if self.checkpointing == "none":
             return None
-        if self.checkpointing == "full":
+        if self.checkpointing in ("full", "hf"):
             return -1
         return int(self.checkpointing.split(":", 1)[1])
 

@@ -1,8 +1,9 @@
 """One training step as real code runs it: the single runner behind capture and profiling.
 
 `TrainingStep` builds the model in the caller's tensor mode (real, fake or meta), applies
-the `TrainSpec` (dtype, non-reentrant activation checkpointing per block, optimizer and its
-implementation, autocast + GradScaler), then runs steps: micro-batches of forward and
+the `TrainSpec` (dtype, attention implementation, non-reentrant activation checkpointing
+per block or transformers' own (`hf`), optimizer and its implementation, autocast +
+GradScaler), then runs steps: micro-batches of forward and
 backward, the optimizer update, `zero_grad`. Step 0 is the first step (optimizer state is
 created in it); step 1 is steady state. An observer hears every phase boundary, so the
 recorder, the CPU tracker and the CUDA backend all see the same step.
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 import torch
+from memgnn.predictor.attention import apply_attention, check_attention
 from memgnn.predictor.lora import apply_lora
 from memgnn.predictor.optim8bit import AdamW8bit
 from memgnn.predictor.parallel import World, parallelize, resident_tensors, zero_optimizer
@@ -99,6 +101,36 @@ def _apply_checkpointing(model: nn.Module, blocks: list[nn.Module], n: int) -> i
     return len(chosen)
 
 
+def _apply_hf_checkpointing(model: nn.Module, name: str) -> int:
+    """transformers' own gradient checkpointing, as `Trainer(gradient_checkpointing=True)`
+    runs it: `activation_checkpointing_enable` (the 5.x name of `gradient_checkpointing_enable`,
+    whose default is non-reentrant since 5.0; 4.x defaulted to reentrant) with
+    use_reentrant=False. Every `GradientCheckpointingLayer` (the decoder layers) wraps its
+    forward in `torch.utils.checkpoint`; a model whose main input is input_ids also gets
+    `enable_input_require_grads` (a no-op when the embedding trains, a gradient for the
+    embedding output when it is frozen, e.g. under LoRA). Returns the layers wrapped."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
+        model, "gradient_checkpointing_enable", None
+    )
+    if enable is None or not getattr(model, "supports_gradient_checkpointing", False):
+        raise ValueError(
+            f"--checkpointing hf: {type(model).__name__} ({name}) is not a transformers model "
+            "with gradient checkpointing; use --checkpointing full or blocks:N"
+        )
+    kwarg = (
+        "activation_checkpointing_kwargs"
+        if enable.__name__ == "activation_checkpointing_enable"
+        else "gradient_checkpointing_kwargs"
+    )
+    enable(**{kwarg: {"use_reentrant": False}})
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return sum(
+        isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing
+        for m in model.modules()
+    )
+
+
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype):
     """Build parameters directly in the training dtype (pure bf16/fp16), as `.to()` would."""
@@ -161,14 +193,18 @@ class TrainingStep:
         self.world = world
         check_cuda_only(train, target)
         self.bundle, self.train, self.device, self.target = bundle, train, device, target
+        check_attention(train, target)
         with torch.device(device), _default_dtype(train.param_dtype):
             model = bundle.build()
         model.train()
         self.model = model
+        self.attention = apply_attention(model, train, fake=fake)
         self.quantized = quantize_model(model, train)
         self.checkpointed = 0
         blocks = (bundle.blocks or default_blocks)(model)
-        if train.checkpoint_blocks is not None:
+        if train.checkpointing == "hf":
+            self.checkpointed = _apply_hf_checkpointing(model, bundle.name)
+        elif train.checkpoint_blocks is not None:
             if not blocks:
                 raise ValueError(f"model {bundle.name!r} has no repeated blocks to checkpoint")
             self.checkpointed = _apply_checkpointing(model, blocks, train.checkpoint_blocks)

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from memgnn.dataset.zoo import TASKS
 from memgnn.predictor.devices import PROFILES
 from memgnn.predictor.spec import (
+    ATTENTIONS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PEFT_METHODS,
@@ -30,7 +31,7 @@ Sizes = Annotated[dict[SymbolName, Size], Field(max_length=32)]
 GraphId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")]
 Device = Literal[tuple(PROFILES)]  # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
-Checkpointing = Annotated[str, StringConstraints(pattern=r"^(none|full|blocks:[0-9]{1,6})$")]
+Checkpointing = Annotated[str, StringConstraints(pattern=r"^(none|full|hf|blocks:[0-9]{1,6})$")]
 Bytes = Annotated[StrictInt, Field(ge=0, le=1 << 60)]
 
 
@@ -73,13 +74,13 @@ class TrainIn(Strict):
     sharding: Sharding = "none"
     fsdp_reshard_after_forward: bool = True
     hsdp_shard_size: int = Field(default=0, ge=0, le=65_536)
+    quantize_base: Literal[QUANTIZE_BASES] = "none"  # type: ignore[valid-type]
+    attention: Literal[ATTENTIONS] = "auto"  # type: ignore[valid-type]
 
     @model_validator(mode="after")
     def _parallel(self) -> TrainIn:
         self.to_spec()  # the combination rules (ValueError names the option) live in TrainSpec
         return self
-
-    quantize_base: Literal[QUANTIZE_BASES] = "none"  # type: ignore[valid-type]
 
     def to_spec(self) -> TrainSpec:
         return TrainSpec(**self.model_dump())

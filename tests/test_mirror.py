@@ -20,7 +20,6 @@ ALLOWLIST: dict[str, str] = {
     "predictor.pathgraph": "predictor/test_graph.py, test_recorder.py (StepGraph's per-path view)",
     "predictor.predict": "predictor/test_trust.py, test_guards.py, test_bounds.py",
     "predictor.spec": "every capture test; TrainSpec checks: predictor/test_lora.py",
-    "predictor.step": "predictor/test_capture.py, test_recorder.py, test_lora.py (TrainingStep)",
     "predictor.vocab": "predictor/test_analytic.py, test_features.py",
     "dataset.allocator_blocks": "dataset/test_allocator.py (blocks and pools through the rules)",
     "dataset.allocator_expandable": "dataset/test_allocator.py (expandable-segment rules)",

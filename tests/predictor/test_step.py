@@ -1,0 +1,96 @@
+"""TrainingStep: transformers' own gradient checkpointing (`--checkpointing hf`), checked
+storage for storage against memgnn's `full` wrapper and against a real CPU step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from memgnn.dataset import zoo
+from memgnn.dataset.profile import ProfileConfig, profile
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.model_info import fake_step
+from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.step import TrainingStep
+
+from tests.tiny_models import tiny_gpt_bundle
+
+transformers = pytest.importorskip("transformers")
+
+LAYERS = 2
+SIZES = {"B": 2, "S": 64}
+
+
+@pytest.fixture(scope="module")
+def llama_config(tmp_path_factory) -> Path:
+    path: Path = tmp_path_factory.mktemp("llama") / "config.json"
+    transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
+    ).to_json_file(str(path))
+    return path
+
+
+def _schedule(bundle, checkpointing: str) -> dict:
+    graph = capture(bundle, TrainSpec(checkpointing=checkpointing), CaptureConfig(target="cpu"))
+    p = graph.paths[0]
+    storages = {k: list(v) for k, v in p.storages.items()}
+    storages["nbytes"] = [graph.exprs[e] for e in storages["nbytes"]]
+    return {"ops": list(p.nodes["op"]), "inputs": p.nodes["inputs"], "storages": storages}
+
+
+def test_hf_checkpointing_is_full_storage_for_storage_without_a_cache(llama_config):
+    # with use_cache off the two paths checkpoint the same layers the same way
+    # (non-reentrant torch.utils.checkpoint around each decoder layer's forward)
+    bundle = zoo.resolve(f"hf:{llama_config}", {"use_cache": "false"})
+    assert _schedule(bundle, "hf") == _schedule(bundle, "full")
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_hf_checkpointing_sim_equals_a_real_cpu_step(llama_config, precision):
+    bundle = zoo.resolve(f"hf:{llama_config}")
+    train = TrainSpec(checkpointing="hf", precision=precision)
+    real = profile(bundle, train, SIZES, ProfileConfig(backend="cpu"))
+    sim = profile(bundle, train, SIZES, ProfileConfig(backend="sim", device="cpu"))
+    assert sim.peak_allocated_bytes == real.peak_allocated_bytes
+    assert sim.breakdown["tensor_phase_peaks"] == real.breakdown["tensor_phase_peaks"]
+
+
+def test_hf_checkpointing_turns_the_kv_cache_off(llama_config):
+    # a plain loop over an HF causal LM keeps a DynamicCache of every layer's keys and
+    # values (config.use_cache); HF's checkpointing layers set use_cache=False, `full` not
+    bundle = zoo.resolve(f"hf:{llama_config}")
+    assert _schedule(bundle, "hf") != _schedule(bundle, "full")
+    peaks = {
+        c: profile(
+            bundle, TrainSpec(checkpointing=c, steps="first"), SIZES, ProfileConfig(backend="sim")
+        ).breakdown["tensor_phase_peaks"]["forward"]
+        for c in ("hf", "full")
+    }
+    assert peaks["hf"] < peaks["full"]
+
+
+def test_hf_checkpointing_wraps_every_decoder_layer(llama_config):
+    step = fake_step(zoo.resolve(f"hf:{llama_config}"), TrainSpec(checkpointing="hf"))
+    assert step.checkpointed == LAYERS
+    layers = step.model.model.layers
+    assert all(layer.gradient_checkpointing for layer in layers)
+    assert TrainSpec(checkpointing="hf").checkpoint_blocks == -1  # every block, as full
+
+
+def test_hf_checkpointing_needs_a_transformers_model():
+    with pytest.raises(ValueError, match="--checkpointing hf: TinyGPT"):
+        TrainingStep(
+            tiny_gpt_bundle(),
+            TrainSpec(checkpointing="hf"),
+            device=torch.device("cpu"),
+            target="cpu",
+        )
+    with pytest.raises(ValueError, match="none, full, hf or blocks:N"):
+        TrainSpec(checkpointing="hf:2")
