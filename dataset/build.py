@@ -57,6 +57,7 @@ class BuildConfig:
     hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # pinned per zoo name
     threads_per_worker: int = 1
     progress: bool = True
+    finetune: bool = True  # the sampler draws LoRA / QLoRA / attention-kernel configs
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -87,6 +88,7 @@ class BuildConfig:
             devices=self.devices,
             sizes_per_config=per_config,
             hparams=self.hparams,
+            finetune=self.finetune,
             **self.caps,
         )
 
@@ -275,6 +277,11 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         help="pin a zoo hparam (repeatable), e.g. gpt2.layers=2",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-finetune",
+        action="store_true",
+        help="draw no LoRA / QLoRA / attention-kernel configs (the corpus before they existed)",
+    )
 
 
 def _split(text: str | None) -> list[str] | None:
@@ -311,6 +318,7 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
         caps=caps,
         hparams=_pinned(args.hparam),
         progress=not args.no_progress,
+        finetune=not args.no_finetune,
     )
 
 
