@@ -56,7 +56,7 @@ _SMOKE_CAPS = {"max_tokens": 128, "max_batch": 4}
 
 PRESETS: dict[str, tuple[Stage, ...]] = {
     "v1": (
-        Stage(backend="sim", size=720, sizes_per_config=12, seed=1),
+        Stage(backend="sim", size=264, sizes_per_config=12, seed=1),
         Stage(backend="cpu", size=60, sizes_per_config=3, seed=1),
     ),
     "readme-3960": (

@@ -58,9 +58,26 @@ def test_a_preset_fixes_its_recipe(tmp_path, capsys):
 def test_preset_stages_become_build_configs(tmp_path):
     cfgs = configs_from_args(_args("--out", str(tmp_path), "--preset", "v1", "--workers", "2"))
     assert [(c.backend, c.size, c.seed, c.workers) for c in cfgs] == [
-        ("sim", 720, 1, 2),
+        ("sim", 264, 1, 2),
         ("cpu", 60, 1, 2),
     ]
     assert all(c.finetune for c in cfgs) and not PRESETS["readme-3960"][0].finetune
     plain = configs_from_args(_args("--out", str(tmp_path), "--size", "5"))
     assert [(c.backend, c.seed, c.size) for c in plain] == [("sim", 0, 5)]
+
+
+def test_the_repository_corpus_is_preset_v1_packed():
+    from pathlib import Path
+
+    from memgnn.dataset.pack import preset_job_ids
+    from memgnn.predictor.features import FEATURE_SCHEMA_VERSION
+
+    root = Path(__file__).resolve().parents[2] / "dataset" / "data" / "corpus-v1"
+    manifest = json.loads((root / "manifest.json").read_text())
+    corpus = Corpus(root)
+    table = corpus.table()
+    assert manifest["preset"] == "v1" and manifest["rows"] == table.num_rows
+    assert manifest["feature_schema_version"] == FEATURE_SCHEMA_VERSION
+    assert set(table.column("job_id").to_pylist()) == preset_job_ids("v1")
+    assert corpus.graph_problems(missing=True) == {}
+    assert manifest["bytes"] < 30 * 2**20  # a repository carries no more
