@@ -1,6 +1,9 @@
 """Held-out-family accuracy of the GNN against baselines, and its query / encode latency.
 
-    .venv/bin/python benchmarks/accuracy.py --corpus runs/corpus [--folds 4]
+    .venv/bin/python benchmarks/accuracy.py [--corpus DIR] [--folds 4]
+
+`--corpus` defaults to the corpus in the repository (`dataset/data/corpus-v1`, rebuilt by
+`memgnn dataset build --preset v1`), so a fresh clone runs it as is.
 
 Accuracy: leave-family-out cross-validation. The corpus families are dealt into `--folds`
 groups; for each, a model is trained (same pipeline as `memgnn train`, without mlflow) on
@@ -344,7 +347,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--corpus", required=True)
+    p.add_argument("--corpus", default=str(Path(__file__).parents[1] / "dataset/data/corpus-v1"))
     p.add_argument("--folds", type=int, default=4)
     p.add_argument("--split", choices=("family", "random"), default="family",
                    help="family: leave-family-out folds; random: one 80/20 split")  # fmt: skip

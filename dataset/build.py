@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from memgnn.dataset.executors import EXECUTORS, Task, error_row, run_local, run_ray
+from memgnn.dataset.presets import PRESETS, check_preset_flags, preset_kwargs
 from memgnn.dataset.sampler import BACKENDS, Job, SamplerConfig, sample_jobs
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class BuildConfig:
     hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # pinned per zoo name
     threads_per_worker: int = 1
     progress: bool = True
+    finetune: bool = True  # the sampler draws LoRA / QLoRA / attention-kernel configs
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -87,6 +89,7 @@ class BuildConfig:
             devices=self.devices,
             sizes_per_config=per_config,
             hparams=self.hparams,
+            finetune=self.finetune,
             **self.caps,
         )
 
@@ -254,12 +257,19 @@ def _execute(cfg: BuildConfig, tasks: list[Task]):
 
 def add_build_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="corpus folder (created or resumed)")
-    parser.add_argument("--size", type=int, required=True, help="number of jobs to sample")
-    parser.add_argument("--backend", choices=BACKENDS, default="sim")
+    parser.add_argument(
+        "--preset",
+        choices=PRESETS,
+        default=None,
+        help="a named recipe that fixes size, backend, seed, sizes and caps per stage "
+        "(dataset.presets; v1 is the corpus in dataset/data/corpus-v1)",
+    )
+    parser.add_argument("--size", type=int, default=None, help="number of jobs to sample")
+    parser.add_argument("--backend", choices=BACKENDS, default=None, help="default: sim")
     parser.add_argument("--executor", choices=EXECUTORS, default="local")
     parser.add_argument("--workers", type=int, default=1, help="parallel workers (1: in-process)")
     parser.add_argument("--families", default=None, help="comma-separated zoo names (all)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None, help="default: 0")
     parser.add_argument("--address", default=None, help="Ray cluster address (--executor ray)")
     parser.add_argument("--chunk-size", type=int, default=16, help="rows per Parquet part")
     parser.add_argument("--devices", default=None, help="comma-separated device profiles")
@@ -275,6 +285,11 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         help="pin a zoo hparam (repeatable), e.g. gpt2.layers=2",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--no-finetune",
+        action="store_true",
+        help="draw no LoRA / QLoRA / attention-kernel configs (the corpus before they existed)",
+    )
 
 
 def _split(text: str | None) -> list[str] | None:
@@ -294,16 +309,29 @@ def _pinned(items: list[str]) -> dict[str, dict[str, Any]]:
     return {model: get_family(model).coerce(args) for model, args in raw.items()}
 
 
+def configs_from_args(args: argparse.Namespace) -> list[BuildConfig]:
+    """The builds the CLI asks for: one, or each stage of `--preset`."""
+    if getattr(args, "preset", None) is None:
+        return [config_from_args(args)]
+    check_preset_flags(args)
+    run = dict(out=Path(args.out), executor=args.executor, workers=args.workers,
+               ray_address=args.address, chunk_size=args.chunk_size,
+               progress=not args.no_progress)  # fmt: skip
+    return [BuildConfig(**kw) for kw in preset_kwargs(args.preset, **run)]
+
+
 def config_from_args(args: argparse.Namespace) -> BuildConfig:
+    if args.size is None:
+        raise ValueError("--size is required (or --preset NAME)")
     caps = {cap: getattr(args, cap) for cap in CAP_NAMES if getattr(args, cap) is not None}
     return BuildConfig(
         out=Path(args.out),
         size=args.size,
-        backend=args.backend,
+        backend=args.backend or "sim",
         executor=args.executor,
         workers=args.workers,
         families=_split(args.families),
-        seed=args.seed,
+        seed=0 if args.seed is None else args.seed,
         ray_address=args.address,
         chunk_size=args.chunk_size,
         devices=_split(args.devices),
@@ -311,6 +339,7 @@ def config_from_args(args: argparse.Namespace) -> BuildConfig:
         caps=caps,
         hparams=_pinned(args.hparam),
         progress=not args.no_progress,
+        finetune=not args.no_finetune,
     )
 
 
@@ -318,22 +347,27 @@ def build_cmd(args: argparse.Namespace) -> int:
     import json
 
     try:
-        cfg = config_from_args(args)
+        configs = configs_from_args(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    summaries = []
     try:
-        summary = build_corpus(cfg)
+        for cfg in configs:  # a preset's stages in order, into one folder
+            summaries.append(build_corpus(cfg))
     except KeyboardInterrupt:
         print("interrupted: finished rows are saved; rerun to resume", file=sys.stderr)
         return 130
     except ValueError as exc:  # e.g. DIR holds another corpus format
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(summary.to_dict(), indent=2))
-    if summary.graphs_unrepaired:
-        print(f"error: {len(summary.graphs_unrepaired)} graph(s) the corpus's rows name are "
-              "still corrupt or missing (graphs_unrepaired)", file=sys.stderr)  # fmt: skip
+    stages = [s.to_dict() for s in summaries]
+    out = stages[0] if len(stages) == 1 else {"preset": args.preset, "stages": stages}
+    print(json.dumps(out, indent=2))
+    unrepaired = len(summaries[-1].graphs_unrepaired)  # the last stage checked every row
+    if unrepaired:
+        print(f"error: {unrepaired} graph(s) the corpus's rows name are still corrupt or "
+              "missing (graphs_unrepaired)", file=sys.stderr)  # fmt: skip
         return 1
     return 0
 

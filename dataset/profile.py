@@ -24,6 +24,7 @@ from memgnn.predictor.spec import ModelBundle, TrainSpec
 log = logging.getLogger(__name__)
 
 BACKENDS = ("sim", "cpu", "cuda")
+REPLAYS = ("compiled", "python")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -34,8 +35,13 @@ class ProfileConfig:
     allocator: AllocatorConfig | None = None
     warmup_steps: int = 1  # cuda: steps run before the measured ones
     snapshot_path: str | None = None  # write a memory snapshot (pickle) here (sim: simulated)
+    # sim labels: "compiled" replays the trace on the numba core (dataset.replay, checked
+    # equal to the Python simulator), "python" on dataset.allocator (the reference)
+    replay: str = "compiled"
 
     def __post_init__(self) -> None:
+        if self.replay not in REPLAYS:
+            raise ValueError(f"unknown replay {self.replay!r}; expected one of {REPLAYS}")
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown backend {self.backend!r}; expected one of {BACKENDS}")
         if self.warmup_steps < 0:
@@ -51,6 +57,14 @@ class ProfileConfig:
 
             return detect_profile()
         return get_profile(name)
+
+    def replayer(self):
+        """The `simulate` replayer of `replay` (None: the Python reference)."""
+        if self.replay == "python":
+            return None
+        from memgnn.dataset.replay.trace import replay_trace_fast
+
+        return replay_trace_fast
 
 
 def profile(
@@ -123,6 +137,7 @@ def _run_backend(
             device,
             scenario=config.scenario,
             allocator=config.allocator,
+            replayer=config.replayer(),
         )
         if not sim.stats["violated_guards"]:
             _export(graph, sizes, device, config, sim.stats)
@@ -143,6 +158,7 @@ def _run_backend(
         device,
         scenario=config.scenario,
         allocator=config.allocator,
+        replayer=config.replayer(),
     )
     _export(graph, sizes, device, config, sim.stats)
     return _sim_result(sim, graph, label_graph="concrete")
@@ -183,7 +199,12 @@ def symbolic_agrees(
 
     device = config.device_profile()
     sim = simulate(
-        graph, record.sizes, device, scenario=config.scenario, allocator=config.allocator
+        graph,
+        record.sizes,
+        device,
+        scenario=config.scenario,
+        allocator=config.allocator,
+        replayer=config.replayer(),
     )
     if sim.stats["violated_guards"]:
         return False, f"guards fail at {record.sizes}: {sim.stats['violated_guards'][:2]}"

@@ -13,6 +13,9 @@ Config `i` is drawn from its own RNG (seeded by (seed, i)), so a larger `size` w
 same seed keeps every job of the smaller one: growing a corpus resumes it. A job's id is
 the sha1 of its canonical JSON config, so the same config always gets the same id.
 
+Configs of the transformers families also draw LoRA, QLoRA and the attention kernel
+(`dataset.sampler_finetune`, from a separate RNG stream; `finetune=False` turns it off).
+
 Only configs that can run are drawn: a draw that `skip_reason` rejects (bf16 on a device
 without bfloat16, checkpointing a model without repeated blocks, a fused optimizer the
 installed torch lacks, fp16 convolutions on the CPU, whose reference kernel takes minutes
@@ -32,6 +35,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from memgnn.dataset.sampler_finetune import draw_finetune, lora_modules, peft_default
 from memgnn.predictor.devices import PROFILES
 from memgnn.predictor.spec import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
 
@@ -89,6 +93,7 @@ class SamplerConfig:
     max_static_seq: int | None = None
     max_layers: int | None = None  # cap on a `layers` hparam (cheap corpora: tests, demos)
     hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # pinned, per zoo name
+    finetune: bool = True  # draw LoRA / QLoRA / attention kernels (dataset.sampler_finetune)
 
     def __post_init__(self) -> None:
         from memgnn.dataset.zoo import FAMILIES
@@ -173,7 +178,8 @@ def sample_jobs(cfg: SamplerConfig) -> list[Job]:
         device = config_device(cfg, index)
         for attempt in range(_MAX_DRAWS):
             rng = random.Random(f"{cfg.seed}:{index}:{attempt}")
-            drawn = _draw_config(cfg, name, device, rng)
+            ft_rng = random.Random(f"{cfg.seed}:{index}:{attempt}:finetune")
+            drawn = _draw_config(cfg, name, device, rng, ft_rng)
             if drawn is not None and drawn[0].group not in seen_groups:
                 break
         else:
@@ -199,7 +205,7 @@ def config_device(cfg: SamplerConfig, index: int) -> str:
 
 
 def _draw_config(
-    cfg: SamplerConfig, name: str, device: str, rng: random.Random
+    cfg: SamplerConfig, name: str, device: str, rng: random.Random, ft_rng: random.Random
 ) -> list[Job] | None:
     """The jobs of one config on `device`, or None when the draw is not a valid config or
     cannot run there (the caller redraws)."""
@@ -214,6 +220,17 @@ def _draw_config(
     if cfg.max_params is not None and facts["params"] > cfg.max_params:
         return None
     train, skip = _draw_train(cfg, rng, facts, device)
+    if cfg.finetune:
+        profile = PROFILES.get(device)
+        extra = draw_finetune(
+            ft_rng,
+            train,
+            transformers=family.source == "transformers",
+            modules=facts["lora_modules"],
+            gpu=device == "auto" or profile is not None and profile.is_gpu,
+            sm=profile.sm if profile is not None else None,
+        )
+        train = TrainSpec(**train | extra).to_dict()
     if skip is not None and device in PROFILES:  # known not to run: redraw
         log.debug("config of %s on %s redrawn: %s", name, device, skip)
         return None
@@ -271,11 +288,13 @@ def model_facts(name: str, frozen_hparams: str) -> dict[str, Any] | None:
         log.debug("%s %s is not a valid config: %s", name, frozen_hparams, exc)
         return None
     blocks = (bundle.blocks or default_blocks)(model)
+    modules = lora_modules(blocks) | {"default": peft_default(model)}
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "blocks": len(blocks),
         "static": tuple(getattr(bundle, "static_dims", ())),
         "conv": any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()),
+        "lora_modules": modules,
     }
 
 

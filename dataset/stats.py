@@ -2,7 +2,8 @@
 
 `corpus_stats(corpus)` returns a JSON-ready dict: record counts (ok / errors / skipped),
 families and per-family counts, configs by precision, optimizer (+ implementation),
-checkpointing, grad accumulation, backend and device, label ranges (min / median / max of
+checkpointing, grad accumulation, backend, device, LoRA (and rank), QLoRA base and attention
+kernel, label ranges (min / median / max of
 each metric over the ok records), graph coverage, failures grouped by reason, and
 `integrity`: parts that do not read (their rows are not in the counts) and graph files
 that fail their checksum and do not parse. `render_stats(stats)` formats it as text tables.
@@ -37,8 +38,16 @@ CONFIG_AXES = (
     "grad_accum",
     "backend",
     "device",
+    "peft",  # none | lora r=R
+    "quantize_base",  # none where the TrainSpec had no such field
+    "attention",  # default where the TrainSpec had no such field
 )
 SKIP_PREFIX = "skipped: "
+
+
+def _peft(train: dict[str, Any]) -> str:
+    method = train.get("peft", "none")
+    return f"{method} r={train.get('lora_r')}" if method == "lora" else method
 
 
 def failure_reason(error: str) -> str:
@@ -85,6 +94,9 @@ def corpus_stats(corpus: Corpus) -> dict[str, Any]:
             "grad_accum": row["grad_accum"],
             "backend": row["backend"],
             "device": row["device"],
+            "peft": _peft(train),
+            "quantize_base": train.get("quantize_base", "none"),
+            "attention": train.get("attention", "default"),
         }
         for axis, value in values.items():
             configs[axis][str(value)] += 1

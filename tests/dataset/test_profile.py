@@ -98,3 +98,30 @@ def test_batch_continues_past_a_model_that_raises(tiny_mlp):
         assert "exploded mid-step" in recs[0].error and recs[0].sizes == {"B": 2}
         assert recs[0].train["optimizer"] == "adamw"
         assert recs[1].error is None and recs[1].peak_allocated_bytes > 0
+
+
+@pytest.mark.parametrize("capacity", [None, 16 * 2**20])
+@pytest.mark.parametrize(
+    "train", [TrainSpec(), TrainSpec(precision="amp-fp16", checkpointing="full", grad_accum=2)]
+)
+def test_compiled_replay_gives_the_python_simulators_record(tiny_gpt, train, capacity):
+    from memgnn.dataset.allocator import AllocatorConfig
+
+    records = {}
+    for replay in ("compiled", "python"):
+        config = ProfileConfig(
+            backend="sim",
+            device="a100-80gb",
+            replay=replay,
+            allocator=AllocatorConfig(capacity_bytes=capacity) if capacity else None,
+        )
+        rec = profile(tiny_gpt, train, {"B": 4, "S": 32}, config).model_dump()
+        rec.pop("seconds")
+        records[replay] = rec
+    assert records["compiled"] == records["python"]  # labels, breakdown, stats, OOM verdict
+    assert records["compiled"]["stats"]["would_oom"] is (capacity is not None)
+
+
+def test_unknown_replay_is_named():
+    with pytest.raises(ValueError, match="unknown replay 'numba'"):
+        ProfileConfig(backend="sim", replay="numba")

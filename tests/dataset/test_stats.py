@@ -19,6 +19,7 @@ from memgnn.dataset.stats import (
 )
 
 MiB = 1 << 20
+LORA = {"grad_accum": 4, "peft": "lora", "lora_r": 16, "quantize_base": "nf4", "attention": "flash"}
 
 
 def _record(family: str, allocated: int, **train) -> ProfileRecord:
@@ -62,7 +63,7 @@ def corpus(tmp_path) -> Corpus:
             record_row("a", _record("mlp", 10 * MiB), "g1"),
             record_row("b", _record("mlp", 30 * MiB, precision="bf16"), "g1"),
             record_row("c", _record("gpt2", 20 * MiB, checkpointing="blocks:2"), "g2"),
-            record_row("d", _record("gpt2", 600 * MiB, grad_accum=4), None),
+            record_row("d", _record("gpt2", 600 * MiB, **LORA), None),
         ]
     )
     writer.write_rows(
@@ -85,6 +86,9 @@ def test_corpus_stats(corpus):
     assert s["configs"]["checkpointing"] == {"blocks:N": 1, "full": 3, "none": 3}
     assert s["configs"]["grad_accum"] == {"1": 3, "2": 3, "4": 1}
     assert s["configs"]["device"] == {"h100-80gb": 4, "v100-16gb": 3}
+    assert s["configs"]["peft"] == {"none": 6, "lora r=16": 1}
+    assert s["configs"]["quantize_base"] == {"none": 6, "nf4": 1}
+    assert s["configs"]["attention"] == {"default": 6, "flash": 1}
     alloc = s["labels"]["peak_allocated_bytes"]
     assert (alloc["count"], alloc["min"], alloc["max"]) == (4, 10 * MiB, 600 * MiB)
     assert alloc["median"] == 25 * MiB

@@ -1,0 +1,83 @@
+"""Corpus presets: one command, fixed recipe, identical rows on every build."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+from memgnn.dataset.build import add_build_arguments, build_cmd, configs_from_args
+from memgnn.dataset.corpus import Corpus
+from memgnn.dataset.presets import PRESETS, preset_kwargs
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_build_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def _rows(root) -> list[dict]:
+    # run-specific: timings, and the graph file's checksum (its meta has capture_seconds)
+    rows = Corpus(root).table().drop(["seconds", "graph_sha256"]).to_pylist()
+    return sorted(rows, key=lambda r: r["job_id"])
+
+
+def test_two_builds_of_a_preset_give_identical_rows(tmp_path, capsys):
+    for name in ("a", "b"):
+        argv = ["--out", str(tmp_path / name), "--preset", "smoke", "--no-progress"]
+        assert build_cmd(_args(*argv)) == 0
+    out = capsys.readouterr().out
+    assert out.count('"preset": "smoke"') == 2
+    a, b = _rows(tmp_path / "a"), _rows(tmp_path / "b")
+    stages = PRESETS["smoke"]
+    assert len(a) == sum(s.size for s in stages)
+    assert {r["backend"] for r in a} == {"sim", "cpu"}
+    assert all(r["error"] is None and r["peak_allocated_bytes"] > 0 for r in a)
+    assert a == b  # labels, breakdowns, stats, graph ids: byte for byte
+    assert Corpus(tmp_path / "a").graph_ids() == Corpus(tmp_path / "b").graph_ids()
+    # rerunning the preset profiles nothing: resumable, no redone work
+    assert build_cmd(_args("--out", str(tmp_path / "a"), "--preset", "smoke", "--no-progress")) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [s["profiled"] for s in summary["stages"]] == [0, 0]
+
+
+def test_a_preset_fixes_its_recipe(tmp_path, capsys):
+    args = _args("--out", str(tmp_path), "--preset", "v1", "--size", "10", "--seed", "3")
+    with pytest.raises(ValueError, match="--preset v1 fixes --size, --seed; drop those"):
+        configs_from_args(args)
+    assert build_cmd(args) == 2 and "fixes --size" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--size is required"):
+        configs_from_args(_args("--out", str(tmp_path)))
+    with pytest.raises(ValueError, match="unknown --preset 'v9'"):
+        preset_kwargs("v9", out=tmp_path)
+    with pytest.raises(ValueError, match="fixes seed"):
+        preset_kwargs("v1", out=tmp_path, seed=2)
+
+
+def test_preset_stages_become_build_configs(tmp_path):
+    cfgs = configs_from_args(_args("--out", str(tmp_path), "--preset", "v1", "--workers", "2"))
+    assert [(c.backend, c.size, c.seed, c.workers) for c in cfgs] == [
+        ("sim", 264, 1, 2),
+        ("cpu", 60, 1, 2),
+    ]
+    assert all(c.finetune for c in cfgs) and not PRESETS["readme-3960"][0].finetune
+    plain = configs_from_args(_args("--out", str(tmp_path), "--size", "5"))
+    assert [(c.backend, c.seed, c.size) for c in plain] == [("sim", 0, 5)]
+
+
+def test_the_repository_corpus_is_preset_v1_packed():
+    from pathlib import Path
+
+    from memgnn.dataset.pack import preset_job_ids
+    from memgnn.predictor.features import FEATURE_SCHEMA_VERSION
+
+    root = Path(__file__).resolve().parents[2] / "dataset" / "data" / "corpus-v1"
+    manifest = json.loads((root / "manifest.json").read_text())
+    corpus = Corpus(root)
+    table = corpus.table()
+    assert manifest["preset"] == "v1" and manifest["rows"] == table.num_rows
+    assert manifest["feature_schema_version"] == FEATURE_SCHEMA_VERSION
+    assert set(table.column("job_id").to_pylist()) == preset_job_ids("v1")
+    assert corpus.graph_problems(missing=True) == {}
+    assert manifest["bytes"] < 30 * 2**20  # a repository carries no more

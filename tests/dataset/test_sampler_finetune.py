@@ -1,0 +1,125 @@
+"""Fine-tuning draws: LoRA on transformers families, QLoRA and attention kernels where the
+installed TrainSpec has them, from their own RNG stream."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+import memgnn.dataset.sampler_finetune as ft
+import pytest
+from memgnn.dataset.sampler import SamplerConfig, sample_jobs
+from memgnn.predictor.spec import TrainSpec
+from torch import nn
+
+MODULES = {"attention": ["k_proj", "q_proj"], "all": ["k_proj", "q_proj", "up"], "default": []}
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj, self.out = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 4)
+
+
+class _Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.self_attn = _Attention()
+        self.mlp = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+        self.mlp.up = nn.Linear(8, 4)
+        self.out = nn.Linear(4, 4)  # also a name under attention: "all" only
+        self.router = nn.Sequential()
+        self.router.gate = nn.Linear(4, 2)
+        self.norm = nn.LayerNorm(4)
+
+
+def test_lora_modules_split_attention_from_the_rest():
+    got = ft.lora_modules([_Block(), _Block()])
+    assert got == {"attention": ["k_proj", "q_proj"], "all": ["0", "k_proj", "out", "q_proj", "up"]}
+
+
+def _draws(n=400, **kw):
+    args = {"transformers": True, "modules": MODULES, "gpu": True, "sm": 80} | kw
+    return [ft.draw_finetune(random.Random(i), TrainSpec().to_dict(), **args) for i in range(n)]
+
+
+def test_lora_draws_are_valid_specs_with_the_models_targets():
+    draws = _draws()
+    lora = [d for d in draws if d]
+    assert 0.2 < len(lora) / len(draws) < 0.4  # LORA_SHARE = 0.3
+    assert {d["lora_r"] for d in lora} == set(ft.LORA_RANKS)
+    assert {d["lora_targets"] for d in lora} == {"k_proj,q_proj", "k_proj,q_proj,up"}
+    for d in lora:
+        TrainSpec(**TrainSpec().to_dict() | d)
+        assert d["lora_alpha"] in (d["lora_r"], 2 * d["lora_r"], 16)
+    # with a peft default for the model, "" (peft's default) is one of the choices
+    with_default = _draws(modules=MODULES | {"default": ["q_proj"]})
+    assert "" in {d["lora_targets"] for d in with_default if d}
+
+
+def test_no_lora_outside_transformers_or_without_module_names():
+    assert not any(_draws(transformers=False))
+    assert not any(_draws(modules=None))
+
+
+def test_the_same_rng_gives_the_same_draw_and_takes_the_same_numbers():
+    base = TrainSpec().to_dict()
+    kw = {"transformers": True, "modules": MODULES, "gpu": True, "sm": 90}
+    assert ft.draw_finetune(random.Random(7), base, **kw) == ft.draw_finetune(
+        random.Random(7), base, **kw
+    )
+    a, b = random.Random(7), random.Random(7)
+    ft.draw_finetune(a, base, **kw)
+    ft.draw_finetune(b, base, transformers=False, modules=None, gpu=False, sm=None)
+    assert a.random() == b.random()  # whatever was drawn, the stream moved alike
+
+
+@dataclass(kw_only=True, slots=True)
+class _LaterSpec(TrainSpec):
+    """TrainSpec as the qlora and kernels branches extend it."""
+
+    quantize_base: str = "none"
+    attention: str = "sdpa"
+
+    def __post_init__(self) -> None:
+        TrainSpec.__post_init__(self)
+        if self.quantize_base not in ("none", "nf4", "int8"):
+            raise ValueError("--quantize-base")
+        if self.quantize_base != "none" and self.peft != "lora":
+            raise ValueError("--quantize-base needs --peft lora")
+        if self.attention not in ("eager", "sdpa", "flash"):
+            raise ValueError("--attention")
+
+
+def test_qlora_and_attention_are_drawn_once_the_spec_has_them(monkeypatch):
+    assert not any("quantize_base" in d or "attention" in d for d in _draws())
+    monkeypatch.setattr(ft, "TrainSpec", _LaterSpec)
+    gpu = _draws(sm=80)
+    quant = Counter(d.get("quantize_base") for d in gpu if "peft" in d)
+    assert set(quant) == {None, "nf4", "int8"}
+    assert all("quantize_base" not in d for d in gpu if "peft" not in d)
+    assert Counter(d["attention"] for d in gpu).keys() == {"eager", "sdpa", "flash"}
+    assert {d.get("attention") for d in _draws(sm=70)} == {"eager", "sdpa"}  # flash: sm >= 80
+    cpu = _draws(gpu=False, sm=None)
+    assert not any("quantize_base" in d or "attention" in d for d in cpu)
+    assert any("peft" in d for d in cpu)  # LoRA runs on the CPU too
+
+
+@pytest.mark.parametrize("backend", ["sim", "cpu"])
+def test_sampler_draws_lora_configs_and_keeps_the_rest_of_each_config(backend):
+    families = ["llama", "gpt2", "mlp"]
+    on = sample_jobs(SamplerConfig(size=120, seed=2, families=families, backend=backend,
+                                   sizes_per_config=2))  # fmt: skip
+    off = sample_jobs(SamplerConfig(size=120, seed=2, families=families, backend=backend,
+                                    sizes_per_config=2, finetune=False))  # fmt: skip
+    lora = [j for j in on if j.train["peft"] == "lora"]
+    assert lora and {j.model for j in lora} <= {"llama", "gpt2"}
+    assert all(j.train["peft"] == "none" for j in off)
+    base = set(TrainSpec().to_dict()) - {"peft", "lora_r", "lora_alpha", "lora_dropout",
+                                         "lora_targets"}  # fmt: skip
+    for a, b in zip(on, off, strict=True):  # same hparams, sizes and base training config
+        assert (a.model, a.hparams, a.sizes, a.device) == (b.model, b.hparams, b.sizes, b.device)
+        assert {k: a.train[k] for k in base} == {k: b.train[k] for k in base}
+    assert sample_jobs(SamplerConfig(size=120, seed=2, families=families, backend=backend,
+                                     sizes_per_config=2)) == on  # fmt: skip
