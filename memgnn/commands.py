@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memgnn.args import model_args, parse_sizes, train_spec
+from memgnn.args import memory_limit, model_args, parse_sizes, train_spec
 from memgnn.display import fmt_bytes, model_line, print_table
 
 
@@ -158,6 +158,7 @@ def profile_cmd(args: argparse.Namespace) -> int:
 
     bundle = resolve_bundle(args)
     cfg = ProfileConfig(backend=args.backend, device=args.device, snapshot_path=args.snapshot)
+    limit = memory_limit(args, cfg.device_profile())
     train = train_spec(args)
     if args.backend != "sim":  # a real step: refuse sizes the model cannot run first
         from memgnn.predictor.predict import graph_for_query
@@ -172,8 +173,16 @@ def profile_cmd(args: argparse.Namespace) -> int:
 
         tag_export(args.snapshot, args, record.sizes, record.device)
     info = _model_info(None, bundle, train, "cuda" if args.backend != "cpu" else "cpu")
+    verdict = None
+    if limit is not None:  # the allocator's reserved peak where the backend has one
+        reserved = record.peak_reserved_bytes is not None
+        peak = record.peak_reserved_bytes if reserved else record.peak_allocated_bytes
+        verdict = limit.verdict(peak) | {"metric": "reserved" if reserved else "allocated"}
     if args.json:
-        print(json.dumps(record.contract() | {"model": info}, indent=2, default=str))
+        out = record.contract() | {"model": info}
+        if verdict is not None:
+            out["verdict"] = verdict
+        print(json.dumps(out, indent=2, default=str))
         return 0
     print(f"{record.model} {record.sizes} on {record.device} ({record.backend} backend)")
     print(model_line(info))
@@ -197,7 +206,23 @@ def profile_cmd(args: argparse.Namespace) -> int:
     if cats:
         print("at the peak, by category (tensor bytes):")
         print_table(["category", "bytes", ""], [[c, str(v), fmt_bytes(v)] for c, v in cats.items()])
+    if verdict is not None:
+        print(verdict_line(verdict, f"peak {verdict['metric']}"))
     return 0
+
+
+def verdict_line(verdict: dict[str, Any], what: str) -> str:
+    """`fits: ...` / `does NOT fit: ...` for a `MemoryLimit.verdict`."""
+    if verdict["source"] == "threshold":
+        of = f"{verdict['threshold'] * 100:g}% of the device's {fmt_bytes(verdict['budget_bytes'])}"
+    elif verdict["threshold"] < 1:
+        of = f"{verdict['threshold'] * 100:g}% of the budget {fmt_bytes(verdict['budget_bytes'])}"
+    else:
+        of = "the budget"
+    room = verdict["headroom_bytes"]
+    head = "fits" if verdict["fits"] else "does NOT fit"
+    side = f"{fmt_bytes(room)} to spare" if room >= 0 else f"{fmt_bytes(-room)} over"
+    return f"{head}: {what} vs limit {fmt_bytes(verdict['limit_bytes'])} ({of}), {side}"
 
 
 def demo_cmd(args: argparse.Namespace) -> int:
@@ -244,12 +269,18 @@ def predict_cmd(args: argparse.Namespace) -> int:
 
     if args.url and args.plot:
         raise ValueError("--plot draws a local simulation; it cannot be used with --url")
+    limit = memory_limit(args, get_profile(args.device))
     if args.url:
         from memgnn.serving.client import remote_predict
 
         if args.method != "auto":
             raise ValueError("--method applies to local predictions; --url asks the server")
 
+        limit_fields = {}
+        if limit is not None and limit.source == "threshold":
+            limit_fields["threshold"] = limit.threshold
+        elif limit is not None:
+            limit_fields["budget_bytes"] = limit.budget_bytes
         out = remote_predict(
             args.url,
             model=args.model,
@@ -261,6 +292,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
             metric=args.metric,
             scenario=args.scenario,
             token=args.token,
+            **limit_fields,
         )
         print(json.dumps(out, indent=2, default=str))
         return 0
@@ -288,6 +320,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
         "model": info,
         "warnings": warnings,
     }
+    if limit is not None:
+        out["verdict"] = limit.verdict(pred.upper_bound_bytes) | {"metric": pred.metric}
     if args.plot:
         from memgnn.snapshot_cli import plot_prediction
 
@@ -305,6 +339,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
         f" model {pred.model_version} ({pred.method})"
     )
     print(model_line(info))
+    if limit is not None:
+        print(verdict_line(out["verdict"], f"upper bound {pred.metric}"))
     return 0
 
 
@@ -319,7 +355,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
     from memgnn.predictor.devices import get_profile
     from memgnn.predictor.errors import UserError
     from memgnn.predictor.onnx_model import load_default_model
-    from memgnn.predictor.plan import PlanConfig, SearchSpace, parse_budget, plan
+    from memgnn.predictor.plan import PlanConfig, SearchSpace, plan
 
     if args.batch is not None:
         raise UserError("plan searches the batch size: cap it with --max-batch N, not --batch")
@@ -327,7 +363,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
         raise UserError("--mode power finds powers of two only; --any-batch needs binsearch")
     any_batch = args.any_batch or args.mode == "binsearch"
     device = get_profile(args.device)
-    budget = parse_budget(args.budget, device.total_bytes)
+    limit = memory_limit(args, device, required=True)
     bundle = resolve_bundle(args)
     base = train_spec(args)
     sizes = bundle.sizes(parse_sizes(args))
@@ -345,10 +381,10 @@ def plan_cmd(args: argparse.Namespace) -> int:
         power_of_two=not any_batch,
     )
     cfg = PlanConfig(
-        budget_bytes=budget,
+        budget_bytes=limit.budget_bytes,
         device=device.name,
         metric=args.metric,
-        threshold=args.threshold,
+        threshold=limit.threshold,
     )
     if "B" not in bundle.dims:
         raise ValueError(f"model {bundle.name!r} has no batch dim B to plan")
@@ -378,6 +414,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
         "prediction": best.prediction,
         "budget_bytes": cfg.budget_bytes,
         "limit_bytes": cfg.limit,
+        "threshold": cfg.threshold,
         "runners_up": [c.to_dict() for c in res.runners_up],
         "queries": res.queries,
         "model": _model_info(graph_for(chosen), bundle, chosen, target),

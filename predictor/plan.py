@@ -12,14 +12,12 @@ per unit of cost, cost = recompute overhead of C x precision cost of P.
 from __future__ import annotations
 
 import logging
-import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from memgnn.predictor.errors import UserError
 from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.limits import parse_budget  # noqa: F401  (re-exported)
 from memgnn.predictor.predict import GuardViolation, MemoryModel, Prediction, Query
 from memgnn.predictor.spec import PRECISIONS, TrainSpec
 from memgnn.predictor.vocab import SEARCH_MODES
@@ -107,54 +105,6 @@ class PlanResult:
             "reason": self.reason,
             "closest": self.closest.to_dict() if self.closest else None,
         }
-
-
-_UNITS = {
-    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-}  # fmt: skip
-_BUDGET_RE = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(%|[kmgt]i?b|b)?$")
-
-
-def parse_budget(text: str, device_total: int | None) -> int:
-    """A memory budget in bytes from the CLI's text, with explicit semantics:
-
-    - a byte size with a unit: `24GiB`, `8GB`, `512MiB`, `100B`;
-    - a whole number of bytes of at least 1024 without a unit: `8000000000`, `8e9`;
-    - a fraction of the device's total: a percentage `50%`, or a number with a decimal
-      point in (0, 1]: `0.5`, `1.0`.
-    A bare small integer (`1`, `2`: one byte or the whole device?) is ambiguous and
-    refused, like anything non-finite, non-positive or unreadable (`UserError`)."""
-    s = text.strip().lower().replace(" ", "")
-    m = _BUDGET_RE.match(s)
-    if m is None:
-        raise UserError(
-            f"cannot read a budget from {text!r}: give bytes with a unit (24GiB, 8GB), "
-            "a percentage of the device (50%) or a fraction (0.5)"
-        )
-    number, unit = m.group(1), m.group(2)
-    value = float(number)
-    if not math.isfinite(value) or value > 1 << 80:
-        raise UserError(f"budget {text!r} is not a finite number of bytes")
-    if value <= 0:
-        raise UserError(f"budget must be positive, got {text!r}")
-    fraction = None
-    if unit == "%":
-        fraction = value / 100
-    elif unit is None and "." in number and "e" not in number:
-        fraction = value
-    if fraction is not None:
-        if fraction > 1:
-            raise UserError(f"budget {text!r} is a fraction of the device above 1 (100%)")
-        if not device_total:
-            raise UserError(f"budget {text!r} is a fraction, but the device has no total")
-        return int(device_total * fraction)
-    if unit is None and value < 1024:
-        raise UserError(
-            f"budget {text!r} is ambiguous: write 100% (or 1.0) for the whole device, or "
-            f"bytes with a unit ({number}B, {number}GiB)"
-        )
-    return int(value * _UNITS[unit or "b"])
 
 
 def cost(train: TrainSpec, n_blocks: int | None = None) -> float:

@@ -9,6 +9,7 @@ from typing import Any
 
 from memgnn.predictor.devices import DeviceProfile, get_profile
 from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.limits import resolve_limit
 from memgnn.predictor.plan import Candidate, PlanConfig, SearchSpace, plan
 from memgnn.predictor.predict import Prediction, Query
 from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
@@ -182,12 +183,23 @@ def run_plan(
             raise RequestError(str(exc), loc=("body", "space", "precision")) from None
     try:
         space = SearchSpace(**space_fields)
-        budget = req.budget_bytes or int(device.total_bytes * req.budget_fraction)
+        budget = req.budget_bytes
+        if req.budget_fraction is not None:  # a budget of that share of the device
+            budget = int(device.total_bytes * req.budget_fraction)
+        limit = resolve_limit(
+            budget=budget,
+            threshold=req.threshold,
+            device_total=device.total_bytes,
+            device=device.name,
+            names=("budget_bytes", "threshold"),
+            required=True,
+        )
+        assert limit is not None
         cfg = PlanConfig(
-            budget_bytes=budget,
+            budget_bytes=limit.budget_bytes,
             device=device.name,
             metric=req.metric,
-            threshold=req.threshold,
+            threshold=limit.threshold,
             use_upper_bound=req.use_upper_bound,
         )
     except ValueError as exc:
@@ -215,6 +227,7 @@ def run_plan(
         "runners_up": [out(c) for c in candidates[1 : req.top]],
         "budget_bytes": cfg.budget_bytes,
         "limit_bytes": cfg.limit,
+        "threshold": cfg.threshold,
         "objective": req.objective,
         "queries": result.queries,
         "reason": result.reason,
