@@ -14,6 +14,7 @@ from memgnn.predictor.spec import (
     STEP_KINDS,
     TrainSpec,
 )
+from memgnn.predictor.vocab import SHARDINGS
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -21,6 +22,13 @@ def _key_value(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
     return key.strip(), value.strip()
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value == "true"
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -57,6 +65,16 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-alpha", type=float, default=16.0)
     g.add_argument("--lora-dropout", type=float, default=0.0)
     g.add_argument("--lora-targets", default="", help="q_proj,v_proj,...; default: peft's")
+    g.add_argument("--gpus", type=int, default=1, help="world size; the answer is one rank's")
+    g.add_argument("--sharding", choices=SHARDINGS, default="none", help="how ranks split")
+    g.add_argument(
+        "--fsdp-reshard-after-forward",
+        type=_bool,
+        default=True,
+        metavar="true|false",
+        help="fsdp/hsdp: free all-gathered parameters after forward (default true)",
+    )
+    g.add_argument("--hsdp-shard-size", type=int, default=0, help="hsdp: ranks per shard group")
 
 
 BUDGET_HELP = (
@@ -141,6 +159,10 @@ def train_spec(args: argparse.Namespace) -> TrainSpec:
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         lora_targets=args.lora_targets,
+        gpus=args.gpus,
+        sharding=args.sharding,
+        fsdp_reshard_after_forward=args.fsdp_reshard_after_forward,
+        hsdp_shard_size=args.hsdp_shard_size,
     )
 
 

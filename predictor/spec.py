@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from memgnn.predictor.vocab import SHARDINGS
 from torch import nn
 
 PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
@@ -45,8 +46,14 @@ class TrainSpec:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0  # peft's LoraConfig default
     lora_targets: str = ""  # comma-separated module names; "" = peft's default for the model
+    # data/model parallelism (predictor/parallel.py): the answer is one rank's peak
+    gpus: int = 1  # world size
+    sharding: str = "none"  # none | ddp | fsdp | hsdp | zero1 | zero2 | zero3
+    fsdp_reshard_after_forward: bool = True  # fully_shard(reshard_after_forward=...)
+    hsdp_shard_size: int = 0  # hsdp: ranks per shard group; 0 = the default (see below)
 
     def __post_init__(self) -> None:
+        self._check_parallel()
         if self.peft not in PEFT_METHODS:
             raise ValueError(f"unknown --peft {self.peft!r}; expected one of {PEFT_METHODS}")
         if self.lora_r < 1:
@@ -77,6 +84,50 @@ class TrainSpec:
             raise ValueError(f"unknown steps {self.steps!r}; expected one of {STEP_KINDS}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+
+    def _check_parallel(self) -> None:
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
+            raise ValueError(f"--gpus must be an integer >= 1, got {self.gpus!r}")
+        if self.sharding not in SHARDINGS:
+            raise ValueError(f"unknown --sharding {self.sharding!r}; expected one of {SHARDINGS}")
+        if self.sharding == "none" and self.gpus > 1:
+            raise ValueError(
+                f"--gpus {self.gpus} needs --sharding (one of {SHARDINGS[1:]}): "
+                "how the ranks split the model"
+            )
+        if self.sharding != "none" and self.gpus < 2:
+            raise ValueError(f"--sharding {self.sharding} needs --gpus >= 2, got {self.gpus}")
+        if not self.fsdp_reshard_after_forward and self.sharding not in ("fsdp", "hsdp"):
+            raise ValueError(
+                "--fsdp-reshard-after-forward false applies to --sharding fsdp or hsdp, "
+                f"not {self.sharding} (zero3 always reshards; zero2 keeps parameters whole)"
+            )
+        if self.hsdp_shard_size < 0:
+            raise ValueError(f"--hsdp-shard-size must be >= 0, got {self.hsdp_shard_size}")
+        if self.hsdp_shard_size and self.sharding != "hsdp":
+            raise ValueError(f"--hsdp-shard-size applies to --sharding hsdp, not {self.sharding}")
+        if self.sharding == "hsdp":
+            shard = self.shard_group_size
+            if not (2 <= shard < self.gpus and self.gpus % shard == 0):
+                raise ValueError(
+                    f"--sharding hsdp needs --gpus split into >= 2 shard groups of >= 2 ranks "
+                    f"each (--hsdp-shard-size dividing --gpus); got --gpus {self.gpus}, "
+                    f"shard group size {shard}"
+                )
+
+    @property
+    def shard_group_size(self) -> int:
+        """Ranks one copy of the model is sharded over: the world for fsdp/zero*, the shard
+        group for hsdp (default: the largest divisor <= 8 of --gpus leaving >= 2 replicas,
+        i.e. shard inside an 8-GPU node, replicate across nodes), 1 for none/ddp."""
+        if self.sharding in ("none", "ddp"):
+            return 1
+        if self.sharding != "hsdp":
+            return self.gpus
+        if self.hsdp_shard_size:
+            return self.hsdp_shard_size
+        fits = [d for d in range(2, 9) if self.gpus % d == 0 and self.gpus // d >= 2]
+        return max(fits, default=1)
 
     @property
     def checkpoint_blocks(self) -> int | None:

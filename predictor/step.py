@@ -129,6 +129,11 @@ class TrainingStep:
     ):
         if target not in ("cpu", "cuda"):
             raise ValueError(f"target must be cpu or cuda, got {target!r}")
+        if train.sharding != "none":
+            raise ValueError(
+                f"--sharding {train.sharding}: the sharded step runs through "
+                "predictor.parallel (not a single-process TrainingStep)"
+            )
         self.bundle, self.train, self.device, self.target = bundle, train, device, target
         with torch.device(device), _default_dtype(train.param_dtype):
             model = bundle.build()

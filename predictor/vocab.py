@@ -8,9 +8,15 @@ from typing import Literal, get_args
 Metric = Literal["allocated", "reserved", "device_total"]
 Scenario = Literal["min", "balanced", "worst"]
 SearchMode = Literal["power", "binsearch"]
+# How a data-parallel run splits the model across its ranks (predictor/parallel.py):
+# ddp replicates everything; fsdp and zero3 shard parameters, gradients and optimizer
+# state (FSDP2 fully_shard); hsdp shards inside groups and replicates across them; zero1
+# shards the optimizer state; zero2 shards gradients and optimizer state.
+Sharding = Literal["none", "ddp", "fsdp", "hsdp", "zero1", "zero2", "zero3"]
 METRICS: tuple[Metric, ...] = get_args(Metric)
 SCENARIOS: tuple[Scenario, ...] = get_args(Scenario)
 SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
+SHARDINGS: tuple[Sharding, ...] = get_args(Sharding)
 
 CATEGORIES = (
     "parameter",

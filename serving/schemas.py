@@ -19,7 +19,7 @@ from memgnn.predictor.spec import (
     STEP_KINDS,
     TrainSpec,
 )
-from memgnn.predictor.vocab import Metric, Scenario, SearchMode
+from memgnn.predictor.vocab import Metric, Scenario, SearchMode, Sharding
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
 
 MAX_SIZE = (1 << 31) - 1
@@ -68,6 +68,15 @@ class TrainIn(Strict):
     lora_alpha: float = Field(default=16.0, gt=0, le=1e6)
     lora_dropout: float = Field(default=0.0, ge=0, lt=1)
     lora_targets: str = Field(default="", max_length=4096)
+    gpus: int = Field(default=1, ge=1, le=65_536)  # world size; answers are per rank
+    sharding: Sharding = "none"
+    fsdp_reshard_after_forward: bool = True
+    hsdp_shard_size: int = Field(default=0, ge=0, le=65_536)
+
+    @model_validator(mode="after")
+    def _parallel(self) -> TrainIn:
+        self.to_spec()  # the combination rules (ValueError names the option) live in TrainSpec
+        return self
 
     def to_spec(self) -> TrainSpec:
         return TrainSpec(**self.model_dump())
