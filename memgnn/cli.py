@@ -37,6 +37,7 @@ METRIC_HELP = (
 
 def build_parser() -> argparse.ArgumentParser:
     from memgnn import commands
+    from memgnn.plan_cli import add_plan_space_args, plan_cmd
 
     parser = argparse.ArgumentParser(prog="memgnn", description=DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -91,11 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_limit_args(p, "one of the two is required")
     p.add_argument("--device", default="h100-80gb", help=DEVICE_HELP)
     p.add_argument("--metric", choices=METRICS, default=None, help=METRIC_HELP)
-    p.add_argument("--max-batch", type=int, default=4096)
-    p.add_argument("--accum-choices", default="1", help="comma list of G")
-    p.add_argument("--checkpointing-choices", default="none,full")
-    p.add_argument("--precision-choices", default=None, help="default: --precision")
-    p.add_argument("--effective-batch", type=int, default=None)
+    add_plan_space_args(p)
     p.add_argument(
         "--mode",
         choices=SEARCH_MODES,
@@ -106,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--any-batch", action="store_true", help="any batch size (--mode binsearch)")
     p.add_argument("--json", action="store_true")
     add_cache_arg(p)
-    p.set_defaults(func=commands.plan_cmd)
+    p.set_defaults(func=plan_cmd)
 
     from memgnn.dataset.build import add_build_arguments, build_cmd
     from memgnn.dataset.stats import add_stats_arguments, stats_cmd

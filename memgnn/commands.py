@@ -6,7 +6,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -341,96 +340,4 @@ def predict_cmd(args: argparse.Namespace) -> int:
     print(model_line(info))
     if limit is not None:
         print(verdict_line(out["verdict"], f"upper bound {pred.metric}"))
-    return 0
-
-
-def _csv(text: str, cast=str) -> list:
-    try:
-        return [cast(x.strip()) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"bad list {text!r}") from None
-
-
-def plan_cmd(args: argparse.Namespace) -> int:
-    from memgnn.predictor.devices import get_profile
-    from memgnn.predictor.errors import UserError
-    from memgnn.predictor.onnx_model import load_default_model
-    from memgnn.predictor.plan import PlanConfig, SearchSpace, plan
-
-    if args.batch is not None:
-        raise UserError("plan searches the batch size: cap it with --max-batch N, not --batch")
-    if args.mode == "power" and args.any_batch:
-        raise UserError("--mode power finds powers of two only; --any-batch needs binsearch")
-    any_batch = args.any_batch or args.mode == "binsearch"
-    device = get_profile(args.device)
-    limit = memory_limit(args, device, required=True)
-    bundle = resolve_bundle(args)
-    base = train_spec(args)
-    sizes = bundle.sizes(parse_sizes(args))
-    precisions = _csv(args.precision_choices) if args.precision_choices else [base.precision]
-    for p in precisions:
-        device.check_precision(p)
-    space = SearchSpace(
-        sizes={k: v for k, v in sizes.items() if k != "B"},
-        max_batch=args.max_batch,
-        grad_accum=_csv(args.accum_choices, int),
-        checkpointing=_csv(args.checkpointing_choices),
-        precision=precisions,
-        effective_batch=args.effective_batch,
-        mode="binsearch" if any_batch else "power",
-        power_of_two=not any_batch,
-    )
-    cfg = PlanConfig(
-        budget_bytes=limit.budget_bytes,
-        device=device.name,
-        metric=args.metric,
-        threshold=limit.threshold,
-    )
-    if "B" not in bundle.dims:
-        raise ValueError(f"model {bundle.name!r} has no batch dim B to plan")
-    graph_for = _graph_for(bundle, device, sizes, not args.no_cache)
-    # blocks counted on the first graph the search captures (fake tensors: no weights built)
-    g0 = 1 if space.effective_batch is not None else min(space.grad_accum)
-    first = replace(
-        base, precision=precisions[0], checkpointing=space.checkpointing[0], grad_accum=g0
-    )
-    target = "cuda" if device.is_gpu else "cpu"
-    info = _model_info(graph_for(first), bundle, first, target)
-    from memgnn.dataset.replay.exact import ReplayModel
-
-    exact = ReplayModel() if device.is_gpu else None  # decides the steps near the budget
-    res = plan(
-        load_default_model(), graph_for, base, space, cfg, n_blocks=info["blocks"], exact=exact
-    )
-    if res.best is None:
-        raise UserError(res.reason)
-    best = res.best
-    chosen = replace(first, precision=best.precision)  # captured by the search already
-    out = {
-        "batch_size": best.batch_size,
-        "grad_accum": best.grad_accum,
-        "checkpointing": best.checkpointing,
-        "precision": best.precision,
-        "prediction": best.prediction,
-        "budget_bytes": cfg.budget_bytes,
-        "limit_bytes": cfg.limit,
-        "threshold": cfg.threshold,
-        "runners_up": [c.to_dict() for c in res.runners_up],
-        "queries": res.queries,
-        "model": _model_info(graph_for(chosen), bundle, chosen, target),
-    }
-    if args.json:
-        print(json.dumps(out, indent=2, default=str))
-        return 0
-    print(
-        f"best: B={best.batch_size} G={best.grad_accum} checkpointing={best.checkpointing} "
-        f"precision={best.precision}: bound {fmt_bytes(best.bound_bytes)} of "
-        f"{fmt_bytes(cfg.limit)}"
-    )
-    print(model_line(out["model"]))
-    for c in res.runners_up:
-        print(
-            f"  then B={c.batch_size} G={c.grad_accum} {c.checkpointing} {c.precision}: "
-            f"{fmt_bytes(c.bound_bytes)}"
-        )
     return 0

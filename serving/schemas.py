@@ -182,6 +182,12 @@ class SpaceIn(Strict):
     effective_batch: int | None = Field(default=None, ge=1, le=1 << 24)
     mode: SearchMode = "binsearch"
     power_of_two: bool = True
+    # [] = the model's train spec's (each a capture: see max_captures_per_request)
+    optimizer_impl: list[Literal[OPTIMIZER_IMPLS]] = Field(  # type: ignore[valid-type]
+        default_factory=list, max_length=4
+    )
+    sharding: list[Sharding] = Field(default_factory=list, max_length=7)
+    gpus: list[Annotated[int, Field(ge=1, le=1 << 16)]] = Field(default_factory=list, max_length=8)
 
 
 class PlanRequest(Strict):
@@ -237,6 +243,11 @@ class CandidateOut(BaseModel):
     under_threshold: bool
     graph_id: str
     prediction: dict[str, Any]
+    optimizer_impl: str = "auto"
+    gpus: int = 1
+    sharding: str = "none"
+    fsdp_reshard_after_forward: bool = True
+    decision: dict[str, Any] = Field(default_factory=dict)  # state, per-sample bytes
 
 
 class PlanResponse(BaseModel):
@@ -247,7 +258,9 @@ class PlanResponse(BaseModel):
     threshold: float  # limit_bytes / budget_bytes (1.0 under budget_bytes)
     objective: str
     queries: int
-    reason: str
+    graphs: int = 0  # distinct captured graphs the search used
+    variants: int = 0  # training configurations searched
+    reason: str = ""
     model_version: str
 
 

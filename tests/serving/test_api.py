@@ -345,3 +345,32 @@ def test_admin_reload(client, gid):
     # still serving, graphs reload from the store
     ok = client.post("/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 1}}]})
     assert ok.status_code == 200
+
+
+def test_plan_searches_optimizer_implementations_with_one_capture_each(client):
+    body = {
+        "model": {"spec": "mlp"},
+        "threshold": 0.001,
+        "device": "a100-80gb",
+        "space": {
+            "checkpointing": ["none"],
+            "grad_accum": [1, 2, 4],
+            "optimizer_impl": ["foreach", "fused"],
+            "max_batch": 1 << 12,
+        },
+    }
+    r = client.post("/plan", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["variants"] == 6 and out["graphs"] == 4  # G=4 answered by the G=2 graph
+    cands = [out["best"], *out["runners_up"]]
+    assert {c["optimizer_impl"] for c in cands} == {"foreach", "fused"}
+    d = out["best"]["decision"]
+    assert d["state_bytes"] > 0 and d["per_sample_bytes"] > 0 and d["limit_bytes"] > 0
+
+
+def test_plan_refuses_to_search_implementations_of_an_uploaded_graph(client, gid):
+    body = {"graph_ids": [gid], "budget_bytes": 1 << 30, "device": "cpu",
+            "space": {"optimizer_impl": ["fused"]}}  # fmt: skip
+    r = client.post("/plan", json=body)
+    assert r.status_code == 422 and "space.optimizer_impl needs a model" in r.text
