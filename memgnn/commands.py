@@ -58,6 +58,8 @@ def graph_info(graph) -> dict[str, Any]:
         per_cat: dict[str, list[str]] = {c: [] for c in CATEGORIES}
         for e, c in zip(p.storages["nbytes"], p.storages["category"]):
             per_cat[CATEGORIES[c]].append(graph.exprs[e])
+        if not per_cat["comm"]:  # only a sharded step has collective buffers
+            del per_cat["comm"]
         info["paths"].append(
             {
                 "path": k,

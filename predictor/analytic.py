@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 from memgnn.predictor.graph import PathGraph, StepGraph
-from memgnn.predictor.vocab import CATEGORIES, PHASES
+from memgnn.predictor.vocab import CATEGORIES, PHASES, category_bytes
 
 STEP_NAMES = ("first", "steady")
 
@@ -125,7 +125,7 @@ def _breakdown_at(graph: StepGraph, path: int, nbytes: np.ndarray, node: int) ->
     if node < 0:
         alive = alloc < 0
     per = np.bincount(cat[alive], weights=nbytes[alive], minlength=len(CATEGORIES))
-    return {c: int(v) for c, v in zip(CATEGORIES, per)}
+    return category_bytes(per)
 
 
 def sweep_path(graph: StepGraph, path: int, resolved: dict[str, int], round_to: int = 1):

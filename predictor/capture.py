@@ -34,6 +34,7 @@ from memgnn.predictor.kernels import (
     symbolic_hooks,
 )
 from memgnn.predictor.model_info import ModelInfo, describe
+from memgnn.predictor.parallel import ShardedObserver, World, comm_hooks, fake_world
 from memgnn.predictor.pathgraph import ExprInterner, path_from_recorder
 from memgnn.predictor.recorder import ModuleTracker, RecorderObserver, StepRecorder, register_state
 from memgnn.predictor.spec import ModelBundle, TrainSpec
@@ -108,8 +109,15 @@ class _Run:
         return out, names
 
     def run(self, prefix: list[bool]) -> tuple[StepRecorder, BranchState, dict[Any, str], Any]:
+        if self.train.sharding == "none":
+            return self._run(prefix, None)
+        with fake_world(self.train) as world:  # rank 0 of --gpus (predictor/parallel.py)
+            return self._run(prefix, world)
+
+    def _run(self, prefix: list[bool], world: World | None):
         state = BranchState(prefix=prefix)
         warmup, recorded = step_plan(self.train)
+        sharded = world is not None
         with self.mode:
             step = TrainingStep(
                 self.bundle,
@@ -117,6 +125,7 @@ class _Run:
                 device=torch.device("cpu"),
                 target=self.cfg.target,
                 fake=True,
+                world=world,
             )
             self.info = describe(step.model, self.bundle, self.train)
             sizes, names = self._symbolic_sizes()
@@ -125,13 +134,22 @@ class _Run:
             table = hooks.table() | eager_hooks() | symbolic_hooks() | index_bound_hooks()
             if self.cfg.target == "cpu":
                 table |= cpu_kernel_hooks()
+            if sharded:
+                table |= comm_hooks()
             with ModuleTracker(step.model) as tracker, patched_cond(state), self._kernels():
                 if warmup:  # run, unrecorded; what it leaves alive is registered below
-                    warm = StepRecorder(hooks=table, module_stack=tracker.stack)
+                    warm = StepRecorder(
+                        hooks=table, module_stack=tracker.stack, track_resize=sharded
+                    )
                     with warm:
                         self._run_steps(step, sizes, warm, state, warmup)
                     warm.close()
-                rec = StepRecorder(hooks=table, module_stack=tracker.stack, scratch=self._scratch())
+                rec = StepRecorder(
+                    hooks=table,
+                    module_stack=tracker.stack,
+                    scratch=self._scratch(),
+                    track_resize=sharded,
+                )
                 register_state(rec, step.state_tensors())
                 with rec:
                     self._run_steps(step, sizes, rec, state, recorded)
@@ -149,7 +167,10 @@ class _Run:
         return cuda_scratch if self.cfg.target == "cuda" else None
 
     def _run_steps(self, step, sizes, rec: StepRecorder, state: BranchState, steps) -> None:
-        observer = RecorderObserver(rec, on_forward=state.reset_counters)
+        if step.world is not None:
+            observer = ShardedObserver(rec, step.model, on_forward=state.reset_counters)
+        else:
+            observer = RecorderObserver(rec, on_forward=state.reset_counters)
         try:
             step.run(sizes, observer, steps=steps)
         except CaptureError:

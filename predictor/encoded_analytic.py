@@ -26,7 +26,7 @@ from memgnn.predictor.errors import UserError
 from memgnn.predictor.expr import ExprTable
 from memgnn.predictor.graph import StepGraph
 from memgnn.predictor.predict import AnalyticModel, Prediction, Query, check_guards
-from memgnn.predictor.vocab import CATEGORIES, PHASES, cublas_workspaces
+from memgnn.predictor.vocab import CATEGORIES, PHASES, category_bytes, cublas_workspaces
 
 __all__ = ["AnalyticEncoding", "EncodedAnalytic"]
 
@@ -235,7 +235,7 @@ class EncodedAnalytic(AnalyticModel):
                     upper_bound_bytes=value,
                     metric=metric,
                     breakdown={
-                        "categories": dict(zip(CATEGORIES, (counts @ per_expr[:, q]).tolist())),
+                        "categories": category_bytes((counts @ per_expr[:, q]).tolist()),
                         "phase": PHASES[pa.phases[node]] if node >= 0 else "setup",
                         "step_peaks": {name: int(v[q]) for name, v in step_peaks[best].items()},
                         "workspace_and_context_bytes": extra,

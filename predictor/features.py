@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 from memgnn.predictor.analytic import live_curve
 from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.recorder import CATEGORIES, PHASES
+from memgnn.predictor.recorder import PHASES
+from memgnn.predictor.vocab import FEATURE_CATEGORIES, fold_comm
 
 log = logging.getLogger(__name__)
 
@@ -79,14 +80,14 @@ _VOCAB_INDEX = {name: k for k, name in enumerate(OP_VOCAB)}
 
 NODE_COLUMNS: tuple[str, ...] = (
     "op_id", "unknown_op", *(f"dtype_{d}" for d in (*DTYPES, "other")),
-    *(f"cat_{c}" for c in CATEGORIES), *(f"phase_{p}" for p in PHASES), "step", "micro",
+    *(f"cat_{c}" for c in FEATURE_CATEGORIES), *(f"phase_{p}" for p in PHASES), "step", "micro",
     "position", "log_new", "log_new_big", "log_scratch", "log_freed", "n_new", "n_in",
     "n_out", "alias_only", "log_skipped", "b_exponent", "other_exponent", "live_frac",
     "live_frac_big", "near_peak", "near_peak_big",
 )  # fmt: skip
 QUERY_COLUMNS: tuple[str, ...] = (
     "log_b", "log_other_max", "log_tokens", "log_peak", "round_slack",
-    *(f"peak_{c}" for c in CATEGORIES), *(f"peak_phase_{p}" for p in PHASES), "peak_steady",
+    *(f"peak_{c}" for c in FEATURE_CATEGORIES), *(f"peak_phase_{p}" for p in PHASES), "peak_steady",
     "first_over_steady", "small_frac", "mid_frac", "large_frac", "n_small", "n_mid",
     "n_large", "log_max_storage", "max_over_peak", "churn", "segment_slack", "scratch_frac",
     "seg_estimate", "large_churn", "n_large_allocs", "large_sizes", "ws_segment",
@@ -179,10 +180,10 @@ def graph_inputs(graph: StepGraph, path: int = 0, *, compact: bool = True) -> Gr
     x[:, 0] = ids
     x[:, 1] = unknown
     top_dtype = _largest_per_node(n, alloc, sizes[1], dtype_code)
-    top_cat = _largest_per_node(n, alloc, sizes[1], np.asarray(p.storages["category"]))
+    top_cat = _largest_per_node(n, alloc, sizes[1], fold_comm(np.asarray(p.storages["category"])))
     rows = np.flatnonzero(top_dtype >= 0)
     x[rows, col["dtype_float32"] + top_dtype[rows]] = 1
-    x[rows, col[f"cat_{CATEGORIES[0]}"] + top_cat[rows]] = 1
+    x[rows, col[f"cat_{FEATURE_CATEGORIES[0]}"] + top_cat[rows]] = 1
     x[np.arange(n), col[f"phase_{PHASES[0]}"] + np.asarray(p.nodes["phase"], dtype=np.int64)] = 1
     x[:, col["step"]] = p.nodes["step"]
     x[:, col["micro"]] = np.minimum(np.asarray(p.nodes["micro"]), 1)

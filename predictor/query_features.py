@@ -23,7 +23,13 @@ import numpy as np
 from memgnn.predictor.analytic import live_curves, live_index, round_bytes
 from memgnn.predictor.features import config_features, log_scale, op_id
 from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.vocab import CATEGORIES, PHASES, cublas_workspaces
+from memgnn.predictor.vocab import (
+    CATEGORIES,
+    FEATURE_CATEGORIES,
+    PHASES,
+    category_bytes,
+    cublas_workspaces,
+)
 
 _MIB = 1 << 20
 # above this many (pair, node) counts the curves use per-storage cumulative sums instead
@@ -195,7 +201,7 @@ class PathContext:
         steady = steps.get(1, peak)
         f = np.column_stack([
             _size_features(g, resolved), log_scale(est), shares["round_slack"],
-            cat / safe[:, None], np.eye(len(PHASES))[phase],
+            _feature_cats(cat) / safe[:, None], np.eye(len(PHASES))[phase],
             np.where(node >= 0, self.step[np.maximum(node, 0)], 0),
             np.clip(np.log2(np.maximum(first, 1.0) / np.maximum(steady, 1.0)), -4, 4),
             shares["classes"], log_scale(values @ pairs.total / safe, 8),
@@ -231,7 +237,7 @@ class PathContext:
             context = device.context_bytes or 0
             analytic = np.array([est[i], est[i], est[i] + context])
             breakdown = {
-                "categories": {c: int(v) for c, v in zip(CATEGORIES, cat[i])},
+                "categories": category_bytes(cat[i]),
                 "phase": PHASES[phase[i]] if node[i] >= 0 else "setup",
                 "step_peaks": {("first", "steady")[s]: int(v[i]) for s, v in steps.items()},
                 "tensor_peak_bytes": int(peak[i]),
@@ -303,3 +309,11 @@ def _device_features(devices: list[Any], est: np.ndarray, ws: np.ndarray, safe: 
 def _ws_segment(ws: int) -> int:
     """Bytes the caching allocator reserves for one cuBLAS workspace allocation."""
     return 20 * _MIB if 0 < ws < 10 * _MIB else ws
+
+
+def _feature_cats(cat: np.ndarray) -> np.ndarray:
+    """[Q, len(CATEGORIES)] bytes by category -> the feature columns (comm in temporary)."""
+    k = len(FEATURE_CATEGORIES)
+    out = cat[:, :k].copy()
+    out[:, k - 1] += cat[:, k:].sum(axis=1)
+    return out

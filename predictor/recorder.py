@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from memgnn.predictor.vocab import CATEGORIES, PHASES
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -66,8 +67,12 @@ class StepRecorder(TorchDispatchMode):
         hooks: dict[Any, DispatchHook] | None = None,
         module_stack: list[str] | None = None,
         scratch: Callable[[Any, tuple], Any] | None = None,
+        track_resize: bool = False,
     ):
         super().__init__()
+        self.track_resize = track_resize
+        self._orig_resize: Any = None
+        self._resized_away: set[int] = set()  # uids freed by a storage resize to 0 bytes
         self.nodes: list[NodeRec] = []
         self.storages: list[StorageRec] = []
         self.hooks = hooks or {}
@@ -80,6 +85,8 @@ class StepRecorder(TorchDispatchMode):
 
     # ---- storages -------------------------------------------------------------------
     def _storage_of(self, t: torch.Tensor) -> Any | None:
+        if isinstance(t, DTensor):  # a sharded parameter or gradient: this rank's shard
+            t = t._local_tensor
         if t.layout != torch.strided or t.is_nested:
             return None
         return t.untyped_storage()
@@ -111,7 +118,7 @@ class StepRecorder(TorchDispatchMode):
     def _on_free(self, key: int, uid: int) -> None:
         if self._live.get(key) == uid:
             del self._live[key]
-        if self.closed:
+        if self.closed or uid in self._resized_away:
             return
         if self.nodes:
             self.nodes[-1].frees.append(uid)
@@ -137,13 +144,67 @@ class StepRecorder(TorchDispatchMode):
         storage = self._storage_of(t)
         return None if storage is None else self._live.get(id(storage))
 
-    def categorize(self, tensors: Iterable[torch.Tensor], category: str) -> None:
-        """Give live storages a category unless they already have one."""
+    def categorize(
+        self, tensors: Iterable[torch.Tensor], category: str, *, force: bool = False
+    ) -> None:
+        """Give live storages a category unless they already have one (`force`: even so)."""
         assert category in CATEGORIES, category
         for t in tensors:
             uid = self.uid_of(t)
-            if uid is not None and self.storages[uid].category is None:
+            if uid is not None and (force or self.storages[uid].category is None):
                 self.storages[uid].category = category
+
+    # ---- storage resizes (FSDP2 frees and re-allocates unsharded parameters this way) --
+    def __enter__(self) -> StepRecorder:
+        if self.track_resize:  # UntypedStorage.resize_ does not pass through dispatch
+            self._orig_resize = orig = torch.UntypedStorage.resize_
+
+            def resize_(storage: Any, size: int) -> Any:
+                out = orig(storage, size)
+                self._on_resize(storage, int(size))
+                return out
+
+            torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._orig_resize is not None:
+            torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+            self._orig_resize = None
+        super().__exit__(*exc)
+
+    def _on_resize(self, storage: Any, size: int) -> None:
+        """A resize ends the storage's old lifetime (if any) and, to a size > 0, starts a
+        new one at a node of its own; re-allocated storages are parameters."""
+        key = id(storage)
+        uid = self._live.pop(key, None)
+        if uid is not None:
+            self._resized_away.add(uid)
+            if self.nodes:
+                self.nodes[-1].frees.append(uid)
+                self.storages[uid].free_node = len(self.nodes) - 1
+            else:
+                self._early_frees.append(uid)
+        if size == 0:
+            return
+        node = self.record_op("inductor.resize_storage_bytes_.default", (), ())
+        uid = len(self.storages)
+        self._live[key] = uid
+        self.storages.append(
+            StorageRec(
+                uid=uid,
+                nbytes=size,
+                dtype="uint8",
+                alloc_node=len(self.nodes) - 1,
+                category="parameter",
+                phase=self.phase,
+                step=self.step,
+                micro=self.micro,
+            )
+        )
+        node.outputs.append(uid)
+        node.new.append(uid)
+        weakref.finalize(storage, self._on_free, key, uid)
 
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
         """Storages not on the target device (e.g. optimizer step counters kept on the host
@@ -197,6 +258,8 @@ class StepRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if DTensor in types:  # let DTensor run its local ops, which come back here
+            return NotImplemented
         hook = self.hooks.get(func)
         if hook is not None:
             return hook(self, func, args, kwargs)

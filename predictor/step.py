@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import torch
 from memgnn.predictor.lora import apply_lora
+from memgnn.predictor.parallel import World, parallelize, resident_tensors, zero_optimizer
 from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
 from torch import nn
 
@@ -126,30 +127,40 @@ class TrainingStep:
         device: torch.device,
         target: str,
         fake: bool = False,
+        world: World | None = None,
     ):
         if target not in ("cpu", "cuda"):
             raise ValueError(f"target must be cpu or cuda, got {target!r}")
-        if train.sharding != "none":
+        if (train.sharding != "none") != (world is not None):
             raise ValueError(
-                f"--sharding {train.sharding}: the sharded step runs through "
-                "predictor.parallel (not a single-process TrainingStep)"
+                f"--sharding {train.sharding} runs one rank inside a process group: "
+                "build the step inside predictor.parallel.fake_world(train) and pass world="
+                if world is None
+                else "world= is for a sharded TrainSpec (--sharding ddp|fsdp|...)"
             )
+        self.world = world
         self.bundle, self.train, self.device, self.target = bundle, train, device, target
         with torch.device(device), _default_dtype(train.param_dtype):
             model = bundle.build()
         model.train()
         self.model = model
         self.checkpointed = 0
+        blocks = (bundle.blocks or default_blocks)(model)
         if train.checkpoint_blocks is not None:
-            blocks = (bundle.blocks or default_blocks)(model)
             if not blocks:
                 raise ValueError(f"model {bundle.name!r} has no repeated blocks to checkpoint")
             self.checkpointed = _apply_checkpointing(model, blocks, train.checkpoint_blocks)
         if train.peft == "lora":
             with torch.device(device), _default_dtype(train.param_dtype):
                 model = self.model = apply_lora(model, train)
+        if world is not None:
+            model = self.model = parallelize(model, blocks, train, world)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.params, train, target)
+        if train.sharding == "zero1":
+            make = functools.partial(build_optimizer, train=train, target=target)
+            self.optimizer = zero_optimizer(self.params, make)
+        else:
+            self.optimizer = build_optimizer(self.params, train, target)
         self.scaler = None
         if train.uses_grad_scaler:
             scaler_cls = _FakeSafeGradScaler if fake else torch.amp.GradScaler
@@ -159,15 +170,21 @@ class TrainingStep:
         """What lives across steps, by category: weights, gradients, optimizer state."""
         opt_state = [
             v
-            for s in self.optimizer.state.values()
+            for s in self.local_optimizer.state.values()
             for v in s.values()
             if isinstance(v, torch.Tensor)
         ]
+        resident = resident_tensors(self.model) if self.world is not None else []
         return {
-            "parameter": [*self.model.parameters(), *self.model.buffers()],
+            "parameter": [*self.model.parameters(), *self.model.buffers(), *resident],
             "gradient": [p.grad for p in self.params if p.grad is not None],
             "optimizer_state": opt_state,
         }
+
+    @property
+    def local_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer holding this rank's state (ZeroRedundancyOptimizer's local one)."""
+        return getattr(self.optimizer, "optim", self.optimizer)
 
     def host_state(self) -> list[torch.Tensor]:
         """Optimizer state PyTorch keeps on the host when training on CUDA: the `step`
@@ -175,12 +192,13 @@ class TrainingStep:
         if self.target != "cuda":
             return []
         out = []
-        for group in self.optimizer.param_groups:
+        optimizer = self.local_optimizer
+        for group in optimizer.param_groups:
             on_device = group.get("fused") or group.get("capturable")
             if on_device and self.train.optimizer != "adafactor":
                 continue
             for p in group["params"]:
-                step = self.optimizer.state.get(p, {}).get("step")
+                step = optimizer.state.get(p, {}).get("step")
                 if isinstance(step, torch.Tensor):
                     out.append(step)
         return out

@@ -25,7 +25,26 @@ CATEGORIES = (
     "input",
     "activation",
     "temporary",
+    "comm",  # collective buffers: all-gather outputs, reduce-scatter inputs, DDP buckets
 )
+# The GNN's feature columns (fixed by the shipped model): `comm` counts as `temporary`.
+FEATURE_CATEGORIES = CATEGORIES[:6]
+
+
+def fold_comm(codes):  # numpy array of category codes -> codes within FEATURE_CATEGORIES
+    """Category codes for the features: `comm` (code 6) folds into `temporary` (5)."""
+    return codes.clip(max=len(FEATURE_CATEGORIES) - 1)
+
+
+def category_bytes(values) -> dict[str, int]:
+    """Bytes by category for a breakdown, in CATEGORIES order; `comm` only where a step has
+    collective buffers (a single-GPU answer stays as it was before `comm` existed)."""
+    out = {c: int(v) for c, v in zip(CATEGORIES, values, strict=False)}
+    if not out.get("comm"):
+        out.pop("comm", None)
+    return out
+
+
 PHASES = ("setup", "input", "forward", "backward", "optimizer", "zero_grad")
 
 # aten ops that run through cuBLAS (and so allocate its workspace on first use)

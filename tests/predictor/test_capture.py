@@ -41,7 +41,7 @@ def test_capture_records_all_phases_and_both_steps(tiny_gpt):
     assert set(p.nodes["step"]) == {0, 1}
     assert set(p.nodes["phase"]) >= {1, 2, 3, 4, 5}  # input forward backward optimizer zero_grad
     cats = {CATEGORIES[c] for c in p.storages["category"]}
-    assert cats == set(CATEGORIES)
+    assert cats == set(CATEGORIES) - {"comm"}  # comm: collective buffers of a sharded step
     edges = p.edges()
     assert edges.shape[0] == 2 and edges.shape[1] > p.num_nodes // 2
     assert (edges[0] < edges[1]).all()

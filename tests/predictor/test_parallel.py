@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import math
+from typing import Any
 
 import pytest
+import torch
+import torch.distributed as dist
+from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.parallel import fake_world
+from memgnn.predictor.predict import AnalyticModel, Query
 from memgnn.predictor.spec import TrainSpec
-from memgnn.predictor.vocab import SHARDINGS
+from memgnn.predictor.step import TrainingStep
+from memgnn.predictor.vocab import CATEGORIES, SHARDINGS
 
 from memgnn.args import add_train_args, train_spec
 
@@ -88,3 +97,141 @@ def test_http_schema_fields():
         }
     )  # fmt: skip
     assert plan.model.train.to_spec().fsdp_reshard_after_forward is False
+
+
+# ---- the sharded step, captured over a fake process group ---------------------------------
+
+SIZES = {"B": 3, "S": 40}  # not the trace sizes (B=4, S=64): the symbolic graph answers
+
+
+@functools.cache
+def _llama():
+    from memgnn.dataset.zoo.resolve import resolve
+
+    return resolve("llama")
+
+
+@functools.cache
+def _captured(**kwargs) -> Any:
+    return capture(_llama(), TrainSpec(**kwargs), CaptureConfig(target="cpu"))
+
+
+def _predict(graph, sizes=SIZES):
+    return AnalyticModel().predict(graph, [Query(sizes=sizes, device="cpu")])[0]
+
+
+def _tracker_peak(train: TrainSpec, sizes) -> int:
+    """PyTorch's FSDPMemTracker over the same step (fake tensors, fake process group)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    with fake_world(train) as world, FakeTensorMode(allow_non_fake_inputs=True):
+        step = TrainingStep(
+            _llama(), train, device=torch.device("cpu"), target="cpu", fake=True, world=world
+        )
+        tracker = FSDPMemTracker(step.model, step.optimizer)
+        with tracker:
+            step.run(sizes, steps=(0,))
+            tracker.reset_mod_stats()  # the tracker takes one iteration at a time
+            step.run(sizes, steps=(1,))
+        peak = tracker.get_tracker_snapshot("peak")
+    return max(dev["Total"] for dev in peak.values())
+
+
+@pytest.mark.parametrize("gpus", [2, 8])
+def test_fsdp_peak_matches_pytorchs_fsdp2_mem_tracker(gpus):
+    graph = _captured(gpus=gpus, sharding="fsdp")
+    ours = _predict(graph)
+    theirs = _tracker_peak(TrainSpec(gpus=gpus, sharding="fsdp"), SIZES)
+    assert abs(ours.predicted_peak_bytes - theirs) <= 0.01 * theirs
+    assert ours.breakdown["categories"]["comm"] > 0  # all-gather buffers at the peak
+    assert not dist.is_initialized()  # the fake process group is gone
+
+
+def _initial_bytes(graph, category: str) -> int:
+    """Bytes of `category` alive before the measured step (registered state)."""
+    p = graph.paths[0]
+    nbytes = graph.storage_bytes(0, graph.resolve_sizes(graph.symbols))
+    code = CATEGORIES.index(category)
+    return sum(
+        int(nbytes[u])
+        for u in range(p.num_storages)
+        if p.storages["category"][u] == code and p.storages["alloc"][u] == -1
+    )
+
+
+def _param_shapes() -> list[tuple[int, ...]]:
+    return [tuple(p.shape) for p in _llama().build().parameters()]
+
+
+def test_fsdp_parameter_shards_are_ceil_p_over_n():
+    gpus = 8
+    graph = _captured(gpus=gpus, sharding="fsdp")
+    buffers = sum(b.numel() * b.element_size() for b in _llama().build().buffers())
+    # fully_shard pads dim 0 to a multiple of N; rank 0 holds ceil(dim0 / N) rows
+    shards = sum(-(-s[0] // gpus) * math.prod(s[1:]) * 4 for s in _param_shapes())
+    assert _initial_bytes(graph, "parameter") == shards + buffers
+    whole = sum(math.prod(s) * 4 for s in _param_shapes())
+    assert shards < whole / gpus + 4 * 4096  # close to P / N
+
+
+def test_ddp_and_zero1_buckets_and_optimizer_partition():
+    whole = sum(math.prod(s) * 4 for s in _param_shapes())
+    single = _predict(_captured())
+    ddp = _predict(_captured(gpus=2, sharding="ddp"))
+    assert ddp.breakdown["categories"]["comm"] == whole  # every gradient has a bucket slot
+    assert (
+        ddp.breakdown["categories"]["optimizer_state"]
+        == (single.breakdown["categories"]["optimizer_state"])
+    )
+    zero1 = _predict(_captured(gpus=2, sharding="zero1"))
+    opt1 = zero1.breakdown["categories"]["optimizer_state"]
+    assert opt1 < 0.6 * single.breakdown["categories"]["optimizer_state"]  # rank 0's part
+    assert zero1.breakdown["categories"]["parameter"] == ddp.breakdown["categories"]["parameter"]
+
+
+def test_zero2_keeps_parameters_whole_and_gradients_sharded():
+    whole = sum(math.prod(s) * 4 for s in _param_shapes())
+    zero2 = _captured(gpus=2, sharding="zero2")
+    zero3 = _captured(gpus=2, sharding="zero3")
+    cats2 = _predict(zero2).breakdown["categories"]
+    cats3 = _predict(zero3).breakdown["categories"]
+    assert cats2["parameter"] >= whole  # whole parameters + shard
+    assert cats3["parameter"] < cats2["parameter"]
+    assert cats2["optimizer_state"] == cats3["optimizer_state"]  # both sharded
+
+
+def test_fake_process_group_is_isolated():
+    t = TrainSpec(gpus=2, sharding="fsdp")
+    for _ in range(2):  # repeatable in one process
+        with fake_world(t) as world:
+            assert dist.get_world_size() == 2 and world.rank == 0
+        assert not dist.is_initialized()
+    with fake_world(t), pytest.raises(RuntimeError, match="already initialised"):
+        with fake_world(t):
+            pass
+    assert not dist.is_initialized()
+    with pytest.raises(ValueError, match="inside predictor.parallel.fake_world"):
+        TrainingStep(_llama(), t, device=torch.device("cpu"), target="cpu")
+
+
+def test_single_gpu_answers_are_unchanged():
+    """gpus=1, sharding=none: the answers main gave before sharding existed (recorded with
+    the same code on the main branch: AnalyticModel and the allocator simulation)."""
+    from memgnn.dataset.sim import simulate
+    from memgnn.predictor.devices import get_profile
+
+    graph = capture(_llama(), TrainSpec(), CaptureConfig(target="cuda"))
+    p = AnalyticModel().predict(graph, [Query(sizes=SIZES, device="a100-80gb")])[0]
+    assert p.predicted_peak_bytes == 20983296
+    assert p.breakdown["categories"] == {
+        "parameter": 628224, "gradient": 0, "optimizer_state": 1254400, "input": 2048,
+        "activation": 1566720, "temporary": 492544,
+    }  # fmt: skip
+    assert list(p.breakdown["categories"]) == list(CATEGORIES[:6])  # no "comm" key
+    r = simulate(graph, SIZES, get_profile("a100-80gb"))
+    assert (r.peak_allocated_bytes, r.peak_reserved_bytes) == (20983296, 25165824)
+    assert r.breakdown["categories"] == {
+        "parameter": 625984, "gradient": 0, "optimizer_state": 1251840, "input": 1920,
+        "activation": 1562724, "temporary": 491528,
+    }  # fmt: skip
