@@ -69,6 +69,11 @@ def profile(
     is captured concretely as usual.
     """
     sizes = bundle.sizes(sizes)
+    if train.sharding != "none" and config.backend != "sim":
+        raise ValueError(
+            f"--sharding {train.sharding} --gpus {train.gpus}: the {config.backend} backend "
+            "runs one process; --backend sim runs rank 0 over a fake process group"
+        )
     device = config.device_profile()
     device.check_precision(train.precision)
     t0 = time.perf_counter()

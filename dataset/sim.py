@@ -24,6 +24,7 @@ from memgnn.dataset.replay.events import OP_ALLOC, OP_FREE, OP_MARK, EventArrays
 from memgnn.predictor.analytic import STEP_NAMES, sweep
 from memgnn.predictor.devices import DeviceProfile
 from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.parallel import annotate
 from memgnn.predictor.vocab import MATMUL_OPS, PHASES
 
 log = logging.getLogger(__name__)
@@ -231,6 +232,7 @@ def simulate(
             {"conditions": p.conditions, "tensor_peak_bytes": p.peak_bytes} for p in swept.paths
         ],
     }
+    annotate(breakdown, graph.train)  # a sharded step: one rank's peak, and which
     stats: dict[str, Any] = {"scenario": scenario, "violated_guards": swept.violated_guards}
     if not device.is_gpu:
         return SimResult(

@@ -334,10 +334,12 @@ def predict_cmd(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
+    par = pred.breakdown.get("parallel")
     print(
         f"{bundle.name} {sizes} on {device.name}: {pred.metric} peak "
         f"{fmt_bytes(pred.predicted_peak_bytes)} (bound {fmt_bytes(pred.upper_bound_bytes)}),"
         f" model {pred.model_version} ({pred.method})"
+        + (f", per rank (rank 0 of {par['world_size']}, {par['sharding']})" if par else "")
     )
     print(model_line(info))
     if limit is not None:

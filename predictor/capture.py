@@ -135,7 +135,7 @@ class _Run:
             if self.cfg.target == "cpu":
                 table |= cpu_kernel_hooks()
             if sharded:
-                table |= comm_hooks()
+                table |= comm_hooks(gloo=self.cfg.target == "cpu")
             with ModuleTracker(step.model) as tracker, patched_cond(state), self._kernels():
                 if warmup:  # run, unrecorded; what it leaves alive is registered below
                     warm = StepRecorder(

@@ -16,6 +16,7 @@ transformers config when the model has one. The capture cache keys on its digest
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -124,10 +125,15 @@ def describe_bundle(bundle: ModelBundle, train: TrainSpec, target: str = "cuda")
 
 
 def fake_step(bundle: ModelBundle, train: TrainSpec, target: str = "cuda") -> Any:
-    """The `TrainingStep` capture would run, built on fake tensors (nothing allocated)."""
+    """The `TrainingStep` capture would run, built on fake tensors (nothing allocated);
+    for a sharded spec, the whole model (what one would describe), not one rank's wrap."""
     from memgnn.predictor.step import TrainingStep
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    if train.sharding != "none":
+        train = dataclasses.replace(
+            train, gpus=1, sharding="none", fsdp_reshard_after_forward=True, hsdp_shard_size=0
+        )
     with FakeTensorMode(allow_non_fake_inputs=True):
         return TrainingStep(bundle, train, device=torch.device("cpu"), target=target, fake=True)
 

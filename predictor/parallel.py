@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from unittest import mock
@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "World",
+    "annotate",
+    "rank_note",
     "comm_hooks",
     "fake_world",
     "parallelize",
@@ -187,11 +189,17 @@ def _buffers(args: tuple, index: int) -> list[torch.Tensor]:
     return list(got) if isinstance(got, (list, tuple)) else [got]
 
 
-def comm_hooks() -> dict[Any, Callable]:
+def comm_hooks(gloo: bool = False) -> dict[Any, Callable]:
     """Recorder hooks that run c10d collectives and mark their buffers `comm`: all-gather
     outputs, reduce-scatter inputs, all-reduce buffers (DDP buckets; HSDP's all-reduce of
-    gradient shards is re-marked `gradient` when backward ends)."""
+    gradient shards is re-marked `gradient` when backward ends).
+
+    `gloo` (a CPU target): the gloo backend stages a copy of the buffer inside the op (its
+    all-gather gathers into a temporary of the output's size, its reduce-scatter clones
+    the input and all-reduces it), allocated and freed within the collective: the node's
+    scratch. NCCL keeps its staging outside PyTorch's allocator: none on a CUDA target."""
     c10d = torch.ops.c10d
+    staged = {c10d._allgather_base_.default, c10d._reduce_scatter_base_.default}
     which = {  # op -> the argument holding its buffer(s)
         c10d._allgather_base_.default: 0,  # output
         c10d.allgather_into_tensor_coalesced_.default: 0,
@@ -203,8 +211,10 @@ def comm_hooks() -> dict[Any, Callable]:
     def make(part: int) -> Callable:
         def hook(rec: StepRecorder, func: Any, args: tuple, kwargs: dict) -> Any:
             out = func(*args, **kwargs)
-            rec.record_op(str(func).removeprefix("aten."), (args, kwargs), out)
+            node = rec.record_op(str(func).removeprefix("aten."), (args, kwargs), out)
             rec.categorize(_buffers(args, part), "comm")
+            if gloo and func in staged:
+                node.scratch = sum(t.numel() * t.element_size() for t in _buffers(args, part))
             return out
 
         return hook
@@ -231,3 +241,28 @@ class ShardedObserver(RecorderObserver):
 
     def on_optimizer_end(self, optimizer: Any, step: int) -> None:
         super().on_optimizer_end(getattr(optimizer, "optim", optimizer), step)
+
+
+def rank_note(train: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a sharded answer is: one rank's peak (rank 0 of `world_size`); None for a
+    single-GPU step (`train` is a graph's `train` dict)."""
+    sharding = train.get("sharding", "none")
+    if sharding == "none":
+        return None
+    spec = TrainSpec(**{k: v for k, v in train.items() if k in TrainSpec.__slots__})
+    return {
+        "per_rank": True,
+        "rank": 0,
+        "world_size": spec.gpus,
+        "sharding": sharding,
+        "shard_group_size": spec.shard_group_size,
+        "fsdp_reshard_after_forward": spec.fsdp_reshard_after_forward,
+    }
+
+
+def annotate(breakdown: dict[str, Any], train: Mapping[str, Any]) -> dict[str, Any]:
+    """`breakdown` with `parallel` (see `rank_note`) where the step is sharded."""
+    note = rank_note(train)
+    if note is not None:
+        breakdown["parallel"] = note
+    return breakdown

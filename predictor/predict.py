@@ -26,6 +26,7 @@ from memgnn.predictor.analytic import sweep
 from memgnn.predictor.capture_cache import cache_dir, capture_cached, capture_key  # noqa: F401
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.parallel import annotate
 from memgnn.predictor.spec import ModelBundle, TrainSpec
 from memgnn.predictor.vocab import METRICS, SCENARIOS, cublas_workspaces
 
@@ -146,13 +147,16 @@ class AnalyticModel:
                     predicted_peak_bytes=value,
                     upper_bound_bytes=value,
                     metric=metric,
-                    breakdown={
-                        "categories": swept.best.breakdown,
-                        "phase": swept.best.peak_phase,
-                        "step_peaks": swept.best.step_peaks,
-                        "workspace_and_context_bytes": extra,
-                        "violated_guards": swept.violated_guards,
-                    },
+                    breakdown=annotate(
+                        {
+                            "categories": swept.best.breakdown,
+                            "phase": swept.best.peak_phase,
+                            "step_peaks": swept.best.step_peaks,
+                            "workspace_and_context_bytes": extra,
+                            "violated_guards": swept.violated_guards,
+                        },
+                        graph.train,
+                    ),
                     model_version=self.version,
                     paths=per_path,
                 )

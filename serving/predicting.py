@@ -7,6 +7,7 @@ from typing import Any
 
 from memgnn.predictor.devices import get_profile
 from memgnn.predictor.limits import resolve_limit
+from memgnn.predictor.parallel import annotate
 from memgnn.predictor.predict import Query
 from memgnn.serving.captures import Work
 from memgnn.serving.engine import Engine, GraphEntry, Served
@@ -110,7 +111,7 @@ def run_predict(
                 "predicted_peak_bytes": p.predicted_peak_bytes,
                 "upper_bound_bytes": p.upper_bound_bytes,
                 "metric": p.metric,
-                "breakdown": p.breakdown,
+                "breakdown": annotate(dict(p.breakdown), entry.graph.train),
                 "model_version": p.model_version,
                 "method": p.method,
                 "paths": p.paths,

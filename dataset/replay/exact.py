@@ -26,6 +26,7 @@ from memgnn.dataset.sim import simulate
 from memgnn.predictor.devices import get_profile
 from memgnn.predictor.graph import StepGraph
 from memgnn.predictor.onnx_model import load_default_model
+from memgnn.predictor.parallel import annotate
 from memgnn.predictor.predict import AnalyticModel, MemoryModel, Prediction, Query
 
 log = logging.getLogger(__name__)
@@ -173,4 +174,6 @@ def predict_with(
     preds = model.predict(graph, queries)
     if isinstance(model, AnalyticModel):
         preds = [replace(p, method="analytic") for p in preds]
+    for p in preds:  # a sharded step: one rank's peak, and which (predictor.parallel)
+        annotate(p.breakdown, graph.train)
     return preds
