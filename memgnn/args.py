@@ -97,6 +97,36 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+BUDGET_HELP = (
+    "memory budget: bytes with a unit (24GiB, 68GB) or >= 1024 without (8e9), or a fraction "
+    "of the device: 50%% or 0.5; a bare small integer such as 1 is refused as ambiguous"
+)
+THRESHOLD_HELP = (
+    "fraction 0 < F <= 1 of the device's memory the bound may reach (0.85: 85%% of an "
+    "80 GiB card); not with --budget"
+)
+
+
+def add_limit_args(p: argparse.ArgumentParser, what: str) -> None:
+    """--budget / --threshold (mutually exclusive, checked by `predictor.limits`)."""
+    g = p.add_argument_group(f"memory limit ({what})")
+    g.add_argument("--budget", default=None, help=BUDGET_HELP)
+    g.add_argument("--threshold", type=float, default=None, help=THRESHOLD_HELP)
+
+
+def memory_limit(args: argparse.Namespace, device, *, required: bool = False):
+    """The `predictor.limits.MemoryLimit` of --budget / --threshold on `device` (or None)."""
+    from memgnn.predictor.limits import resolve_limit
+
+    return resolve_limit(
+        budget=args.budget,
+        threshold=args.threshold,
+        device_total=device.total_bytes,
+        device=device.name,
+        required=required,
+    )
+
+
 def add_cache_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cache",
@@ -160,9 +190,11 @@ def train_spec(args: argparse.Namespace) -> TrainSpec:
 
 __all__ = [
     "add_cache_arg",
+    "add_limit_args",
     "add_model_args",
     "add_size_args",
     "add_train_args",
+    "memory_limit",
     "model_args",
     "parse_sizes",
     "train_spec",

@@ -13,7 +13,13 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from memgnn.args import add_cache_arg, add_model_args, add_size_args, add_train_args
+from memgnn.args import (
+    add_cache_arg,
+    add_limit_args,
+    add_model_args,
+    add_size_args,
+    add_train_args,
+)
 from memgnn.predictor.vocab import METRICS, SCENARIOS, SEARCH_MODES
 
 log = logging.getLogger("memgnn")
@@ -31,6 +37,7 @@ METRIC_HELP = (
 
 def build_parser() -> argparse.ArgumentParser:
     from memgnn import commands
+    from memgnn.plan_cli import add_plan_space_args, plan_cmd
 
     parser = argparse.ArgumentParser(prog="memgnn", description=DESCRIPTION)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -53,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("sim", "cpu", "cuda"), default="sim")
     p.add_argument("--device", default=None, help="device profile (default: h100-80gb for sim)")
     p.add_argument("--snapshot", default=None, help="write a _dump_snapshot pickle of the step")
+    add_limit_args(p, "a fits / does not fit verdict on the measured peak")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=commands.profile_cmd)
 
@@ -74,26 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="replay: the simulator's exact bytes; auto: replay within --replay-budget-ms",
     )  # fmt: skip
     p.add_argument("--replay-budget-ms", type=float, default=250.0)
+    add_limit_args(p, "a fits / does not fit verdict on the upper bound")
     p.add_argument("--json", action="store_true")
     add_cache_arg(p)
     p.set_defaults(func=commands.predict_cmd)
 
     p = sub.add_parser("plan", help="the best config that fits a memory budget")
     add_model_args(p), add_size_args(p), add_train_args(p)
-    p.add_argument(
-        "--budget",
-        required=True,
-        help="bytes with a unit (24GiB, 8GB) or >= 1024 without (8e9), or a fraction of the "
-        "device: 50%% or 0.5; a bare small integer such as 1 is refused as ambiguous",
-    )
+    add_limit_args(p, "one of the two is required")
     p.add_argument("--device", default="h100-80gb", help=DEVICE_HELP)
     p.add_argument("--metric", choices=METRICS, default=None, help=METRIC_HELP)
-    p.add_argument("--threshold", type=float, default=1.0, help="fraction of the budget to use")
-    p.add_argument("--max-batch", type=int, default=4096)
-    p.add_argument("--accum-choices", default="1", help="comma list of G")
-    p.add_argument("--checkpointing-choices", default="none,full")
-    p.add_argument("--precision-choices", default=None, help="default: --precision")
-    p.add_argument("--effective-batch", type=int, default=None)
+    add_plan_space_args(p)
     p.add_argument(
         "--mode",
         choices=SEARCH_MODES,
@@ -104,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--any-batch", action="store_true", help="any batch size (--mode binsearch)")
     p.add_argument("--json", action="store_true")
     add_cache_arg(p)
-    p.set_defaults(func=commands.plan_cmd)
+    p.set_defaults(func=plan_cmd)
 
     from memgnn.dataset.build import add_build_arguments, build_cmd
     from memgnn.dataset.stats import add_stats_arguments, stats_cmd

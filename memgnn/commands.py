@@ -6,11 +6,10 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from memgnn.args import model_args, parse_sizes, train_spec
+from memgnn.args import memory_limit, model_args, parse_sizes, train_spec
 from memgnn.display import fmt_bytes, model_line, print_table
 
 
@@ -160,6 +159,7 @@ def profile_cmd(args: argparse.Namespace) -> int:
 
     bundle = resolve_bundle(args)
     cfg = ProfileConfig(backend=args.backend, device=args.device, snapshot_path=args.snapshot)
+    limit = memory_limit(args, cfg.device_profile())
     train = train_spec(args)
     if args.backend != "sim":  # a real step: refuse sizes the model cannot run first
         from memgnn.predictor.predict import graph_for_query
@@ -174,8 +174,16 @@ def profile_cmd(args: argparse.Namespace) -> int:
 
         tag_export(args.snapshot, args, record.sizes, record.device)
     info = _model_info(None, bundle, train, "cuda" if args.backend != "cpu" else "cpu")
+    verdict = None
+    if limit is not None:  # the allocator's reserved peak where the backend has one
+        reserved = record.peak_reserved_bytes is not None
+        peak = record.peak_reserved_bytes if reserved else record.peak_allocated_bytes
+        verdict = limit.verdict(peak) | {"metric": "reserved" if reserved else "allocated"}
     if args.json:
-        print(json.dumps(record.contract() | {"model": info}, indent=2, default=str))
+        out = record.contract() | {"model": info}
+        if verdict is not None:
+            out["verdict"] = verdict
+        print(json.dumps(out, indent=2, default=str))
         return 0
     print(f"{record.model} {record.sizes} on {record.device} ({record.backend} backend)")
     print(model_line(info))
@@ -199,7 +207,23 @@ def profile_cmd(args: argparse.Namespace) -> int:
     if cats:
         print("at the peak, by category (tensor bytes):")
         print_table(["category", "bytes", ""], [[c, str(v), fmt_bytes(v)] for c, v in cats.items()])
+    if verdict is not None:
+        print(verdict_line(verdict, f"peak {verdict['metric']}"))
     return 0
+
+
+def verdict_line(verdict: dict[str, Any], what: str) -> str:
+    """`fits: ...` / `does NOT fit: ...` for a `MemoryLimit.verdict`."""
+    if verdict["source"] == "threshold":
+        of = f"{verdict['threshold'] * 100:g}% of the device's {fmt_bytes(verdict['budget_bytes'])}"
+    elif verdict["threshold"] < 1:
+        of = f"{verdict['threshold'] * 100:g}% of the budget {fmt_bytes(verdict['budget_bytes'])}"
+    else:
+        of = "the budget"
+    room = verdict["headroom_bytes"]
+    head = "fits" if verdict["fits"] else "does NOT fit"
+    side = f"{fmt_bytes(room)} to spare" if room >= 0 else f"{fmt_bytes(-room)} over"
+    return f"{head}: {what} vs limit {fmt_bytes(verdict['limit_bytes'])} ({of}), {side}"
 
 
 def demo_cmd(args: argparse.Namespace) -> int:
@@ -246,12 +270,18 @@ def predict_cmd(args: argparse.Namespace) -> int:
 
     if args.url and args.plot:
         raise ValueError("--plot draws a local simulation; it cannot be used with --url")
+    limit = memory_limit(args, get_profile(args.device))
     if args.url:
         from memgnn.serving.client import remote_predict
 
         if args.method != "auto":
             raise ValueError("--method applies to local predictions; --url asks the server")
 
+        limit_fields = {}
+        if limit is not None and limit.source == "threshold":
+            limit_fields["threshold"] = limit.threshold
+        elif limit is not None:
+            limit_fields["budget_bytes"] = limit.budget_bytes
         out = remote_predict(
             args.url,
             model=args.model,
@@ -263,6 +293,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
             metric=args.metric,
             scenario=args.scenario,
             token=args.token,
+            **limit_fields,
         )
         print(json.dumps(out, indent=2, default=str))
         return 0
@@ -290,6 +321,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
         "model": info,
         "warnings": warnings,
     }
+    if limit is not None:
+        out["verdict"] = limit.verdict(pred.upper_bound_bytes) | {"metric": pred.metric}
     if args.plot:
         from memgnn.snapshot_cli import plot_prediction
 
@@ -309,95 +342,6 @@ def predict_cmd(args: argparse.Namespace) -> int:
         + (f", per rank (rank 0 of {par['world_size']}, {par['sharding']})" if par else "")
     )
     print(model_line(info))
-    return 0
-
-
-def _csv(text: str, cast=str) -> list:
-    try:
-        return [cast(x.strip()) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"bad list {text!r}") from None
-
-
-def plan_cmd(args: argparse.Namespace) -> int:
-    from memgnn.predictor.devices import get_profile
-    from memgnn.predictor.errors import UserError
-    from memgnn.predictor.onnx_model import load_default_model
-    from memgnn.predictor.plan import PlanConfig, SearchSpace, parse_budget, plan
-
-    if args.batch is not None:
-        raise UserError("plan searches the batch size: cap it with --max-batch N, not --batch")
-    if args.mode == "power" and args.any_batch:
-        raise UserError("--mode power finds powers of two only; --any-batch needs binsearch")
-    any_batch = args.any_batch or args.mode == "binsearch"
-    device = get_profile(args.device)
-    budget = parse_budget(args.budget, device.total_bytes)
-    bundle = resolve_bundle(args)
-    base = train_spec(args)
-    sizes = bundle.sizes(parse_sizes(args))
-    precisions = _csv(args.precision_choices) if args.precision_choices else [base.precision]
-    for p in precisions:
-        device.check_precision(p)
-    space = SearchSpace(
-        sizes={k: v for k, v in sizes.items() if k != "B"},
-        max_batch=args.max_batch,
-        grad_accum=_csv(args.accum_choices, int),
-        checkpointing=_csv(args.checkpointing_choices),
-        precision=precisions,
-        effective_batch=args.effective_batch,
-        mode="binsearch" if any_batch else "power",
-        power_of_two=not any_batch,
-    )
-    cfg = PlanConfig(
-        budget_bytes=budget,
-        device=device.name,
-        metric=args.metric,
-        threshold=args.threshold,
-    )
-    if "B" not in bundle.dims:
-        raise ValueError(f"model {bundle.name!r} has no batch dim B to plan")
-    graph_for = _graph_for(bundle, device, sizes, not args.no_cache)
-    # blocks counted on the first graph the search captures (fake tensors: no weights built)
-    g0 = 1 if space.effective_batch is not None else min(space.grad_accum)
-    first = replace(
-        base, precision=precisions[0], checkpointing=space.checkpointing[0], grad_accum=g0
-    )
-    target = "cuda" if device.is_gpu else "cpu"
-    info = _model_info(graph_for(first), bundle, first, target)
-    from memgnn.dataset.replay.exact import ReplayModel
-
-    exact = ReplayModel() if device.is_gpu else None  # decides the steps near the budget
-    res = plan(
-        load_default_model(), graph_for, base, space, cfg, n_blocks=info["blocks"], exact=exact
-    )
-    if res.best is None:
-        raise UserError(res.reason)
-    best = res.best
-    chosen = replace(first, precision=best.precision)  # captured by the search already
-    out = {
-        "batch_size": best.batch_size,
-        "grad_accum": best.grad_accum,
-        "checkpointing": best.checkpointing,
-        "precision": best.precision,
-        "prediction": best.prediction,
-        "budget_bytes": cfg.budget_bytes,
-        "limit_bytes": cfg.limit,
-        "runners_up": [c.to_dict() for c in res.runners_up],
-        "queries": res.queries,
-        "model": _model_info(graph_for(chosen), bundle, chosen, target),
-    }
-    if args.json:
-        print(json.dumps(out, indent=2, default=str))
-        return 0
-    print(
-        f"best: B={best.batch_size} G={best.grad_accum} checkpointing={best.checkpointing} "
-        f"precision={best.precision}: bound {fmt_bytes(best.bound_bytes)} of "
-        f"{fmt_bytes(cfg.limit)}"
-    )
-    print(model_line(out["model"]))
-    for c in res.runners_up:
-        print(
-            f"  then B={c.batch_size} G={c.grad_accum} {c.checkpointing} {c.precision}: "
-            f"{fmt_bytes(c.bound_bytes)}"
-        )
+    if limit is not None:
+        print(verdict_line(out["verdict"], f"upper bound {pred.metric}"))
     return 0

@@ -1,61 +1,43 @@
 """Planning: the best training config that fits a memory budget, searched on predictions.
 
-Variables: batch size B, gradient accumulation G, activation checkpointing C and precision
-P. Each (P, C, G>1) needs its own captured graph (`graph_for`); B is a size symbol, so
-trying a batch size is one query. For each graph the largest fitting B is found like
-Lightning's batch-size finder, but on predictions instead of OOMs: `power` doubles B until
-the predicted upper bound passes the limit; `binsearch` then bisects between the last fit
-and the first miss. Limit = budget x threshold. Objective (default): effective batch B*G
-per unit of cost, cost = recompute overhead of C x precision cost of P.
+Variables: batch size B, gradient accumulation G, activation checkpointing C, precision P,
+the optimizer implementation O (foreach / fused / for-loop: foreach makes temporaries of
+a whole parameter group at once, for-loop one tensor at a time, fused none), and with
+several GPUs the sharding and the GPU count N. B is a size symbol, so trying a batch size
+is one query; every other combination is a captured graph (`graph_for`), asked for once
+per distinct capture: G = 2 stands for every G >= 2 (micro-steps past the second repeat
+it exactly, see `step.TrainingStep.run`), so the accumulation choices share two graphs.
+For each graph the largest fitting B is found like Lightning's batch-size finder, but on
+predictions instead of OOMs: `power` doubles B until the predicted upper bound passes the
+limit; `binsearch` then bisects between the last fit and the first miss. Limit = budget x
+threshold. Objective (default): samples per rank per step B*G per unit of cost, cost =
+recompute overhead of C x precision cost of P x optimizer cost of O x communication cost
+of the sharding; ties go to fewer GPUs, then the larger B. Each candidate carries its
+`decision.Decision`: state bytes, per-sample bytes and the straight-line largest batch.
 """
 
 from __future__ import annotations
 
 import logging
-import math
-import re
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from memgnn.predictor.errors import UserError
+from memgnn.predictor.decision import decide
 from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.limits import parse_budget  # noqa: F401  (re-exported)
+from memgnn.predictor.plan_space import (  # noqa: F401  (SearchSpace, cost: re-exported)
+    PRECISION_COST,
+    RECOMPUTE_COST,
+    SearchSpace,
+    capture_spec,
+    cost,
+    variants,
+)
 from memgnn.predictor.predict import GuardViolation, MemoryModel, Prediction, Query
-from memgnn.predictor.spec import PRECISIONS, TrainSpec
-from memgnn.predictor.vocab import SEARCH_MODES
+from memgnn.predictor.spec import TrainSpec
 
 log = logging.getLogger(__name__)
-
-# Relative cost of a precision (1.0 = fp32 / AMP, the numerics users start from).
-PRECISION_COST = {"fp32": 1.0, "amp-bf16": 1.0, "amp-fp16": 1.05, "bf16": 1.1, "fp16": 1.2}
-RECOMPUTE_COST = 1.0 / 3.0  # a full extra forward pass ~ a third of a training step
-
-
-@dataclass(kw_only=True, slots=True)
-class SearchSpace:
-    sizes: dict[str, int] = field(default_factory=dict)  # other dims, e.g. {"S": 1024}
-    max_batch: int = 4096
-    grad_accum: list[int] = field(default_factory=lambda: [1])
-    checkpointing: list[str] = field(default_factory=lambda: ["none", "full"])
-    precision: list[str] = field(default_factory=lambda: ["fp32"])
-    effective_batch: int | None = None  # keep B*G at least this (G = ceil(E / B))
-    mode: str = "binsearch"  # power | binsearch
-    power_of_two: bool = True  # batch granularity for the result
-
-    def __post_init__(self) -> None:
-        if self.max_batch < 1:
-            raise ValueError("max_batch must be >= 1")
-        if not self.grad_accum or min(self.grad_accum) < 1:
-            raise ValueError("grad_accum choices must be >= 1")
-        for p in self.precision:
-            if p not in PRECISIONS:
-                raise ValueError(f"unknown precision {p!r} in search space")
-        for c in self.checkpointing:
-            TrainSpec(checkpointing=c)  # validates the form
-        if self.mode not in SEARCH_MODES:
-            raise ValueError(f"mode must be power or binsearch, got {self.mode!r}")
-        if self.effective_batch is not None and self.effective_batch < 1:
-            raise ValueError("effective_batch must be >= 1")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -86,6 +68,11 @@ class Candidate:
     objective: float
     bound_bytes: int
     prediction: dict[str, Any]
+    optimizer_impl: str = "auto"
+    gpus: int = 1
+    sharding: str = "none"
+    fsdp_reshard_after_forward: bool = True
+    decision: dict[str, Any] = field(default_factory=dict)  # `decision.Decision.to_dict`
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +85,8 @@ class PlanResult:
     queries: int  # predictions made
     reason: str = ""  # why nothing fits, when best is None
     closest: Candidate | None = None  # when nothing fits: the smallest bound at B=1 (over)
+    graphs: int = 0  # distinct captured graphs the search asked for (captured or cached)
+    variants: int = 0  # training configurations searched (each answered by one of them)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -106,67 +95,9 @@ class PlanResult:
             "queries": self.queries,
             "reason": self.reason,
             "closest": self.closest.to_dict() if self.closest else None,
+            "graphs": self.graphs,
+            "variants": self.variants,
         }
-
-
-_UNITS = {
-    "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-}  # fmt: skip
-_BUDGET_RE = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(%|[kmgt]i?b|b)?$")
-
-
-def parse_budget(text: str, device_total: int | None) -> int:
-    """A memory budget in bytes from the CLI's text, with explicit semantics:
-
-    - a byte size with a unit: `24GiB`, `8GB`, `512MiB`, `100B`;
-    - a whole number of bytes of at least 1024 without a unit: `8000000000`, `8e9`;
-    - a fraction of the device's total: a percentage `50%`, or a number with a decimal
-      point in (0, 1]: `0.5`, `1.0`.
-    A bare small integer (`1`, `2`: one byte or the whole device?) is ambiguous and
-    refused, like anything non-finite, non-positive or unreadable (`UserError`)."""
-    s = text.strip().lower().replace(" ", "")
-    m = _BUDGET_RE.match(s)
-    if m is None:
-        raise UserError(
-            f"cannot read a budget from {text!r}: give bytes with a unit (24GiB, 8GB), "
-            "a percentage of the device (50%) or a fraction (0.5)"
-        )
-    number, unit = m.group(1), m.group(2)
-    value = float(number)
-    if not math.isfinite(value) or value > 1 << 80:
-        raise UserError(f"budget {text!r} is not a finite number of bytes")
-    if value <= 0:
-        raise UserError(f"budget must be positive, got {text!r}")
-    fraction = None
-    if unit == "%":
-        fraction = value / 100
-    elif unit is None and "." in number and "e" not in number:
-        fraction = value
-    if fraction is not None:
-        if fraction > 1:
-            raise UserError(f"budget {text!r} is a fraction of the device above 1 (100%)")
-        if not device_total:
-            raise UserError(f"budget {text!r} is a fraction, but the device has no total")
-        return int(device_total * fraction)
-    if unit is None and value < 1024:
-        raise UserError(
-            f"budget {text!r} is ambiguous: write 100% (or 1.0) for the whole device, or "
-            f"bytes with a unit ({number}B, {number}GiB)"
-        )
-    return int(value * _UNITS[unit or "b"])
-
-
-def cost(train: TrainSpec, n_blocks: int | None = None) -> float:
-    """Relative step cost of checkpointing and precision (1.0 = plain fp32)."""
-    blocks = train.checkpoint_blocks
-    if blocks is None:
-        recompute = 0.0
-    elif blocks < 0 or not n_blocks:
-        recompute = RECOMPUTE_COST
-    else:
-        recompute = RECOMPUTE_COST * min(blocks, n_blocks) / n_blocks
-    return (1.0 + recompute) * PRECISION_COST[train.precision]
 
 
 class _Prober:
@@ -207,6 +138,27 @@ class _Prober:
     def bound(self, batch: int) -> int:
         p = self.predict(batch)
         return p.upper_bound_bytes if self.cfg.use_upper_bound else p.predicted_peak_bytes
+
+    def line_bounds(self, batches: tuple[int, int]) -> tuple[int, int] | None:
+        """The bounds at two batch sizes from one model: the exact one where it answered
+        both already, else the learned one (asking it where needed); no exact query is
+        added. None where the graph's guards refuse a batch."""
+        exact = self.exact_cache
+        try:
+            if all(b in exact for b in batches):
+                return exact[batches[0]].upper_bound_bytes, exact[batches[1]].upper_bound_bytes
+            out = []
+            for b in batches:
+                if b not in self.cache:
+                    self.cache[b] = self.model.predict(self.graph, [self._query(b)])[0]
+                    self.queries += 1
+                p = self.cache[b]
+                out.append(
+                    p.upper_bound_bytes if self.cfg.use_upper_bound else p.predicted_peak_bytes
+                )
+            return out[0], out[1]
+        except GuardViolation:
+            return None
 
     def exact_fits(self, batch: int) -> bool:
         assert self.exact is not None
@@ -286,43 +238,57 @@ def plan(
     """Search the space; the best candidate maximises B*G / cost with its bound under limit.
 
     With `exact` (e.g. the replay), the steps near the limit and the answer are decided
-    by it: no batch is refused whose exact answer fits, none admitted whose does not."""
+    by it: no batch is refused whose exact answer fits, none admitted whose does not.
+    `graph_for` is called once per distinct capture (`capture_spec`), never per batch."""
     candidates: list[Candidate] = []
     closest: Candidate | None = None  # the smallest bound at B=1, when nothing fits
     refused: GuardViolation | None = None
     queries = 0
-    for precision in space.precision:
-        for ckpt in space.checkpointing:
-            for g in _accum_choices(space):
-                train = replace(base, precision=precision, checkpointing=ckpt, grad_accum=g)
-                prober = _Prober(model, graph_for(train), space, cfg, exact)
-                b = largest_batch(prober, space.max_batch, space.mode, space.power_of_two)
-                if exact is not None:
-                    b = prober.settle(b, space.max_batch, space.mode, space.power_of_two)
-                queries += prober.queries
-                refused = refused or prober.refused
-                if b == 0 and 1 in prober.cache:
-                    one = _candidate(prober, 1, g, train, n_blocks)
-                    if closest is None or one.bound_bytes < closest.bound_bytes:
-                        closest = one
-                if b and space.effective_batch:
-                    b, g = _fit_effective(b, g, space.effective_batch)
-                if b == 0:
-                    continue
-                candidates.append(_candidate(prober, b, g, train, n_blocks))
-    candidates.sort(key=lambda c: (-c.objective, -c.batch_size, c.bound_bytes))
+    graphs: dict[str, Any] = {}
+    probers: dict[int, _Prober] = {}
+    trains = variants(base, space)
+    for train in trains:
+        key = repr(capture_spec(train).to_dict())
+        if key not in graphs:
+            graphs[key] = graph_for(capture_spec(train))
+        prober = _Prober(model, graphs[key], space, cfg, exact)
+        b = largest_batch(prober, space.max_batch, space.mode, space.power_of_two)
+        if exact is not None:
+            b = prober.settle(b, space.max_batch, space.mode, space.power_of_two)
+        refused = refused or prober.refused
+        g = train.grad_accum
+        if b == 0 and 1 in prober.cache:
+            one = _candidate(prober, 1, g, train, n_blocks)
+            if closest is None or one.bound_bytes < closest.bound_bytes:
+                closest = one
+        if b and space.effective_batch:
+            b, g = _fit_effective(b, g, space.effective_batch)
+        if b:
+            candidates.append(_candidate(prober, b, g, train, n_blocks))
+            probers[id(candidates[-1])] = prober
+        queries += prober.queries
+    candidates.sort(key=lambda c: (-c.objective, c.gpus, -c.batch_size, c.bound_bytes))
+    counts = {"queries": queries, "graphs": len(graphs), "variants": len(trains)}
     if not candidates:
-        return PlanResult(
-            best=None,
-            runners_up=[],
-            queries=queries,
-            reason=_no_fit_reason(cfg, closest, refused),
-            closest=closest,
-        )
-    return PlanResult(best=candidates[0], runners_up=candidates[1:top], queries=queries)
+        reason = _no_fit_reason(cfg, closest, refused)
+        return PlanResult(best=None, runners_up=[], reason=reason, closest=closest, **counts)
+    best = candidates[0]
+    if exact is not None:  # the answer's reasoning on the model that decided it
+        prober = probers[id(best)]
+        before = prober.queries
+        for b in (1, best.batch_size if best.batch_size > 1 else 2):
+            prober._guarded(prober.exact_fits, b)
+        best.decision = decide(
+            prober.line_bounds, prober.graph, space.sizes, best.batch_size, cfg.limit
+        ).to_dict()
+        counts["queries"] += prober.queries - before
+    return PlanResult(best=best, runners_up=candidates[1:top], **counts)
 
 
 def _candidate(prober: _Prober, b: int, g: int, train: TrainSpec, n_blocks: int | None):
+    decision = decide(
+        prober.line_bounds, prober.graph, prober.space.sizes, b, prober.cfg.limit
+    ).to_dict()
     return Candidate(
         batch_size=b,
         grad_accum=g,
@@ -331,6 +297,11 @@ def _candidate(prober: _Prober, b: int, g: int, train: TrainSpec, n_blocks: int 
         objective=b * g / cost(train, n_blocks),
         bound_bytes=prober.bound(b),
         prediction=prober.predict(b).to_dict(),
+        optimizer_impl=train.optimizer_impl,
+        gpus=train.gpus,
+        sharding=train.sharding,
+        fsdp_reshard_after_forward=train.fsdp_reshard_after_forward,
+        decision=decision,
     )
 
 
@@ -362,10 +333,3 @@ def _fit_effective(b: int, g_class: int, effective: int) -> tuple[int, int]:
         return 0, 0
     g = -(-effective // b)
     return -(-effective // g), g
-
-
-def _accum_choices(space: SearchSpace) -> Sequence[int]:
-    # G = 1 and G >= 2 are different graphs; with a target effective batch G is derived.
-    if space.effective_batch is not None:
-        return [1, 2]
-    return sorted(set(space.grad_accum))

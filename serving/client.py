@@ -121,9 +121,12 @@ class MemgnnClient:
         graph: dict[str, Any] | None = None,
         model: dict[str, Any] | None = None,
         apply_correction: bool = True,
+        threshold: float | None = None,
+        budget_bytes: int | None = None,
     ) -> dict[str, Any]:
         body: dict[str, Any] = {"configs": configs, "apply_correction": apply_correction}
-        for key, value in (("graph_id", graph_id), ("graph", graph), ("model", model)):
+        limits = (("threshold", threshold), ("budget_bytes", budget_bytes))
+        for key, value in (("graph_id", graph_id), ("graph", graph), ("model", model), *limits):
             if value is not None:
                 body[key] = value
         return self._call("POST", "/predict", json=body)
@@ -186,13 +189,19 @@ def remote_predict(
     scenario: str = "worst",
     token: str | None = None,
     timeout: float = 300.0,
+    threshold: float | None = None,
+    budget_bytes: int | None = None,
 ) -> dict[str, Any]:
     """What `memgnn predict --json` prints, answered by the service at `url`:
     predicted_peak_bytes, upper_bound_bytes, metric, breakdown, model_version, plus
-    sizes (the model's example dims filled in), device, graph_id, correction."""
+    sizes (the model's example dims filled in), device, graph_id, correction, and the
+    `verdict` under `threshold` (a fraction of the device) or `budget_bytes` if given."""
     config = {"sizes": dict(sizes or {}), "device": device, "metric": metric, "scenario": scenario}
+    limit = {k: v for k, v in (("threshold", threshold), ("budget_bytes", budget_bytes)) if v}
     with MemgnnClient(url, token=token, timeout=timeout) as client:
-        answer = client.predict(configs=[config], model=model_body(model, model_args, task, train))
+        answer = client.predict(
+            configs=[config], model=model_body(model, model_args, task, train), **limit
+        )
     p = answer["predictions"][0]
     return {
         "predicted_peak_bytes": p["predicted_peak_bytes"],
@@ -206,6 +215,7 @@ def remote_predict(
         "graph_id": p["graph_id"],
         "correction": p["correction"],
         "unknown_ops": answer["unknown_ops"],
+        "verdict": p.get("verdict"),
     }
 
 

@@ -9,7 +9,9 @@ from typing import Any
 
 from memgnn.predictor.devices import DeviceProfile, get_profile
 from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.plan import Candidate, PlanConfig, SearchSpace, plan
+from memgnn.predictor.limits import resolve_limit
+from memgnn.predictor.plan import Candidate, PlanConfig, SearchSpace, capture_spec, plan
+from memgnn.predictor.plan import variants as plan_variants
 from memgnn.predictor.predict import Prediction, Query
 from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
 from memgnn.serving.captures import Work
@@ -132,15 +134,17 @@ def run_plan(
         except ValueError as exc:
             raise RequestError(str(exc), loc=("body", "space", "sizes")) from None
         space_fields["sizes"] = {k: v for k, v in sizes.items() if k != "B"}
-        space = req.space
-        variants = len(space.precision) * len(space.checkpointing)
-        variants *= len({g > 1 for g in space.grad_accum})
+        try:
+            trains = plan_variants(base, SearchSpace(**space_fields))
+        except ValueError as exc:
+            raise RequestError(str(exc), loc=("body", "space")) from None
+        captures = len({repr(capture_spec(t).to_dict()) for t in trains})
         limit = engine.config.max_captures_per_request
-        if variants > limit:  # each variant is a graph to capture: refuse before any
+        if captures > limit:  # each is a graph to capture: refuse before any
             raise RequestError(
-                f"the search space spans {variants} training variants (precision x "
-                f"checkpointing x accumulation), each a capture; this server captures at "
-                f"most {limit} per request (max_captures_per_request)",
+                f"the search space spans {captures} captures (precision x checkpointing x "
+                f"accumulation x optimizer implementation x sharding and GPUs); this server "
+                f"captures at most {limit} per request (max_captures_per_request)",
                 status=413,
                 loc=("body", "space"),
             )
@@ -157,6 +161,13 @@ def run_plan(
         )
         n_blocks = _count_blocks(bundle)
     else:
+        for name in ("optimizer_impl", "sharding", "gpus"):
+            if space_fields[name]:  # an uploaded graph is one of each: nothing to search
+                raise RequestError(
+                    f"space.{name} needs a model to capture; uploaded graphs are planned "
+                    "as they were captured",
+                    loc=("body", "space", name),
+                )
         base, variants = uploaded_graphs(engine, adapter, req.graph_ids)
         unset = {"precision", "checkpointing"} - req.space.model_fields_set
         for name, idx in (("precision", 0), ("checkpointing", 1)):
@@ -182,12 +193,23 @@ def run_plan(
             raise RequestError(str(exc), loc=("body", "space", "precision")) from None
     try:
         space = SearchSpace(**space_fields)
-        budget = req.budget_bytes or int(device.total_bytes * req.budget_fraction)
+        budget = req.budget_bytes
+        if req.budget_fraction is not None:  # a budget of that share of the device
+            budget = int(device.total_bytes * req.budget_fraction)
+        limit = resolve_limit(
+            budget=budget,
+            threshold=req.threshold,
+            device_total=device.total_bytes,
+            device=device.name,
+            names=("budget_bytes", "threshold"),
+            required=True,
+        )
+        assert limit is not None
         cfg = PlanConfig(
-            budget_bytes=budget,
+            budget_bytes=limit.budget_bytes,
             device=device.name,
             metric=req.metric,
-            threshold=req.threshold,
+            threshold=limit.threshold,
             use_upper_bound=req.use_upper_bound,
         )
     except ValueError as exc:
@@ -203,7 +225,7 @@ def run_plan(
         candidates.sort(key=lambda c: (-c.batch_size * c.grad_accum, -c.objective, c.bound_bytes))
 
     def out(c: Candidate) -> dict[str, Any]:
-        variant = (c.precision, c.checkpointing, c.grad_accum > 1)
+        variant = (c.precision, c.checkpointing, c.grad_accum > 1)  # uploaded graphs' key
         return c.to_dict() | {
             "limit_bytes": cfg.limit,
             "under_threshold": c.bound_bytes <= cfg.limit,
@@ -215,8 +237,11 @@ def run_plan(
         "runners_up": [out(c) for c in candidates[1 : req.top]],
         "budget_bytes": cfg.budget_bytes,
         "limit_bytes": cfg.limit,
+        "threshold": cfg.threshold,
         "objective": req.objective,
         "queries": result.queries,
+        "graphs": result.graphs,
+        "variants": result.variants,
         "reason": result.reason,
         "model_version": adapter.version,
     }

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from memgnn.predictor.devices import get_profile
+from memgnn.predictor.limits import resolve_limit
 from memgnn.predictor.parallel import annotate
 from memgnn.predictor.predict import Query
 from memgnn.serving.captures import Work
@@ -58,6 +59,17 @@ def _entries(
     return entries, sizes
 
 
+def _verdict(req: Any, device: str, p: Any) -> dict[str, Any] | None:
+    limit = resolve_limit(
+        budget=req.budget_bytes,
+        threshold=req.threshold,
+        device_total=get_profile(device).total_bytes,
+        device=device,
+        names=("budget_bytes", "threshold"),
+    )
+    return None if limit is None else limit.verdict(p.upper_bound_bytes) | {"metric": p.metric}
+
+
 def run_predict(
     engine: Engine, req: Any, *, max_nodes: int, persist: bool = False, work: Work | None = None
 ) -> dict[str, Any]:
@@ -106,6 +118,7 @@ def run_predict(
                 "correction": answer.correction.to_dict(),
                 "uncorrected_peak_bytes": answer.raw.predicted_peak_bytes,
                 "uncorrected_upper_bound_bytes": answer.raw.upper_bound_bytes,
+                "verdict": _verdict(req, config.device, p),
             }
         )
     return {

@@ -111,12 +111,24 @@ class PredictRequest(Strict):
     model: ModelIn | None = None
     configs: list[ConfigIn] = Field(min_length=1, max_length=1024)
     apply_correction: bool = True
+    # a fits / does not fit verdict per config, on its upper bound: at most one of these
+    threshold: float | None = Field(default=None, gt=0, le=1)  # of each config's device
+    budget_bytes: Bytes | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _one_source(self) -> PredictRequest:
         given = [n for n in ("graph_id", "graph", "model") if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of graph_id, graph, model (got {given or 'none'})")
+        if self.threshold is not None and self.budget_bytes is not None:
+            raise ValueError("budget_bytes and threshold are mutually exclusive: give one")
+        if self.threshold is not None:
+            for c in self.configs:
+                if PROFILES[c.device].total_bytes is None:
+                    raise ValueError(
+                        f"threshold is a fraction of the device's memory; device "
+                        f"{c.device!r} has no memory total (give budget_bytes)"
+                    )
         return self
 
 
@@ -139,6 +151,7 @@ class PredictionOut(BaseModel):
     correction: CorrectionOut
     uncorrected_peak_bytes: int
     uncorrected_upper_bound_bytes: int
+    verdict: dict[str, Any] | None = None  # under the request's threshold / budget_bytes
 
 
 class PredictResponse(BaseModel):
@@ -173,12 +186,20 @@ class SpaceIn(Strict):
     effective_batch: int | None = Field(default=None, ge=1, le=1 << 24)
     mode: SearchMode = "binsearch"
     power_of_two: bool = True
+    # [] = the model's train spec's (each a capture: see max_captures_per_request)
+    optimizer_impl: list[Literal[OPTIMIZER_IMPLS]] = Field(  # type: ignore[valid-type]
+        default_factory=list, max_length=4
+    )
+    sharding: list[Sharding] = Field(default_factory=list, max_length=7)
+    gpus: list[Annotated[int, Field(ge=1, le=1 << 16)]] = Field(default_factory=list, max_length=8)
 
 
 class PlanRequest(Strict):
     """Exactly one model source (`model` SPEC, or `graph_ids`: uploaded graphs, one per
-    training variant) and exactly one budget (`budget_bytes`, or `budget_fraction` of
-    the device's memory). Objective `throughput` (default): the largest B*G per unit of
+    training variant) and exactly one limit: `budget_bytes`; `threshold`, a fraction of
+    the device's memory the bound may reach (`budget_bytes` in the answer is then the
+    device's total); or `budget_fraction`, a budget of that share of it. Objective
+    `throughput` (default): the largest B*G per unit of
     recompute/precision cost; `effective_batch`: the largest B*G."""
 
     model: ModelIn | None = None
@@ -187,7 +208,7 @@ class PlanRequest(Strict):
     budget_fraction: float | None = Field(default=None, gt=0, le=1)
     device: Device = "h100-80gb"
     metric: Metric | None = None
-    threshold: float = Field(default=1.0, gt=0, le=1)
+    threshold: float | None = Field(default=None, gt=0, le=1)
     use_upper_bound: bool = True
     space: SpaceIn = Field(default_factory=SpaceIn)
     objective: Literal["throughput", "effective_batch"] = "throughput"
@@ -198,12 +219,16 @@ class PlanRequest(Strict):
     def _one_each(self) -> PlanRequest:
         if (self.model is None) == (self.graph_ids is None):
             raise ValueError("give exactly one of model, graph_ids")
-        if (self.budget_bytes is None) == (self.budget_fraction is None):
-            raise ValueError("give exactly one of budget_bytes, budget_fraction")
-        if self.budget_fraction is not None and PROFILES[self.device].total_bytes is None:
+        limits = ("budget_bytes", "budget_fraction", "threshold")
+        given = [n for n in limits if getattr(self, n) is not None]
+        if len(given) != 1:
             raise ValueError(
-                f"budget_fraction needs a device with a memory total, not {self.device!r}"
+                f"give exactly one of budget_bytes, threshold, budget_fraction, got "
+                f"{' and '.join(given) or 'none'}"
             )
+        fraction = given[0] != "budget_bytes"
+        if fraction and PROFILES[self.device].total_bytes is None:
+            raise ValueError(f"{given[0]} needs a device with a memory total, not {self.device!r}")
         if PROFILES[self.device].kind == "cpu" and self.metric not in (None, "allocated"):
             raise ValueError(f"metric {self.metric!r} needs a GPU device profile, not cpu")
         if self.budget_fraction is not None and not math.isfinite(self.budget_fraction):
@@ -222,6 +247,11 @@ class CandidateOut(BaseModel):
     under_threshold: bool
     graph_id: str
     prediction: dict[str, Any]
+    optimizer_impl: str = "auto"
+    gpus: int = 1
+    sharding: str = "none"
+    fsdp_reshard_after_forward: bool = True
+    decision: dict[str, Any] = Field(default_factory=dict)  # state, per-sample bytes
 
 
 class PlanResponse(BaseModel):
@@ -229,9 +259,12 @@ class PlanResponse(BaseModel):
     runners_up: list[CandidateOut]
     budget_bytes: int
     limit_bytes: int
+    threshold: float  # limit_bytes / budget_bytes (1.0 under budget_bytes)
     objective: str
     queries: int
-    reason: str
+    graphs: int = 0  # distinct captured graphs the search used
+    variants: int = 0  # training configurations searched
+    reason: str = ""
     model_version: str
 
 

@@ -28,6 +28,7 @@ from memgnn.predictor.plan import Candidate, PlanConfig, SearchSpace, cost, plan
 from memgnn.predictor.spec import PRECISIONS, TrainSpec
 from memgnn.predictor.vocab import SEARCH_MODES
 from memgnn.serving.governor.correction import GovernedPredictor
+from memgnn.serving.governor.world import World, WorldChoice, agree, resolve_world
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +80,15 @@ class PolicyConfig:
     # a larger checkpointed batch against a smaller plain one, whose throughput per token
     # saturates as B grows
     overhead_tokens: int = 512
+    # ranks deciding together (serving.governor.world): None = torch.distributed's world
+    # size when a process group is initialised, else the TrainSpec's gpus
+    world_size: int | None = None
 
     def __post_init__(self) -> None:
+        if self.world_size is not None and (
+            isinstance(self.world_size, bool) or self.world_size < 1
+        ):
+            raise ValueError(f"world_size must be an integer >= 1, got {self.world_size!r}")
         if self.overhead_tokens < 0:
             raise ValueError(f"overhead_tokens must be >= 0, got {self.overhead_tokens}")
         if not 0 < self.threshold <= 1:
@@ -119,8 +127,10 @@ class Policy:
         device: str,
         metric: str | None,
         n_blocks: int,
+        world: World | None = None,
     ) -> None:
         self.predictor, self.graph_for, self.base, self.cfg = predictor, graph_for, base, config
+        self.world = world or resolve_world(config.world_size, base.gpus)
         self.capacity, self.n_blocks = capacity, n_blocks
         # the search space: what the config allows and the model can do
         self.checkpointing = list(config.checkpointing) if n_blocks else ["none"]
@@ -236,6 +246,32 @@ class Policy:
         return tokens / (self.cfg.overhead_tokens + tokens * cost(train, self.n_blocks))
 
     def decide(self, bucket: int | None, n: int | None, step: int) -> Decision:
+        """This rank's decision, agreed with every other rank's when a process group runs
+        (`serving.governor.world`): the same micro-batch, G, C and P on all of them, and
+        `fits` only where it fits on each (every rank calls this once per step)."""
+        local = self._decide_local(bucket, n, step)
+        if not self.world.active:
+            return local
+        mine = WorldChoice(
+            rank=self.world.rank, micro=local.micro, checkpointing=local.checkpointing,
+            precision=local.precision, bound_bytes=local.bound_bytes, limit_bytes=self.limit,
+            fits=local.fits,
+        )  # fmt: skip
+        chosen = agree(self.world.gather(mine), self.checkpointing, self.precisions)
+        g = -(-n // chosen.micro) if n is not None else 1
+        bound = self.bound(bucket, chosen.micro, chosen.checkpointing, chosen.precision, g)
+        fits = self.world.all_fit(bound <= self.limit)
+        st = self.states.get(bucket)
+        if st is not None:
+            st.micro, st.checkpointing, st.precision = (
+                chosen.micro, chosen.checkpointing, chosen.precision,
+            )  # fmt: skip
+        return Decision(
+            micro=chosen.micro, grad_accum=g, checkpointing=chosen.checkpointing,
+            precision=chosen.precision, bound_bytes=bound, fits=fits,
+        )  # fmt: skip
+
+    def _decide_local(self, bucket: int | None, n: int | None, step: int) -> Decision:
         cap = n if n is not None else self.cfg.max_batch
         st = self.states.get(bucket)
         if st is not None and not st.force:

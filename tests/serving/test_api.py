@@ -236,7 +236,6 @@ def test_plan_over_uploaded_graphs(client, graph, gid):
         "graph_ids": [gid],
         "budget_bytes": budget,
         "device": "cpu",
-        "threshold": 0.9,
         "space": {"max_batch": 1 << 16},
     }
     r = client.post("/plan", json=body)
@@ -245,7 +244,7 @@ def test_plan_over_uploaded_graphs(client, graph, gid):
     best = out["best"]
     assert best["checkpointing"] == "none" and best["precision"] == "fp32"
     assert best["under_threshold"] and best["bound_bytes"] <= out["limit_bytes"]
-    assert out["limit_bytes"] == int(budget * 0.9)
+    assert out["limit_bytes"] == budget and out["threshold"] == 1.0
     # the next power of two would not fit
     nxt = Query(sizes={"B": best["batch_size"] * 2}, device="cpu")
     assert AnalyticModel().predict(graph, [nxt])[0].upper_bound_bytes > out["limit_bytes"]
@@ -267,6 +266,56 @@ def test_plan_from_spec_with_a_device_fraction(client):
     assert all(c["under_threshold"] for c in cands)
     objs = [c["objective"] for c in cands]
     assert objs == sorted(objs, reverse=True)
+
+
+A100 = 81920 << 20  # the a100-80gb profile's total
+
+
+def test_plan_under_a_threshold_of_the_device(client, gid):
+    body = {"graph_ids": [gid], "device": "a100-80gb", "space": {"max_batch": 1 << 16}}
+    r = client.post("/plan", json=body | {"threshold": 0.001})
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["budget_bytes"] == A100 and out["threshold"] == 0.001
+    assert out["limit_bytes"] == int(A100 * 0.001)
+    assert out["best"]["bound_bytes"] <= out["limit_bytes"]
+    same = client.post("/plan", json=body | {"budget_bytes": out["limit_bytes"]}).json()
+    assert same["best"]["batch_size"] == out["best"]["batch_size"]
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{"budget_bytes": 1 << 30, "threshold": 0.5}, {"budget_fraction": 0.5, "threshold": 0.5}, {}],
+)
+def test_plan_takes_exactly_one_limit(client, gid, limits):
+    r = client.post("/plan", json={"graph_ids": [gid], "device": "a100-80gb"} | limits)
+    assert r.status_code == 422
+    assert "give exactly one of budget_bytes, threshold, budget_fraction" in r.text
+
+
+def test_predict_verdict_under_a_threshold(client, gid):
+    config = {"sizes": {"B": 4}, "device": "a100-80gb"}
+    body = {"graph_id": gid, "configs": [config, config | {"sizes": {"B": 4096}}]}
+    r = client.post("/predict", json=body | {"threshold": 0.5})
+    assert r.status_code == 200, r.text
+    for p in r.json()["predictions"]:
+        v = p["verdict"]
+        assert v["limit_bytes"] == A100 // 2 and v["fits"] and v["source"] == "threshold"
+        assert v["headroom_bytes"] == A100 // 2 - p["upper_bound_bytes"]
+    first = r.json()["predictions"][0]["upper_bound_bytes"]
+    r = client.post("/predict", json=body | {"budget_bytes": first})
+    assert [p["verdict"]["fits"] for p in r.json()["predictions"]] == [True, False]
+    assert client.post("/predict", json=body).json()["predictions"][0]["verdict"] is None
+
+
+def test_predict_limit_errors_name_the_fields(client, gid):
+    config = {"sizes": {"B": 4}, "device": "a100-80gb"}
+    body = {"graph_id": gid, "configs": [config], "threshold": 0.5, "budget_bytes": 1 << 30}
+    r = client.post("/predict", json=body)
+    assert r.status_code == 422 and "budget_bytes and threshold are mutually exclusive" in r.text
+    body = {"graph_id": gid, "configs": [config | {"device": "cpu"}], "threshold": 0.5}
+    r = client.post("/predict", json=body)
+    assert r.status_code == 422 and "'cpu' has no memory total" in r.text
 
 
 def test_plan_when_nothing_fits(client, gid):
@@ -326,3 +375,32 @@ def test_predict_and_plan_take_quantize_base_and_adamw8bit(client):
     }
     r = client.post("/predict", json=bad)
     assert r.status_code in (400, 422) and "--quantize-base" in r.text
+
+
+def test_plan_searches_optimizer_implementations_with_one_capture_each(client):
+    body = {
+        "model": {"spec": "mlp"},
+        "threshold": 0.001,
+        "device": "a100-80gb",
+        "space": {
+            "checkpointing": ["none"],
+            "grad_accum": [1, 2, 4],
+            "optimizer_impl": ["foreach", "fused"],
+            "max_batch": 1 << 12,
+        },
+    }
+    r = client.post("/plan", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["variants"] == 6 and out["graphs"] == 4  # G=4 answered by the G=2 graph
+    cands = [out["best"], *out["runners_up"]]
+    assert {c["optimizer_impl"] for c in cands} == {"foreach", "fused"}
+    d = out["best"]["decision"]
+    assert d["state_bytes"] > 0 and d["per_sample_bytes"] > 0 and d["limit_bytes"] > 0
+
+
+def test_plan_refuses_to_search_implementations_of_an_uploaded_graph(client, gid):
+    body = {"graph_ids": [gid], "budget_bytes": 1 << 30, "device": "cpu",
+            "space": {"optimizer_impl": ["fused"]}}  # fmt: skip
+    r = client.post("/plan", json=body)
+    assert r.status_code == 422 and "space.optimizer_impl needs a model" in r.text

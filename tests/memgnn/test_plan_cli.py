@@ -1,0 +1,73 @@
+"""`memgnn plan`: the search space flags, the decision printed as users reason, and the
+count of captured graphs the search used."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memgnn.cli import main
+
+BASE = ("plan", "--model", "mlp", "--device", "cpu", "--budget", "2MiB",
+        "--checkpointing-choices", "none", "--max-batch", "4096")  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMGNN_CACHE", str(tmp_path / "cache"))
+
+
+def _run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plan_json_carries_the_decision_and_the_graph_count(capsys):
+    argv = (*BASE, "--optimizer-impl-choices", "foreach,fused,for-loop",
+            "--accum-choices", "1,2,4", "--json")  # fmt: skip
+    code, out, err = _run(capsys, *argv)
+    assert code == 0, err
+    got = json.loads(out)
+    assert got["variants"] == 9 and got["graphs"] == 6 and len(got["graph_seconds"]) == 6
+    assert got["optimizer_impl"] in ("foreach", "fused", "for-loop")
+    d = got["decision"]
+    assert set(d["state_by_category"]) == {"parameter", "gradient", "optimizer_state"}
+    assert d["state_bytes"] >= d["state_by_category"]["parameter"] > 0
+    # the line through B=1 and the answer meets the bound there
+    lo, hi = d["slope_batches"]
+    assert hi == got["batch_size"]
+    on_line = d["fixed_bytes"] + d["per_sample_bytes"] * hi
+    assert abs(on_line - got["prediction"]["upper_bound_bytes"]) <= hi  # rounding of slope
+    assert (
+        d["theoretical_max_batch"]
+        == (got["limit_bytes"] - d["fixed_bytes"]) // d["per_sample_bytes"]
+    )
+    assert got["global_batch"] == got["batch_size"] * got["grad_accum"] * got["gpus"]
+
+
+def test_plan_prints_state_per_sample_and_the_choice(capsys):
+    code, out, err = _run(capsys, *BASE)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("limit 2.00 MiB (100% of 2.00 MiB)")
+    assert lines[1].startswith("state ") and "parameters" in lines[1]
+    assert " per sample (slope of the bound between B=1 and B=" in lines[2]
+    assert lines[3].startswith("theoretical largest batch (limit - fixed) / per-sample = ")
+    assert lines[4].startswith("chosen B=") and "no checkpointing" in lines[4]
+    assert "on 1 captured graphs" in lines[-1]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (("--optimizer-impl-choices", "turbo"), "optimizer implementation 'turbo'"),
+        (("--gpus-choices", "two"), "--gpus-choices: bad list"),
+        (("--sharding-choices", ","), "--sharding-choices: empty list"),
+        (("--gpus-choices", "2", "--sharding-choices", "hsdp"), "no valid configuration"),
+    ],
+)
+def test_bad_search_choices_exit_2(capsys, extra, message):
+    code, _, err = _run(capsys, *BASE, *extra)
+    assert code == 2 and message in err
