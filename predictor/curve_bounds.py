@@ -57,12 +57,12 @@ class CurveBlocks:
             else np.zeros((counts.shape[0], 0))
         )
         self.group_ids = np.unique(self.groups)
-        # block of each node, for mapping evaluated columns back
-        self.block_of = np.repeat(np.arange(len(self.starts)), self.ends - self.starts)
+        self._block_cols = [np.arange(lo, hi) for lo, hi in zip(self.starts, self.ends)]
+        self._in_group = [self.group_of_block == g for g in self.group_ids]
 
     def _columns(self, blocks: np.ndarray) -> np.ndarray:
-        blocks = np.unique(blocks)
-        return np.concatenate([np.arange(self.starts[b], self.ends[b]) for b in blocks])
+        """The columns of the given blocks (sorted, each block once)."""
+        return np.concatenate([self._block_cols[b] for b in np.unique(blocks)])
 
     def candidates(
         self,
@@ -80,26 +80,25 @@ class CurveBlocks:
             cols = np.arange(n)
             return cols, values @ self.counts
         bound_main, bound_rest = curves(values @ self.upper)  # [Q, blocks]
-        groups = self.group_of_block
         first = []
-        for g in self.group_ids:
-            in_g = np.flatnonzero(groups == g)
-            first.append(in_g[np.argmax(bound_main[:, in_g], axis=1)])
+        for in_g in self._in_group:
+            masked = np.where(in_g, bound_main, -np.inf)
+            first.append(np.argmax(masked, axis=1))
         for b in bound_rest:
             first.append(np.argmax(b, axis=1))
-        cols = self._columns(np.concatenate(first))
+        done = np.zeros(len(self.starts), dtype=bool)
+        done[np.concatenate(first)] = True
+        cols = self._columns(np.flatnonzero(done))
         live = values @ self.counts[:, cols]
         main, rest = curves(live)
         keep = np.zeros(len(self.starts), dtype=bool)
         col_group = self.groups[cols]
-        for g in self.group_ids:
-            in_g = col_group == g
-            lower = main[:, in_g].max(axis=1)  # a value the group's maximum reaches [Q]
-            keep |= (groups == g) & (bound_main >= lower[:, None]).any(axis=0)
+        for g, in_g in zip(self.group_ids, self._in_group):
+            lower = main[:, col_group == g].max(axis=1)  # the group's maximum reaches it
+            keep |= in_g & (bound_main >= lower[:, None]).any(axis=0)
         for b, c in zip(bound_rest, rest):
             keep |= (b >= c.max(axis=1)[:, None]).any(axis=0)
-        more = np.flatnonzero(keep)
-        more = more[~np.isin(more, self.block_of[cols])]
+        more = np.flatnonzero(keep & ~done)
         if len(more):
             extra = self._columns(more)
             cols = np.concatenate([cols, extra])

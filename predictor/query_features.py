@@ -196,7 +196,11 @@ class PathContext:
         node = np.where(rose, self.at[cols[col]] if len(cols) else -1, -1)
         col_step = self.step[self.at[cols]]
         steps = {s: live[:, col_step == s].max(axis=1) for s in self.step_nodes}
-        counts = self._alive_counts(node)  # [Q, K] storages alive at the peak
+        if pairs.alive_at is not None:  # [Q, K] storages alive at the peak, as counted
+            at_peak = pairs.alive_at[:, cols[col]].T if len(cols) else np.zeros((q, 0))
+            counts = np.where((node >= 0)[:, None], at_peak, pairs.initial[None, :])
+        else:
+            counts = self._alive_counts(node)
         cat = (counts * values) @ pairs.category
         est = peak + ws
         safe = np.maximum(peak, 1.0)
