@@ -135,8 +135,8 @@ def timed(fn, repeats: int) -> tuple[dict, object]:
         out = fn()
         walls.append(time.perf_counter() - w)
         cpus.append(time.process_time() - c)
-    return {"wall_s": round(statistics.median(walls), 3),
-            "cpu_s": round(statistics.median(cpus), 3), "runs": len(walls)}, out  # fmt: skip
+    return {"wall_s": round(statistics.median(walls), 6),
+            "cpu_s": round(statistics.median(cpus), 6), "runs": len(walls)}, out  # fmt: skip
 
 
 def capture_case(name: str, bundle, train: TrainSpec, repeats: int, peers: bool) -> dict:
@@ -247,15 +247,16 @@ def markdown(result: dict) -> str:
             f"{cell(r, 'memgnn')} | {cell(r, 'mem_tracker')} | {r['memgnn_over_bare']} | "
             f"{r['tracker_peak']} | {r['memgnn_peak']} | {r.get('mem_tracker_peak', '-')} |"
         )
-    lines += [
-        "",
-        "## GNN query and encode (in-process, onnxruntime, 1 thread)",
-        "",
-        "| graph | nodes | encode ms | full query ms | load |",
-        "|---|---|---|---|---|",
-    ]
+    lines += ["", "## GNN query and encode (in-process, onnxruntime, 1 thread)", "",
+              f"Command: `{result.get('query_command', result['command'])}`. Medians; "
+              "encode = `OnnxMemoryModel.encode` (graph features + encoder, graph id known); "
+              "context = the per-path query arrays, built at the first query; "
+              "query = `predict` of one config (B=8, S=512, a100-80gb) after both.", "",
+              "| graph | nodes | encode ms (CPU ms) | context ms | full query ms (CPU ms) | load |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
     for r in result["query"]:
-        lines.append(f"| {r['graph']} | {r['nodes']} | {r['encode_ms']} | {r['query_ms']} | "
+        lines.append(f"| {r['graph']} | {r['nodes']} | {r['encode_ms']} ({r['encode_cpu_ms']}) | "
+                     f"{r['context_ms']} | {r['query_ms']} ({r['query_cpu_ms']}) | "
                      f"{r['load']} |")  # fmt: skip
     if PROFILE.is_file():
         prof = json.loads(PROFILE.read_text())
@@ -312,6 +313,7 @@ def main() -> None:
     ap.add_argument("--query-only", action="store_true",
                     help="part 2 only, on the graphs a run with --graphs kept")  # fmt: skip
     ap.add_argument("--profile", help="only: cProfile shares at this many layers")
+    ap.add_argument("--out-name", default="capture_speed", help="results file name stem")
     args = ap.parse_args()
     if args.profile:
         return profile_only(args)
@@ -322,7 +324,7 @@ def main() -> None:
     run_bare(warm, FP32, symbolic=True)
     capture(warm, FP32)
     rows, graphs = [], {}
-    for n in (int(x) for x in args.layers.split(",")):
+    for n in (int(x) for x in args.layers.split(",") if x):
         bundle = make_bundle("llama", {**SMALL, "layers": n})
         row, graph = capture_case(f"llama {n} layers", bundle, FP32, args.repeats,
                                   not args.no_mem_tracker)  # fmt: skip
@@ -342,8 +344,8 @@ def main() -> None:
         "query": query_speed(graphs, args.repeats),
     }
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "capture_speed.json").write_text(json.dumps(result, indent=2) + "\n")
-    (OUT / "capture_speed.md").write_text(markdown(result))
+    (OUT / f"{args.out_name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (OUT / f"{args.out_name}.md").write_text(markdown(result))
     print(markdown(result))
 
 
