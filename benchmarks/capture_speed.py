@@ -242,7 +242,8 @@ def markdown(result: dict) -> str:
 
     for r in result["capture"]:
         lines.append(
-            f"| {r['case']} | {r['nodes']} | {r['load_before']}-{r['load_after']} | "
+            f"| {r['case']} (x{r['bare']['runs']}) | {r['nodes']} | "
+            f"{r['load_before']}-{r['load_after']} | "
             f"{cell(r, 'bare')} | {cell(r, 'tracker')} | {cell(r, 'bare_symbolic')} | "
             f"{cell(r, 'memgnn')} | {cell(r, 'mem_tracker')} | {r['memgnn_over_bare']} | "
             f"{r['tracker_peak']} | {r['memgnn_peak']} | {r.get('mem_tracker_peak', '-')} |"
@@ -261,7 +262,8 @@ def markdown(result: dict) -> str:
     if PROFILE.is_file():
         prof = json.loads(PROFILE.read_text())
         lines += ["", f"## Where the time goes ({prof['case']}, cProfile self time)", "",
-                  f"Command: `{prof['command']}`.", "",
+                  f"Command: `{prof['command']}`. cProfile's clock is wall time, inflated "
+                  "by the profiler and the machine's load: the shares are the point.", "",
                   "| | " + " | ".join(prof["runs"]) + " |",
                   "|---|" + "---|" * len(prof["runs"])]  # fmt: skip
         for k, (group, _) in enumerate(PROFILE_GROUPS):
