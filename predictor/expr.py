@@ -286,7 +286,10 @@ class ExprTable:
         shape = np.broadcast_shapes(*(a.shape for a in args))  # any number of symbols
         if not shape:  # scalar sizes: one conversion for the whole table
             return np.array(vals, dtype=np.int64)
-        return np.stack([np.broadcast_to(np.asarray(v, dtype=np.int64), shape) for v in vals])
+        out = np.empty((len(vals), *shape), dtype=np.int64)
+        for i, v in enumerate(vals):  # constants broadcast on assignment
+            out[i] = v
+        return out
 
 
 def simplify_sum(sources: Sequence[str], symbols: Sequence[str]) -> str:

@@ -224,23 +224,49 @@ def graph_inputs(graph: StepGraph, path: int = 0, *, compact: bool = True) -> Gr
     )
 
 
+def _flat(lists: list[list[int]], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(node, position in its list, uid) of every entry of `lists[i]` for i in rows."""
+    lengths = np.fromiter((len(lists[i]) for i in rows), dtype=np.int64, count=len(rows))
+    total = int(lengths.sum())
+    uids = np.fromiter((u for i in rows for u in lists[i]), dtype=np.int64, count=total)
+    node = np.repeat(rows, lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return node, np.arange(total) - starts, uids
+
+
 def _kept_edges(p: Any, keep: np.ndarray) -> np.ndarray:
-    """Dependency edges among kept nodes (renumbered), sorted by destination."""
+    """Dependency edges among kept nodes (renumbered), sorted by destination: from the
+    last kept node before a reader that wrote a storage it reads; per destination in the
+    order its inputs first name each source (array operations, no loop over nodes)."""
     new_id = np.cumsum(keep) - 1
-    last: dict[int, int] = {}
-    src: list[int] = []
-    dst: list[int] = []
-    for i in np.flatnonzero(keep):
-        seen = set()
-        for uid in p.nodes["inputs"][i]:
-            w = last.get(uid)
-            if w is not None and w not in seen:
-                seen.add(w)
-                src.append(w)
-                dst.append(int(new_id[i]))
-        for uid in p.nodes["outputs"][i]:
-            last[uid] = int(new_id[i])
-    return np.array([src, dst], dtype=np.int64).reshape(2, -1)
+    kept = np.flatnonzero(keep)
+    r_node, r_pos, r_uid = _flat(p.nodes["inputs"], kept)
+    w_node, _, w_uid = _flat(p.nodes["outputs"], kept)
+    if not len(r_node) or not len(w_node):
+        return np.zeros((2, 0), dtype=np.int64)
+    # events by (storage, node), a node's reads before its writes: each read then sees
+    # the last write before it of the same storage
+    uid = np.concatenate([r_uid, w_uid])
+    node = np.concatenate([r_node, w_node])
+    is_write = np.concatenate([np.zeros(len(r_uid), bool), np.ones(len(w_uid), bool)])
+    order = np.lexsort((is_write, node, uid))
+    uid, node, is_write = uid[order], node[order], is_write[order]
+    idx = np.where(is_write, np.arange(len(uid)), -1)
+    last = np.maximum.accumulate(idx)  # position of the latest write so far
+    ok = (~is_write) & (last >= 0)
+    ok[ok] &= uid[last[ok]] == uid[ok]  # the write is of the same storage
+    reads = order[ok]  # positions among the read events
+    src = new_id[node[last[ok]]]
+    dst = new_id[r_node[reads]]
+    pos = r_pos[reads]
+    # one edge per (dst, src), at the first input naming it; then by dst, input position
+    first = np.lexsort((pos, src, dst))
+    dst, src, pos = dst[first], src[first], pos[first]
+    new = np.ones(len(dst), dtype=bool)
+    new[1:] = (dst[1:] != dst[:-1]) | (src[1:] != src[:-1])
+    dst, src, pos = dst[new], src[new], pos[new]
+    out = np.lexsort((pos, dst))
+    return np.stack([src[out], dst[out]]).astype(np.int64)
 
 
 def _exponents(graph: StepGraph, path: int, refs: list[dict[str, int]], alloc: np.ndarray):

@@ -14,6 +14,7 @@ Edges are data dependencies: from the last node that wrote a storage to each rea
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -181,14 +182,14 @@ class StepGraph:
         key = {"min": "lo", "balanced": "balanced", "worst": "hi"}[scenario]
         if self.data_symbols:
             names = list(self.data_symbols)
-            vals = ExprTable([self.data_symbols[n][key] for n in names], list(self.symbols))
+            vals = _table_of(tuple(self.data_symbols[n][key] for n in names), tuple(self.symbols))
             out.update(zip(names, vals.evaluate_exact(out)))
         return out
 
     def violated_guards(self, resolved: dict[str, int]) -> list[str]:
         if not self.guards:
             return []
-        ok = ExprTable(self.guards, self.all_symbols).evaluate_exact(resolved)
+        ok = _table_of(tuple(self.guards), tuple(self.all_symbols)).evaluate_exact(resolved)
         return [g for g, good in zip(self.guards, ok) if not good]
 
     def storage_bytes(self, path: int, resolved: dict[str, int]) -> np.ndarray:
@@ -257,6 +258,13 @@ class StepGraph:
         except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"{path}: corrupt step graph file ({exc})") from None
         return cls.from_dict(data, str(path))
+
+
+@functools.lru_cache(maxsize=256)
+def _table_of(sources: tuple[str, ...], symbols: tuple[str, ...]) -> ExprTable:
+    """A compiled table of formulas (guards, data-symbol bounds), kept for the next query:
+    parsing and compiling them is most of a small query's cost."""
+    return ExprTable(sources, symbols)
 
 
 def durable_write(path: Path, data: bytes) -> None:

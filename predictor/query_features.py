@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 from memgnn.predictor.analytic import live_curves, live_index, round_bytes
+from memgnn.predictor.curve_bounds import CurveBlocks
 from memgnn.predictor.features import config_features, log_scale, op_id
 from memgnn.predictor.graph import StepGraph
 from memgnn.predictor.vocab import (
@@ -126,6 +127,16 @@ class PathContext:
                 full, alloc_pos=full.alloc_pos[self.at], free_pos=full.free_pos[self.at]
             )
         self.scratch_at = p.array("nodes", "scratch")[self.at]
+        # the scratch formulas at the curve nodes, and block bounds over [pair counts;
+        # scratch one-hot] (predictor.curve_bounds): a query evaluates few of the nodes
+        self.scratch_exprs, scratch_row = np.unique(self.scratch_at, return_inverse=True)
+        self.scratch_row = scratch_row.reshape(-1)  # row in scratch_exprs of each curve node
+        self.blocks = None
+        if self.pairs.alive_at is not None:
+            onehot = np.zeros((len(self.scratch_exprs), len(self.at)))
+            onehot[self.scratch_row, np.arange(len(self.at))] = 1.0
+            counts = np.concatenate([self.pairs.alive_at, onehot])
+            self.blocks = CurveBlocks(counts, steps[self.at])
         self.step_nodes = {
             s: np.flatnonzero(steps[self.at] == s) for s in (0, 1) if np.any(steps == s)
         }
@@ -181,16 +192,21 @@ class PathContext:
         mid = ~small & ~large
         large_rounded = np.where(large, round_bytes(values, 2 * _MIB), 0).astype(np.float64)
         values = values.astype(np.float64)
-        scratch = np.where(gpu[:, None], np.take(rounded, self.scratch_at, axis=1), 0)
+        scratch = np.where(gpu[:, None], np.take(rounded, self.scratch_exprs, axis=1), 0)
         ws = np.array([self._workspace(d) for d in devices], dtype=np.float64)
-        initial, live, seg = self._schedule(values, small, mid, large_rounded, scratch, ws)
+        initial, cols, live, seg = self._schedule(values, small, mid, large_rounded, scratch, ws)
         col = live.argmax(axis=1) if live.shape[1] else np.zeros(q, dtype=np.int64)
         top = live.max(axis=1, initial=-np.inf)
         rose = top > initial
         peak = np.where(rose, top, initial)
-        node = np.where(rose, self.at[col] if len(self.at) else -1, -1)
-        steps = {s: live[:, idx].max(axis=1) for s, idx in self.step_nodes.items()}
-        counts = self._alive_counts(node)  # [Q, K] storages alive at the peak
+        node = np.where(rose, self.at[cols[col]] if len(cols) else -1, -1)
+        col_step = self.step[self.at[cols]]
+        steps = {s: live[:, col_step == s].max(axis=1) for s in self.step_nodes}
+        if pairs.alive_at is not None:  # [Q, K] storages alive at the peak, as counted
+            at_peak = pairs.alive_at[:, cols[col]].T if len(cols) else np.zeros((q, 0))
+            counts = np.where((node >= 0)[:, None], at_peak, pairs.initial[None, :])
+        else:
+            counts = self._alive_counts(node)
         cat = (counts * values) @ pairs.category
         est = peak + ws
         safe = np.maximum(peak, 1.0)
@@ -214,20 +230,37 @@ class PathContext:
         return self._results(resolved, devices, f, est, ws, at)
 
     def _schedule(self, values, small, mid, large_rounded, scratch, ws):
-        """(bytes alive before the step [Q], live bytes at the curve nodes [Q, A], and a
-        caching-allocator-shaped estimate [Q]: the max over the schedule of small blocks in
-        2 MiB segments + 1-10 MiB blocks (and the workspaces) in 20 MiB segments + large
-        blocks rounded to 2 MiB (with the kernel scratch))."""
+        """(bytes alive before the step [Q], the curve nodes evaluated (positions in `at`,
+        sorted) [C], live bytes there [Q, C], and a caching-allocator-shaped estimate [Q]:
+        the max over the schedule of small blocks in 2 MiB segments + 1-10 MiB blocks (and
+        the workspaces) in 20 MiB segments + large blocks rounded to 2 MiB (with the kernel
+        scratch)). `scratch` [Q, len(scratch_exprs)]: bytes of each scratch formula. The
+        nodes left out hold no maximum (`predictor.curve_bounds`)."""
         q = len(values)
-        initial, live = self._curves(np.concatenate(
+        sets = np.concatenate(
             [values, np.where(small, values, 0), np.where(mid, values, 0), large_rounded]
-        ))  # fmt: skip
-        live[:q] += scratch
-        live[3 * q :] += scratch
-        seg = (np.ceil(live[q : 2 * q] / (2 * _MIB)) * 2 * _MIB
-               + np.ceil((live[2 * q : 3 * q] + ws[:, None]) / (20 * _MIB)) * 20 * _MIB
-               + live[3 * q :]).max(axis=1, initial=0)  # fmt: skip
-        return initial[:q], live[:q], seg
+        )
+
+        def curves(live: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+            seg = (np.ceil(live[q : 2 * q] / (2 * _MIB)) * 2 * _MIB
+                   + np.ceil((live[2 * q : 3 * q] + ws[:, None]) / (20 * _MIB)) * 20 * _MIB
+                   + live[3 * q :])  # fmt: skip
+            return live[:q], [seg]
+
+        if self.blocks is not None and sets.min(initial=0) >= 0 and scratch.min(initial=0) >= 0:
+            none = np.zeros_like(scratch)
+            with_scratch = np.concatenate([scratch, none, none, scratch]).astype(np.float64)
+            cols, live = self.blocks.candidates(np.hstack([sets, with_scratch]), curves)
+            initial = sets[:q] @ self.pairs.initial
+        else:
+            initial, live = self._curves(sets)
+            initial = initial[:q]
+            per_node = np.take(scratch, self.scratch_row, axis=1)
+            live[:q] += per_node
+            live[3 * q :] += per_node
+            cols = np.arange(live.shape[1])
+        main, (seg,) = curves(live)
+        return initial, cols, main, seg.max(axis=1, initial=0)
 
     def _results(self, resolved, devices, f, est, ws, at: PeakState) -> list[QueryResult]:
         """Per query: features, the analytic estimates and the breakdown at the peak."""

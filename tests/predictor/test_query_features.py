@@ -119,3 +119,26 @@ def test_pairs_count_every_storage_once(gpt_graph):
         want = np.bincount(ctx.pairs.of_storage[alive], minlength=len(ctx.pairs.expr))
         assert np.array_equal(ctx.pairs.alive_at[:, col], want)
         assert np.array_equal(ctx._alive_counts(np.array([node]))[0], want)
+
+
+@pytest.mark.parametrize("device", ["a100-80gb", "cpu"])
+def test_block_bounds_give_the_features_of_every_node(gpt_graph, device):
+    """Evaluating only the blocks that can hold a maximum (predictor.curve_bounds) gives
+    the features of the full curves to the bit, ties and step peaks included."""
+    from memgnn.predictor.curve_bounds import CurveBlocks
+
+    asks = [({"B": b, "S": s}, get_profile(device), "worst") for b, s in ((1, 8), (6, 200))]
+    full = PathContext(gpt_graph)
+    full.blocks = None  # every curve node
+    pruned = PathContext(gpt_graph)
+    seen = []
+    blocks = CurveBlocks(pruned.blocks.counts, pruned.blocks.groups, block=2)
+    candidates = blocks.candidates
+    blocks.candidates = lambda v, c: seen.append(candidates(v, c)[0]) or candidates(v, c)
+    pruned.blocks = blocks
+    for a, b in zip(full.query_many(asks), pruned.query_many(asks), strict=True):
+        assert np.array_equal(a.features, b.features)
+        assert np.array_equal(a.analytic, b.analytic) and a.breakdown == b.breakdown
+    assert 0 < len(seen[0]) <= len(pruned.at)
+    if device != "cpu":  # on the CPU the 20 MiB-rounded segment estimate ties everywhere
+        assert len(seen[0]) < len(pruned.at)  # some nodes were left out
