@@ -247,9 +247,6 @@ def predict_cmd(args: argparse.Namespace) -> int:
     if args.url:
         from memgnn.serving.client import remote_predict
 
-        if args.method != "auto":
-            raise ValueError("--method applies to local predictions; --url asks the server")
-
         out = remote_predict(
             args.url,
             model=args.model,
@@ -261,6 +258,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
             metric=args.metric,
             scenario=args.scenario,
             token=args.token,
+            method=args.method,
+            replay_budget_ms=args.replay_budget_ms,
         )
         print(json.dumps(out, indent=2, default=str))
         return 0

@@ -121,8 +121,15 @@ class MemgnnClient:
         graph: dict[str, Any] | None = None,
         model: dict[str, Any] | None = None,
         apply_correction: bool = True,
+        method: str = "auto",
+        replay_budget_ms: float | None = None,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"configs": configs, "apply_correction": apply_correction}
+        """POST /predict; `method` auto | replay | gnn | analytic, `replay_budget_ms`
+        (None: the server's) as `serving.routing` routes them."""
+        body: dict[str, Any] = {"configs": configs, "apply_correction": apply_correction,
+                                "method": method}  # fmt: skip
+        if replay_budget_ms is not None:
+            body["replay_budget_ms"] = replay_budget_ms
         for key, value in (("graph_id", graph_id), ("graph", graph), ("model", model)):
             if value is not None:
                 body[key] = value
@@ -186,13 +193,16 @@ def remote_predict(
     scenario: str = "worst",
     token: str | None = None,
     timeout: float = 300.0,
+    method: str = "auto",
+    replay_budget_ms: float | None = None,
 ) -> dict[str, Any]:
     """What `memgnn predict --json` prints, answered by the service at `url`:
-    predicted_peak_bytes, upper_bound_bytes, metric, breakdown, model_version, plus
-    sizes (the model's example dims filled in), device, graph_id, correction."""
+    predicted_peak_bytes, upper_bound_bytes, metric, breakdown, model_version, method,
+    plus sizes (the model's example dims filled in), device, graph_id, correction."""
     config = {"sizes": dict(sizes or {}), "device": device, "metric": metric, "scenario": scenario}
     with MemgnnClient(url, token=token, timeout=timeout) as client:
-        answer = client.predict(configs=[config], model=model_body(model, model_args, task, train))
+        answer = client.predict(configs=[config], model=model_body(model, model_args, task, train),
+                                method=method, replay_budget_ms=replay_budget_ms)  # fmt: skip
     p = answer["predictions"][0]
     return {
         "predicted_peak_bytes": p["predicted_peak_bytes"],
@@ -200,6 +210,7 @@ def remote_predict(
         "metric": p["metric"],
         "breakdown": p["breakdown"],
         "model_version": p["model_version"],
+        "method": p["method"],
         "paths": p["paths"],
         "sizes": p["config"]["sizes"],
         "device": p["config"]["device"],

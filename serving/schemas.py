@@ -31,6 +31,12 @@ Device = Literal[tuple(PROFILES)]  # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
 Checkpointing = Annotated[str, StringConstraints(pattern=r"^(none|full|blocks:[0-9]{1,6})$")]
 Bytes = Annotated[StrictInt, Field(ge=0, le=1 << 60)]
+# which path answers (serving.routing): auto = replay within the budget, else the model
+Method = Literal["auto", "replay", "gnn", "analytic"]
+ReplayBudget = Annotated[
+    float | None,
+    Field(default=None, ge=0, le=600_000, description="ms; default: the server's budget"),
+]
 
 
 class Strict(BaseModel):
@@ -98,6 +104,8 @@ class PredictRequest(Strict):
     model: ModelIn | None = None
     configs: list[ConfigIn] = Field(min_length=1, max_length=1024)
     apply_correction: bool = True
+    method: Method = "auto"
+    replay_budget_ms: ReplayBudget = None
 
     @model_validator(mode="after")
     def _one_source(self) -> PredictRequest:
@@ -180,6 +188,8 @@ class PlanRequest(Strict):
     objective: Literal["throughput", "effective_batch"] = "throughput"
     top: int = Field(default=5, ge=1, le=50)
     apply_correction: bool = True
+    method: Method = "auto"
+    replay_budget_ms: ReplayBudget = None
 
     @model_validator(mode="after")
     def _one_each(self) -> PlanRequest:
@@ -220,6 +230,8 @@ class PlanResponse(BaseModel):
     queries: int
     reason: str
     model_version: str
+    method: str = "gnn"  # what decided the steps near the limit: replay | gnn | analytic
+    replay_skipped: str | None = None
 
 
 class SampleIn(Strict):
