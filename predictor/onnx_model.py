@@ -4,12 +4,14 @@ A model directory holds `encoder.onnx`, `head.onnx` and `model_card.json` (writt
 `memgnn train`). `encode(graph)` runs the encoder once per graph path and caches the
 embeddings by graph id; `predict_encoded(embedding, graph, queries)` computes the query
 features (a liveness sweep in numpy) and runs the head once for all (query, path) pairs.
-Predicted bytes = analytic estimate x exp(correction); the upper bound likewise, and never
-below the prediction. Neither is ever below the floors of `predictor.trust` (the sweep's
-exact tensor peak, whole 2 MiB segments for reserved), and where the sweep is exact (CPU
-allocated bytes: `trust.exact_reason`) the answer is the sweep itself, its bound too, and
-`breakdown["exact"]` says why; past the card's `training_range`
-in B the correction learned at the range's edge is applied and the answer says so in
+Predicted bytes = analytic estimate x exp(correction); the upper bound likewise, calibrated
+per (target kind, metric) where the card has a `bound_calibration`
+(`predictor.calibration`), and never below the prediction. Neither is ever below the
+floors of `predictor.trust` (the sweep's exact tensor peak, whole 2 MiB segments for
+reserved), and where the sweep is exact (CPU allocated bytes: `trust.exact_reason`) the
+answer is the sweep itself, its bound too, and `breakdown["exact"]` says why; past the
+card's `training_range` in B the correction learned at the range's edge is applied and the
+answer says so in
 `breakdown["extrapolated"]`. Sizes that break the graph's guards are refused
 (`predict.GuardViolation`). A multi-path graph reports the worst path and each path's values.
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from memgnn.predictor.calibration import bound_log, group_key
 from memgnn.predictor.features import (
     FEATURE_SCHEMA_VERSION,
     NUM_NODE_FEATURES,
@@ -224,7 +227,12 @@ class OnnxMemoryModel:
                 value = upper = floor
             else:
                 value = np.maximum(np.round(analytic * np.exp(log_corr[0])), floor)
-                upper = np.ceil(np.maximum(analytic * np.exp(log_corr[1]), value))
+                cal = (self.card.get("bound_calibration") or {}).get(
+                    group_key(device.is_gpu, METRICS[m])
+                )
+                log_bound = np.minimum(bound_log(log_corr[0], log_corr[1], cal),
+                                       MAX_LOG_CORRECTION)  # fmt: skip
+                upper = np.ceil(np.maximum(analytic * np.exp(log_bound), value))
             worst = int(np.argmax(value))
             breakdown = dict(per[worst].breakdown)
             extra = breakdown["workspace_bytes"] + (breakdown["context_bytes"] if m == 2 else 0)
