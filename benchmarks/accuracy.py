@@ -67,8 +67,9 @@ def random_split(data: Dataset, seed: int, test_fraction: float = 0.2, val_fract
 
 
 def cross_validate(
-    data: Dataset, folds: int, max_epochs: int, seed: int, gnn: dict[str, Any], how: str
-) -> dict[str, Any]:
+    data: Dataset, folds: int, max_epochs: int, seed: int, gnn: dict[str, Any], how: str,
+    target_miss: float = 0.01,
+) -> dict[str, Any]:  # fmt: skip
     from memgnn.predictor.gnn import GNNConfig
     from memgnn.training.calibrate import calibrate_groups, calibrated, cross_fit
     from memgnn.training.fit import FitConfig, fit, predict_log
@@ -84,7 +85,7 @@ def cross_validate(
             sp = split(data, holdout_families=held, seed=seed)
         else:
             sp = random_split(data, seed)
-        cfg = FitConfig(max_epochs=max_epochs, seed=seed, threads=1)
+        cfg = FitConfig(max_epochs=max_epochs, seed=seed, threads=1, target_miss=target_miss)
         model, history = fit(data, sp.train, sp.val, GNNConfig(**gnn), cfg)
         rows, r_mu, r_up = cross_fit(model, data, np.concatenate([sp.train, sp.val]), cfg)
         cals.append(calibrate_groups(data, rows, r_mu, r_up, cfg.target_miss))
@@ -333,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-graph", action="store_true", help="ablation: head without embedding")
     p.add_argument("--out-name", default="accuracy", help="results file stem")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target-miss", type=float, default=0.01, help="bound calibration's miss")
     p.add_argument(
         "--model-dir", default=str(Path(__file__).parents[1] / "predictor" / "default_model")
     )
@@ -350,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     data = load_dataset(a.corpus)
     gnn = {"hidden": a.hidden, "layers": a.layers, "use_graph": not a.no_graph}
-    cv = cross_validate(data, a.folds, a.max_epochs, a.seed, gnn, a.split)
+    cv = cross_validate(data, a.folds, a.max_epochs, a.seed, gnn, a.split, a.target_miss)
     learned = (cv["pred"], cv["bound"])
     untested = np.isnan(cv["mu"][:, 0])  # random split: baselines on the test records only
     from benchmarks.baselines import baselines
@@ -371,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
         "split": a.split, "folds": a.folds if a.split == "family" else 1,
         "fold_info": cv["folds"], "data_hash": data.data_hash,
         "command": "python benchmarks/accuracy.py " + " ".join(argv or sys.argv[1:]),
-        "gnn_config": gnn, "accuracy": summarize(data, preds),
+        "gnn_config": gnn, "target_miss": a.target_miss, "accuracy": summarize(data, preds),
         "per_family": per_family(data, learned[0], base["analytic"]),
         "bound_calibration": cv["calibration"],
     }  # fmt: skip

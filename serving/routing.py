@@ -30,7 +30,8 @@ from typing import Any
 from memgnn.dataset.replay.exact import ExactConfig, ReplayModel, choose_method, estimated_seconds
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.predict import AnalyticModel, Query
-from memgnn.serving.engine import Engine, GraphEntry, Served
+from memgnn.serving.checks import check_sizes
+from memgnn.serving.engine import MAX_BYTES, Engine, GraphEntry, Served
 from memgnn.serving.graphs import RequestError
 from memgnn.serving.store import Correction
 
@@ -150,10 +151,19 @@ def predict_routed(engine: Engine, entry: GraphEntry, queries: Sequence[Query], 
             return served
         return [_noted(s, skipped) for s in served]
     model = ReplayModel() if method == "replay" else AnalyticModel()
-    try:
-        preds = model.predict(entry.graph, queries)
-    except (UserError, ArithmeticError) as exc:
-        raise RequestError(str(exc), loc=("body", "configs")) from None
+    check_sizes(entry.graph, queries)  # as the engine checks them for the model
+    preds = []
+    for i, q in enumerate(queries):  # one at a time: an error names its config
+        try:
+            (p,) = model.predict(entry.graph, [q])
+        except (UserError, ArithmeticError) as exc:
+            raise RequestError(str(exc), loc=("body", "configs", i, "sizes")) from None
+        if not 0 <= p.predicted_peak_bytes < MAX_BYTES:
+            raise RequestError(
+                "sizes too large: the prediction overflows 64-bit bytes",
+                loc=("body", "configs", i, "sizes"),
+            )
+        preds.append(p)
     if method == "analytic":
         preds = [replace(p, method="analytic") for p in preds]
     return [Served(prediction=p, raw=p, correction=Correction()) for p in preds]

@@ -33,9 +33,16 @@ class FakeGNN:
         for q, p in zip(queries, AnalyticModel().predict(graph, queries)):
             exact = q.device == "cpu"
             value = p.predicted_peak_bytes if exact else int(p.predicted_peak_bytes * 1.25)
-            out.append(replace(p, predicted_peak_bytes=value, upper_bound_bytes=2 * value,
-                               model_version=self.version, method="gnn",
-                               breakdown={**p.breakdown, "exact": "cpu" if exact else None}))
+            out.append(
+                replace(
+                    p,
+                    predicted_peak_bytes=value,
+                    upper_bound_bytes=2 * value,
+                    model_version=self.version,
+                    method="gnn",
+                    breakdown={**p.breakdown, "exact": "cpu" if exact else None},
+                )
+            )
         return out  # fmt: skip
 
 
