@@ -7,11 +7,14 @@
 
 Accuracy: leave-family-out cross-validation. The corpus families are dealt into `--folds`
 groups; for each, a model is trained (same pipeline as `memgnn train`, without mlflow) on
-the other families (bound calibrated by family cross-fitting on them), and every record of
-the held-out families predicted. So each record is scored by a model that never saw its
-family. Per label source (sim-gpu: allocator simulation on GPU profiles; cpu: real CPU
-runs) and metric: median / p90 / p95 / max relative error and the upper-bound miss rate,
-next to baselines on the same records:
+the other families (bound calibrated per (target kind, metric) by family cross-fitting on
+them: `training.calibrate`; "gnn (old bound)" rows: the former one shift per metric from
+the same residuals), and every record of the held-out families predicted. So each
+record is scored by a model that never saw its family. Per label source (sim-gpu:
+allocator simulation on GPU profiles; cpu: real CPU runs) and metric: median / p90 /
+p95 / max relative error, the upper-bound miss rate and the median bound margin
+((bound - measured) / measured), next to baselines on the same records (params-only and
+korthikanti in `benchmarks/baselines.py`):
 - analytic: `predictor.predict.AnalyticModel` (same numbers): the liveness sweep with
   512-byte rounding, a cuBLAS workspace per thread (forward / autograd) that runs a
   matmul, as the simulator does, and the CUDA context: the base the GNN corrects;
@@ -28,7 +31,9 @@ unseen families and how much the query features cannot explain at all.
 Latency: the shipped model (`--model-dir`, default predictor/default_model) in-process in
 onnxruntime: the head per config (one query per call, and 64 per call), a full query
 (features + head), and encoding graphs of about 1k, 5k and 20k nodes (features + ORT).
-Writes benchmarks/results/accuracy.json and accuracy.md.
+`--paths`: also each record replayed exactly (`benchmarks/paths.py`: replay vs the labels,
+byte for byte) and the latency per answer path (replay, gnn, analytic) side by side.
+Writes benchmarks/results/<--out-name>.json and .md (default accuracy).
 """
 
 from __future__ import annotations
@@ -52,9 +57,6 @@ from memgnn.training.data import Dataset, error_summary, load_dataset, split  # 
 
 log = logging.getLogger("benchmarks.accuracy")
 RESULTS = Path(__file__).parent / "results"
-TRANSFORMERS = {"gpt2", "llama", "bert", "t5", "vit", "mixtral", "varlen", "early-exit", "moe",
-                "layerdrop"}  # fmt: skip
-OPT_STATES = {"adam": 2, "adamw": 2, "sgd": 1, "adafactor": 0}
 
 
 def random_split(data: Dataset, seed: int, test_fraction: float = 0.2, val_fraction=0.15):
@@ -68,80 +70,55 @@ def random_split(data: Dataset, seed: int, test_fraction: float = 0.2, val_fract
 
 
 def cross_validate(
-    data: Dataset, folds: int, max_epochs: int, seed: int, gnn: dict[str, Any], how: str
-) -> dict[str, Any]:
+    data: Dataset, folds: int, max_epochs: int, seed: int, gnn: dict[str, Any], how: str,
+    target_miss: float = 0.01,
+) -> dict[str, Any]:  # fmt: skip
     from memgnn.predictor.gnn import GNNConfig
-    from memgnn.training.fit import FitConfig, cross_calibrate, fit, predict_log
+    from memgnn.training.calibrate import calibrate_groups, calibrated, cross_fit
+    from memgnn.training.fit import FitConfig, fit, predict_log
 
     families = sorted(set(data.family))
     groups = [families[k::folds] for k in range(folds)] if how == "family" else [["(random)"]]
-    mu = np.full((len(data), 3), np.nan)
-    upper = np.full((len(data), 3), np.nan)
-    info = []
+    mu, upper = np.full((len(data), 3), np.nan), np.full((len(data), 3), np.nan)
+    pred, bound, old = (np.full((len(data), 3), np.nan) for _ in range(3))
+    info, cals = [], []
     for k, held in enumerate(groups):
         t0 = time.perf_counter()
         if how == "family":
             sp = split(data, holdout_families=held, seed=seed)
         else:
             sp = random_split(data, seed)
-        cfg = FitConfig(max_epochs=max_epochs, seed=seed, threads=1)
+        cfg = FitConfig(max_epochs=max_epochs, seed=seed, threads=1, target_miss=target_miss)
         model, history = fit(data, sp.train, sp.val, GNNConfig(**gnn), cfg)
-        cross_calibrate(model, data, np.concatenate([sp.train, sp.val]), cfg)
-        mu[sp.test], upper[sp.test] = predict_log(model, data, sp.test)
+        rows, r_mu, r_up = cross_fit(model, data, np.concatenate([sp.train, sp.val]), cfg)
+        cals.append(calibrate_groups(data, rows, r_mu, r_up, cfg.target_miss))
+        mu[sp.test], upper[sp.test] = predict_log(model, data, sp.test)  # head bound, no shift
+        pred[sp.test], bound[sp.test] = calibrated(data, sp.test, mu[sp.test], upper[sp.test],
+                                                   cals[-1])  # fmt: skip
+        old[sp.test] = data.analytic[sp.test] * np.exp(
+            _old_bound(data, rows, r_mu, r_up, cfg, mu[sp.test], upper[sp.test])
+        )
         info.append({"fold": k, "held_out": held, "epochs": len(history),
                      "seconds": round(time.perf_counter() - t0, 1)})  # fmt: skip
         log.info("fold %d/%d (%s): %d epochs, %.0fs", k + 1, folds, held, len(history),
                  time.perf_counter() - t0)  # fmt: skip
-    return {"mu": mu, "upper": upper, "folds": info}
+    return {"mu": mu, "upper": upper, "pred": pred, "bound": bound, "old_bound": old,
+            "folds": info, "calibration": cals}  # fmt: skip
 
 
-def baselines(data: Dataset, corpus: str) -> dict[str, np.ndarray]:
-    """Per record: params-only and Korthikanti estimates (bytes; NaN where n/a)."""
-    from memgnn.dataset.corpus import Corpus
-    from memgnn.predictor.recorder import CATEGORIES
+def _old_bound(data, rows, r_mu, r_up, cfg, mu, upper) -> np.ndarray:
+    """The per-metric shift `training.fit.cross_calibrate` computes (one conformal quantile
+    of y - upper per metric over every target, in the head as mu + relu(s + shift)), from
+    the same cross-fitted residuals (same seeds, same heads): the bound before the
+    per-(target, metric) calibration, for comparison."""
+    from memgnn.predictor.calibration import conformal_quantile
 
-    records = {r["job_id"]: r for r in Corpus(corpus).records()}
-    corpus_ = Corpus(corpus)
-    param_bytes: dict[str, float] = {}
-    params_only = np.zeros(len(data))
-    korth = np.full(len(data), np.nan)
-    for i, (gid, path) in enumerate(data.keys):
-        r = records[data.job_id[i]]
-        if gid not in param_bytes:
-            g = corpus_.graph(gid)
-            p = g.paths[path]
-            nb = g.storage_bytes(path, g.resolve_sizes(dict(g.symbols), "balanced"))
-            cat = np.asarray(p.storages["category"])
-            alloc = np.asarray(p.storages["alloc"])
-            param_bytes[gid] = float(nb[(cat == CATEGORIES.index("parameter")) & (alloc < 0)].sum())
-        pb = param_bytes[gid]
-        state = pb * (2 + OPT_STATES[r["train"]["optimizer"]])
-        params_only[i] = state
-        if r["family"] in TRANSFORMERS:
-            korth[i] = state + _korthikanti(r)
-    return {"params-only": params_only, "korthikanti": korth}
-
-
-def _korthikanti(r: dict[str, Any]) -> float:
-    hp, sizes, train = r["hparams"], r["sizes"], r["train"]
-    b, h, a, layers = sizes["B"], hp["hidden"], hp["heads"], hp["layers"]
-    if r["family"] == "vit":
-        seqs = [(hp["image"] // hp["patch"]) ** 2 + 1]
-    elif r["family"] == "t5":
-        seqs = [sizes["S"], sizes["T"]]
-    else:
-        seqs = [sizes["S"]]
-    scale = 2.0 if train["precision"] == "fp32" else 1.0
-    ckpt = train["checkpointing"]
-    n_ckpt = (
-        layers if ckpt == "full" else int(ckpt.split(":")[1]) if ckpt.startswith("blocks") else 0
-    )
-    total = 0.0
-    for s in seqs:
-        per_layer = s * b * h * (34 + 5 * a * s / h)
-        kept = (layers - n_ckpt) * per_layer + n_ckpt * 2 * s * b * h
-        total += scale * (kept + (per_layer if n_ckpt else 0))
-    return total
+    shift = np.zeros(3)
+    for m in range(3):
+        ok = ~np.isnan(data.y[rows, m])
+        if ok.sum() >= 5:
+            shift[m] = conformal_quantile(data.y[rows[ok], m] - r_up[ok, m], cfg.target_miss)
+    return mu + np.maximum(upper - mu + shift, 0.0)
 
 
 def with_live_samples(
@@ -313,13 +290,14 @@ def markdown(res: dict[str, Any]) -> str:
     lines = ["# memgnn accuracy and latency", "",
              f"Corpus: `{res['corpus']}` ({res['records']} records, {len(res['families'])} "
              f"families); {how}. Command: `{res['command']}`",
-             "", "| source/metric | estimator | n | median | p90 | p95 | max | bound miss |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "", "| source/metric | estimator | n | median | p90 | p95 | max | bound miss | "
+             "bound margin |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for key, row in res["accuracy"].items():
         for name, s in row.items():
             cells = [f"{s[k]:.2%}" for k in ("median", "p90", "p95", "max")]
             miss = f"{s['bound_miss_rate']:.1%}"
-            lines.append(f"| {key} | {name} | {s['n']} | {' | '.join(cells)} | {miss} |")
+            margin = f"{s['bound_margin_median']:.2%}"
+            lines.append(f"| {key} | {name} | {s['n']} | {' | '.join(cells)} | {miss} | {margin} |")
     lines += ["", "Per family (scored records; primary metric: reserved on GPU profiles, "
               "allocated on the CPU), median relative error:", "",
               "| family | n | gnn | analytic |", "|---|---|---|---|"]  # fmt: skip
@@ -342,7 +320,9 @@ def markdown(res: dict[str, Any]) -> str:
                   "| encoder nodes | edges | ORT encoder ms |", "|---|---|---|"]  # fmt: skip
         for e in lat["encoder_synthetic"]:
             lines.append(f"| {e['nodes']} | {e['edges']} | {e['onnx_encoder_ms']:.1f} |")
-    return "\n".join(lines) + "\n"
+    from benchmarks.paths import markdown_paths
+
+    return "\n".join(lines + markdown_paths(res)) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -357,33 +337,57 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-graph", action="store_true", help="ablation: head without embedding")
     p.add_argument("--out-name", default="accuracy", help="results file stem")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--target-miss", type=float, default=0.01, help="bound calibration's miss")
     p.add_argument(
         "--model-dir", default=str(Path(__file__).parents[1] / "predictor" / "default_model")
     )
     p.add_argument("--cache", default="runs/.bench-cache", help="capture cache for latency graphs")
     p.add_argument("--skip-latency", action="store_true")
+    p.add_argument(
+        "--paths",
+        action="store_true",
+        help="also the replay per record (vs the labels) and latency per path",
+    )
+    p.add_argument("--explain", default="", help="a sentence on replay differences")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for noisy in ("torch", "transformers", "predictor", "dataset", "training"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     data = load_dataset(a.corpus)
     gnn = {"hidden": a.hidden, "layers": a.layers, "use_graph": not a.no_graph}
-    cv = cross_validate(data, a.folds, a.max_epochs, a.seed, gnn, a.split)
-    learned = (data.analytic * np.exp(cv["mu"]), data.analytic * np.exp(cv["upper"]))
+    cv = cross_validate(data, a.folds, a.max_epochs, a.seed, gnn, a.split, a.target_miss)
+    learned = (cv["pred"], cv["bound"])
     untested = np.isnan(cv["mu"][:, 0])  # random split: baselines on the test records only
+    from benchmarks.baselines import baselines
+
     base = {"analytic": data.baseline, **baselines(data, a.corpus)}
     base = {k: np.where(untested[:, None] if v.ndim == 2 else untested, np.nan, v)
             for k, v in base.items()}  # fmt: skip
     live = {f"gnn + {k} live": with_live_samples(data, *learned, k, a.seed) for k in (1, 3)}
-    preds = {"gnn": learned, **live, **{k: (v, v) for k, v in base.items()}}
+    preds = {"gnn": learned, "gnn (old bound)": (learned[0], np.maximum(cv["old_bound"],
+             learned[0])), **live, **{k: (v, v) for k, v in base.items()}}  # fmt: skip
+    if a.paths:
+        from benchmarks.paths import replay_records
+
+        rp = replay_records(data, a.corpus)
+        preds = {"replay": (rp["pred"], rp["pred"]), **preds}
     res = {
         "corpus": a.corpus, "records": len(data), "families": sorted(set(data.family)),
         "split": a.split, "folds": a.folds if a.split == "family" else 1,
         "fold_info": cv["folds"], "data_hash": data.data_hash,
         "command": "python benchmarks/accuracy.py " + " ".join(argv or sys.argv[1:]),
-        "gnn_config": gnn, "accuracy": summarize(data, preds),
+        "gnn_config": gnn, "target_miss": a.target_miss, "accuracy": summarize(data, preds),
         "per_family": per_family(data, learned[0], base["analytic"]),
+        "bound_calibration": cv["calibration"],
     }  # fmt: skip
+    if a.paths:
+        from benchmarks.paths import latency_per_path
+
+        labelled = int(np.any(~np.isnan(data.measured), axis=1).sum())
+        res["replay"] = {"records": labelled, "exact": labelled - len(rp["differ"]),
+                         "differ": rp["differ"], "explained": a.explain}  # fmt: skip
+        if (Path(a.model_dir) / "model_card.json").is_file():
+            res["path_latency"] = latency_per_path(data, a.corpus, Path(a.model_dir))
     if not a.skip_latency and (Path(a.model_dir) / "model_card.json").is_file():
         res["latency"] = latency(Path(a.model_dir), Path(a.cache))
     RESULTS.mkdir(parents=True, exist_ok=True)

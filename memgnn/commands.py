@@ -274,9 +274,6 @@ def predict_cmd(args: argparse.Namespace) -> int:
     if args.url:
         from memgnn.serving.client import remote_predict
 
-        if args.method != "auto":
-            raise ValueError("--method applies to local predictions; --url asks the server")
-
         limit_fields = {}
         if limit is not None and limit.source == "threshold":
             limit_fields["threshold"] = limit.threshold
@@ -294,6 +291,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
             scenario=args.scenario,
             token=args.token,
             **limit_fields,
+            method=args.method,
+            replay_budget_ms=args.replay_budget_ms,
         )
         print(json.dumps(out, indent=2, default=str))
         return 0

@@ -4,10 +4,14 @@ A model directory holds `encoder.onnx`, `head.onnx` and `model_card.json` (writt
 `memgnn train`). `encode(graph)` runs the encoder once per graph path and caches the
 embeddings by graph id; `predict_encoded(embedding, graph, queries)` computes the query
 features (a liveness sweep in numpy) and runs the head once for all (query, path) pairs.
-Predicted bytes = analytic estimate x exp(correction); the upper bound likewise, and never
-below the prediction. Neither is ever below the floors of `predictor.trust` (the sweep's
-exact tensor peak, whole 2 MiB segments for reserved); past the card's `training_range`
-in B the correction learned at the range's edge is applied and the answer says so in
+Predicted bytes = analytic estimate x exp(correction); the upper bound likewise, calibrated
+per (target kind, metric) where the card has a `bound_calibration`
+(`predictor.calibration`), and never below the prediction. Neither is ever below the
+floors of `predictor.trust` (the sweep's exact tensor peak, whole 2 MiB segments for
+reserved), and where the sweep is exact (CPU allocated bytes: `trust.exact_reason`) the
+answer is the sweep itself, its bound too, and `breakdown["exact"]` says why; past the
+card's `training_range` in B the correction learned at the range's edge is applied and the
+answer says so in
 `breakdown["extrapolated"]`. Sizes that break the graph's guards are refused
 (`predict.GuardViolation`). A multi-path graph reports the worst path and each path's values.
 
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from memgnn.predictor.calibration import bound_log, group_key
 from memgnn.predictor.features import (
     FEATURE_SCHEMA_VERSION,
     NUM_NODE_FEATURES,
@@ -41,7 +46,7 @@ from memgnn.predictor.predict import (
     check_guards,
 )
 from memgnn.predictor.query_features import PathContext
-from memgnn.predictor.trust import batch_cap, extrapolation_notes, floors
+from memgnn.predictor.trust import batch_cap, exact_reason, extrapolation_notes, floors
 from memgnn.predictor.vocab import METRICS
 
 log = logging.getLogger(__name__)
@@ -216,21 +221,31 @@ class OnnxMemoryModel:
                                      r.breakdown["context_bytes"])[m] for r in per])  # fmt: skip
             raw = out[qi, :, [m, 3 + m]]  # [2, paths] log corrections: value, upper bound
             log_corr = np.clip(raw, -MAX_LOG_CORRECTION, MAX_LOG_CORRECTION)
-            value = np.maximum(np.round(analytic * np.exp(log_corr[0])), floor)
-            upper = np.ceil(np.maximum(analytic * np.exp(log_corr[1]), value))
+            exact = exact_reason(graph, device.is_gpu, METRICS[m])
+            if exact is not None:  # the sweep is the label: nothing learned may move it
+                log_corr[:] = 0.0
+                value = upper = floor
+            else:
+                value = np.maximum(np.round(analytic * np.exp(log_corr[0])), floor)
+                cal = (self.card.get("bound_calibration") or {}).get(
+                    group_key(device.is_gpu, METRICS[m])
+                )
+                log_bound = np.minimum(bound_log(log_corr[0], log_corr[1], cal),
+                                       MAX_LOG_CORRECTION)  # fmt: skip
+                upper = np.ceil(np.maximum(analytic * np.exp(log_bound), value))
             worst = int(np.argmax(value))
             breakdown = dict(per[worst].breakdown)
             extra = breakdown["workspace_bytes"] + (breakdown["context_bytes"] if m == 2 else 0)
             notes = extrapolation_notes(queries[qi].sizes, graph.symbols, rng,
                                         seen[qi][worst].features)  # fmt: skip
-            if np.any(raw != log_corr):
+            if exact is None and np.any(raw != log_corr):
                 notes.append(f"the network's correction (x{np.exp(raw.max()):.3g} / "
                              f"x{np.exp(raw.min()):.3g}) is outside x{MAX_CORRECTION:g}"
                              "^(+-1): clipped there (onnx_model.MAX_CORRECTION)")  # fmt: skip
             breakdown.update(workspace_and_context_bytes=extra, analytic_bytes=int(analytic[worst]),
                              correction=float(np.exp(log_corr[0, worst])),
                              floor_bytes=int(floor[worst]), extrapolated=notes,
-                             unknown_ops=unknown)  # fmt: skip
+                             unknown_ops=unknown, exact=exact)  # fmt: skip
             paths = [
                 {"conditions": c.graph.paths[c.path].conditions,
                  "predicted_peak_bytes": int(v), "upper_bound_bytes": int(u)}

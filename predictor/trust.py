@@ -15,6 +15,17 @@ honest far from that corpus:
   the analytic estimate at the real size: monotone in B wherever the analytic estimate
   is, instead of whatever the network does outside what it saw. Every answer lists in
   `breakdown["extrapolated"]` why it is outside the range ([] when inside).
+- **Exact answers stay exact.** Where the sweep *is* the label, a learned correction can
+  only move the answer off it, so none is applied (`exact_reason`). Per (target, metric):
+  a CPU target's `allocated` is the liveness sweep of the storages the step creates (the
+  `cpu` backend measures a real step with the same recorder: `benchmarks/sim_vs_cpu.py`,
+  32 of 32 configs to the byte outside AMP), so it is exact for a graph with one path,
+  no data-dependent sizes and no autocast (AMP's weight-cast cache made up to 0.055%
+  of difference there). A graph with branches or data-dependent sizes is exact per path,
+  but which path the data takes is not, so the learned model still answers. On a GPU
+  profile no metric is exact from the sweep (kernel scratch, workspaces and the caching
+  allocator's segments): the exact answer there is the allocator replay
+  (`dataset.replay.exact.ReplayModel`).
 """
 
 from __future__ import annotations
@@ -26,7 +37,14 @@ from typing import Any
 import numpy as np
 from memgnn.predictor.features import QUERY_COLUMNS
 
-__all__ = ["SEGMENT", "batch_cap", "extrapolation_notes", "floors", "training_range"]
+__all__ = [
+    "SEGMENT",
+    "batch_cap",
+    "exact_reason",
+    "extrapolation_notes",
+    "floors",
+    "training_range",
+]
 
 SEGMENT = 2 << 20  # every caching-allocator segment is a multiple of 2 MiB
 
@@ -39,6 +57,22 @@ def floors(tensor_peak: float, is_gpu: bool, context_bytes: int) -> np.ndarray:
         return np.array([peak, peak, peak])
     reserved = math.ceil(peak / SEGMENT) * SEGMENT
     return np.array([peak, float(reserved), float(reserved + context_bytes)])
+
+
+def exact_reason(graph: Any, is_gpu: bool, metric: str) -> str | None:
+    """Why the sweep's answer for `metric` on this graph and target is exact, or None
+    where it is not (see the module docstring: CPU allocated bytes of a one-path graph
+    without data-dependent sizes or autocast)."""
+    if is_gpu or metric != "allocated":
+        return None
+    if len(graph.paths) != 1 or graph.data_symbols:
+        return None
+    if str(graph.train.get("precision", "fp32")).startswith("amp"):
+        return None
+    return (
+        "cpu allocated bytes of a one-path step: the liveness sweep is the step's tensor "
+        "peak, no learned correction applied"
+    )
 
 
 def _unlog(value: float, scale: float) -> int:

@@ -23,6 +23,7 @@ from memgnn.serving.metrics import Metrics
 from memgnn.serving.middleware import LimitsAndMetrics
 from memgnn.serving.models import load_model
 from memgnn.serving.routes import admin, graphs, health, plan, predict, samples, snapshots
+from memgnn.serving.routing import ReplayWarmup
 from memgnn.serving.store import Store
 from threadpoolctl import threadpool_limits
 
@@ -44,6 +45,8 @@ def _lifespan(config: ServeConfig, load: Callable[[], MemoryModel]) -> Callable:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         blas = threadpool_limits(limits=config.blas_threads, user_api="blas")
+        if config.warm_replay:  # compiles in the background; requests are served meanwhile
+            app.state.replay.start()
         store = await run_in_threadpool(
             lambda: Store(
                 config.db_url,
@@ -67,9 +70,13 @@ def _lifespan(config: ServeConfig, load: Callable[[], MemoryModel]) -> Callable:
     return lifespan
 
 
-def create_app(config: ServeConfig, *, model: MemoryModel | None = None) -> FastAPI:
+def create_app(
+    config: ServeConfig, *, model: MemoryModel | None = None, replay: ReplayWarmup | None = None
+) -> FastAPI:
     """The service. `model`: serve this object instead of loading `config.model` (an
-    in-process model, e.g. in a notebook or a test); reloads then keep it."""
+    in-process model, e.g. in a notebook or a test); reloads then keep it. `replay`: the
+    replay JIT's warm-up (default: `serving.routing.warm_replay` in a background thread,
+    started with the app when `config.warm_replay`)."""
 
     def load() -> MemoryModel:
         return model if model is not None else load_model(config.model)
@@ -84,6 +91,7 @@ def create_app(config: ServeConfig, *, model: MemoryModel | None = None) -> Fast
     )
     app.state.config, app.state.engine, app.state.load_model = config, None, load
     app.state.metrics = Metrics()
+    app.state.replay = replay or ReplayWarmup()
     app.add_middleware(
         LimitsAndMetrics, max_bytes=config.max_request_bytes, metrics=app.state.metrics
     )

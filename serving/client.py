@@ -123,8 +123,16 @@ class MemgnnClient:
         apply_correction: bool = True,
         threshold: float | None = None,
         budget_bytes: int | None = None,
+        method: str = "auto",
+        replay_budget_ms: float | None = None,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"configs": configs, "apply_correction": apply_correction}
+        """POST /predict; `method` auto | replay | gnn | analytic, `replay_budget_ms`
+        (None: the server's) as `serving.routing` routes them; `threshold` / `budget_bytes`
+        ask for a fits / does-not-fit verdict per config."""
+        body: dict[str, Any] = {"configs": configs, "apply_correction": apply_correction,
+                                "method": method}  # fmt: skip
+        if replay_budget_ms is not None:
+            body["replay_budget_ms"] = replay_budget_ms
         limits = (("threshold", threshold), ("budget_bytes", budget_bytes))
         for key, value in (("graph_id", graph_id), ("graph", graph), ("model", model), *limits):
             if value is not None:
@@ -191,16 +199,22 @@ def remote_predict(
     timeout: float = 300.0,
     threshold: float | None = None,
     budget_bytes: int | None = None,
+    method: str = "auto",
+    replay_budget_ms: float | None = None,
 ) -> dict[str, Any]:
     """What `memgnn predict --json` prints, answered by the service at `url`:
-    predicted_peak_bytes, upper_bound_bytes, metric, breakdown, model_version, plus
-    sizes (the model's example dims filled in), device, graph_id, correction, and the
+    predicted_peak_bytes, upper_bound_bytes, metric, breakdown, model_version, method,
+    plus sizes (the model's example dims filled in), device, graph_id, correction, and the
     `verdict` under `threshold` (a fraction of the device) or `budget_bytes` if given."""
     config = {"sizes": dict(sizes or {}), "device": device, "metric": metric, "scenario": scenario}
     limit = {k: v for k, v in (("threshold", threshold), ("budget_bytes", budget_bytes)) if v}
     with MemgnnClient(url, token=token, timeout=timeout) as client:
         answer = client.predict(
-            configs=[config], model=model_body(model, model_args, task, train), **limit
+            configs=[config],
+            model=model_body(model, model_args, task, train),
+            method=method,
+            replay_budget_ms=replay_budget_ms,
+            **limit,
         )
     p = answer["predictions"][0]
     return {
@@ -209,6 +223,7 @@ def remote_predict(
         "metric": p["metric"],
         "breakdown": p["breakdown"],
         "model_version": p["model_version"],
+        "method": p["method"],
         "paths": p["paths"],
         "sizes": p["config"]["sizes"],
         "device": p["config"]["device"],

@@ -49,6 +49,10 @@ class ServeConfig:
       `max_hparam_scale` x the largest value of the zoo's range (or default).
     - `blas_threads`: BLAS threads per server process (numpy's live-byte curves). Requests
       are small; extra BLAS threads only spin and take the CPU other workers need.
+    - `replay_budget_ms`: a request's default time budget for the exact replay (`method`
+      auto replays when its estimate fits; requests may pass their own);
+      `warm_replay`: compile the replay JIT in the background at start (`serving.routing`);
+      `replay_wait_s`: how long a request asking `method: replay` waits for it.
     """
 
     model: str | None = None
@@ -71,6 +75,9 @@ class ServeConfig:
     max_hparam_scale: float = 8.0
     allow_anonymous_writes: bool = False
     blas_threads: int = 1
+    replay_budget_ms: float = 250.0
+    warm_replay: bool = True
+    replay_wait_s: float = 300.0
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser()
@@ -81,6 +88,12 @@ class ServeConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_decompressed_bytes < self.max_request_bytes:
             raise ValueError("max_decompressed_bytes must be >= max_request_bytes")
+        if not 0 <= self.replay_budget_ms <= 600_000:
+            raise ValueError(
+                f"replay_budget_ms must be in [0, 600000], got {self.replay_budget_ms}"
+            )
+        if not 0 <= self.replay_wait_s <= 86_400:
+            raise ValueError(f"replay_wait_s must be in [0, 86400], got {self.replay_wait_s}")
         if self.blas_threads < 1:
             raise ValueError(f"blas_threads must be >= 1, got {self.blas_threads}")
         if self.graph_cache_size < 1:

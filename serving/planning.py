@@ -12,11 +12,12 @@ from memgnn.predictor.graph import StepGraph
 from memgnn.predictor.limits import resolve_limit
 from memgnn.predictor.plan import Candidate, PlanConfig, SearchSpace, capture_spec, plan
 from memgnn.predictor.plan import variants as plan_variants
-from memgnn.predictor.predict import Prediction, Query
+from memgnn.predictor.predict import AnalyticModel, Prediction, Query
 from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
 from memgnn.serving.captures import Work
 from memgnn.serving.engine import Engine, GraphEntry
 from memgnn.serving.graphs import RequestError
+from memgnn.serving.routing import Route, plan_exact
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +113,15 @@ def _count_blocks(bundle: ModelBundle) -> int | None:
 
 
 def run_plan(
-    engine: Engine, req: Any, *, persist: bool = False, work: Work | None = None
+    engine: Engine,
+    req: Any,
+    *,
+    persist: bool = False,
+    work: Work | None = None,
+    route: Route | None = None,
 ) -> dict[str, Any]:
-    """Answer a validated `PlanRequest` (see `serving.schemas`)."""
+    """Answer a validated `PlanRequest` (see `serving.schemas`); `route`: which path
+    decides the steps near the limit (`serving.routing.plan_exact`; None: the model)."""
     device = get_profile(req.device)
     adapter = EngineModel(engine, correct=req.apply_correction)
     space_fields = req.space.model_dump()
@@ -214,8 +221,16 @@ def run_plan(
         )
     except ValueError as exc:
         raise RequestError(str(exc), loc=("body",)) from None
+    model, exact, method, skipped = adapter, None, "gnn", None
+    if route is not None and route.method == "analytic":
+        model, method = AnalyticModel(), "analytic"
+    elif route is not None:
+        first = plan_variants(base, space)[0]  # the graph the route's cost is judged on
+        probe = adapter.entries[id(graph_for(first))]  # fmt: skip
+        exact, method, skipped = plan_exact(route, probe, device.is_gpu)
     try:
-        result = plan(adapter, graph_for, base, space, cfg, n_blocks=n_blocks, top=1000)
+        result = plan(model, graph_for, base, space, cfg, n_blocks=n_blocks, top=1000,
+                      exact=exact)  # fmt: skip
     except RequestError as exc:
         if "configs" in exc.loc:  # a probe overflowed: the batch range is too large
             raise RequestError(str(exc), loc=("body", "space", "max_batch")) from None
@@ -243,5 +258,7 @@ def run_plan(
         "graphs": result.graphs,
         "variants": result.variants,
         "reason": result.reason,
-        "model_version": adapter.version,
+        "model_version": model.version,
+        "method": method,
+        "replay_skipped": skipped,
     }

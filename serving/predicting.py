@@ -12,6 +12,7 @@ from memgnn.predictor.predict import Query
 from memgnn.serving.captures import Work
 from memgnn.serving.engine import Engine, GraphEntry, Served
 from memgnn.serving.graphs import RequestError, build_graph
+from memgnn.serving.routing import Route, predict_routed
 
 
 def _entries(
@@ -71,11 +72,18 @@ def _verdict(req: Any, device: str, p: Any) -> dict[str, Any] | None:
 
 
 def run_predict(
-    engine: Engine, req: Any, *, max_nodes: int, persist: bool = False, work: Work | None = None
+    engine: Engine,
+    req: Any,
+    *,
+    max_nodes: int,
+    persist: bool = False,
+    work: Work | None = None,
+    route: Route | None = None,
 ) -> dict[str, Any]:
     """Answer a validated `PredictRequest` (see `serving.schemas`); `persist`: store
     inline or captured graphs in the database (else only in the memory cache); `work`:
-    the request's capture budget (`serving.captures.Work`)."""
+    the request's capture budget (`serving.captures.Work`); `route`: which path answers
+    (`serving.routing`; None: the served model)."""
     entries, sizes = _entries(engine, req, max_nodes, persist, work)
     queries = [
         Query(sizes=sz, device=c.device, metric=c.metric, scenario=c.scenario)
@@ -87,9 +95,13 @@ def run_predict(
     answers: list[Served | None] = [None] * len(queries)
     for idx in groups.values():
         try:
-            served = engine.predict(
-                entries[idx[0]], [queries[i] for i in idx], correct=req.apply_correction
-            )
+            group = [queries[i] for i in idx]
+            if route is None:
+                served = engine.predict(entries[idx[0]], group, correct=req.apply_correction)
+            else:
+                served = predict_routed(
+                    engine, entries[idx[0]], group, route, correct=req.apply_correction
+                )
         except RequestError as exc:
             loc = exc.loc
             if len(loc) > 2 and loc[1] == "configs" and isinstance(loc[2], int):

@@ -33,6 +33,12 @@ Device = Literal[tuple(PROFILES)]  # type: ignore[valid-type]
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
 Checkpointing = Annotated[str, StringConstraints(pattern=r"^(none|full|hf|blocks:[0-9]{1,6})$")]
 Bytes = Annotated[StrictInt, Field(ge=0, le=1 << 60)]
+# which path answers (serving.routing): auto = replay within the budget, else the model
+Method = Literal["auto", "replay", "gnn", "analytic"]
+ReplayBudget = Annotated[
+    float | None,
+    Field(default=None, ge=0, le=600_000, description="ms; default: the server's budget"),
+]
 
 
 class Strict(BaseModel):
@@ -114,6 +120,8 @@ class PredictRequest(Strict):
     # a fits / does not fit verdict per config, on its upper bound: at most one of these
     threshold: float | None = Field(default=None, gt=0, le=1)  # of each config's device
     budget_bytes: Bytes | None = Field(default=None, ge=1)
+    method: Method = "auto"
+    replay_budget_ms: ReplayBudget = None
 
     @model_validator(mode="after")
     def _one_source(self) -> PredictRequest:
@@ -214,6 +222,8 @@ class PlanRequest(Strict):
     objective: Literal["throughput", "effective_batch"] = "throughput"
     top: int = Field(default=5, ge=1, le=50)
     apply_correction: bool = True
+    method: Method = "auto"
+    replay_budget_ms: ReplayBudget = None
 
     @model_validator(mode="after")
     def _one_each(self) -> PlanRequest:
@@ -266,6 +276,8 @@ class PlanResponse(BaseModel):
     variants: int = 0  # training configurations searched
     reason: str = ""
     model_version: str
+    method: str = "gnn"  # what decided the steps near the limit: replay | gnn | analytic
+    replay_skipped: str | None = None
 
 
 class SampleIn(Strict):

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from memgnn.predictor.features import GraphInputs, graph_inputs
 from memgnn.predictor.query_features import PathContext
+from memgnn.predictor.trust import exact_reason
 from memgnn.predictor.vocab import METRICS
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,9 @@ class Dataset:
     # what `load_dataset(allow_corrupt=True)` left out: corrupt parts (file -> why),
     # corrupt graphs (id -> why) and the number of records that named them
     dropped: dict[str, Any] = field(default_factory=dict)
+    # per record: its allocated answer is exact (`predictor.trust.exact_reason`: the sweep
+    # on a CPU target), so the learned model does not correct it
+    exact: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -136,6 +140,13 @@ def load_dataset(
         graphs=graphs,
         data_hash=data_hash(rows),
         dropped=dropped,
+        exact=np.array(
+            [
+                exact_reason(loaded[r["graph_id"]], get_profile(r["device"]).is_gpu, "allocated")
+                is not None
+                for r in rows
+            ]
+        ),  # fmt: skip
     )
     log.info(
         "loaded %d records over %d graph paths, %d families from %s",
@@ -240,12 +251,16 @@ def relative_errors(pred: np.ndarray, measured: np.ndarray) -> np.ndarray:
 
 
 def error_summary(pred: np.ndarray, upper: np.ndarray, measured: np.ndarray) -> dict[str, Any]:
-    """median / p90 / p95 / max relative error and the bound miss rate (measured > upper)."""
+    """median / p90 / p95 / max relative error, the bound miss rate (measured > upper) and
+    the median bound margin ((upper - measured) / measured: how much the bound asks for
+    beyond what the step holds)."""
     ok = ~np.isnan(measured)
     if not ok.any():
         return {"n": 0}
     err = relative_errors(pred[ok], measured[ok])
+    margin = (upper[ok] - measured[ok]) / np.maximum(measured[ok], 1.0)
     return {
+        "bound_margin_median": float(np.median(margin)),
         "n": int(ok.sum()),
         "median": float(np.median(err)),
         "p90": float(np.quantile(err, 0.9)),

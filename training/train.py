@@ -207,13 +207,20 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
 
 def _finish(cfg, data, sp, model, history, tracker, out: Path, t0: float) -> dict[str, Any]:
     from memgnn.predictor.trust import training_range
+    from memgnn.training.calibrate import calibrate_groups, cross_fit, evaluate
     from memgnn.training.export import export_onnx, weights_hash, write_card
-    from memgnn.training.fit import cross_calibrate, evaluate, predict_log
+    from memgnn.training.fit import predict_log
     from memgnn.training.tracking import parity_plot
 
     seen = np.concatenate([sp.train, sp.val])
-    calibration = cross_calibrate(model, data, seen, cfg.fit)
-    metrics = {"val": evaluate(model, data, sp.val), "test_family": evaluate(model, data, sp.test)}
+    # per (target kind, metric) conformal bounds from family-cross-fitted residuals; the
+    # head's own per-metric shift stays zero (predictor.calibration)
+    rows, mu, upper = cross_fit(model, data, seen, cfg.fit)
+    bound_calibration = calibrate_groups(data, rows, mu, upper, cfg.fit.target_miss)
+    model.head.calibration.zero_()
+    calibration = model.head.calibration.tolist()
+    metrics = {"val": evaluate(model, data, sp.val, bound_calibration),
+               "test_family": evaluate(model, data, sp.test, bound_calibration)}  # fmt: skip
     baseline = {name: _analytic_summary(data, idx) for name, idx in
                 (("val", sp.val), ("test_family", sp.test)) if len(idx)}  # fmt: skip
     model_dir = out / "model"
@@ -239,6 +246,7 @@ def _finish(cfg, data, sp, model, history, tracker, out: Path, t0: float) -> dic
         "split": sp.summary() | {"val_by": cfg.val_by, "seed": cfg.fit.seed},
         "gnn": cfg.gnn.to_dict(), "fit": asdict(cfg.fit), "epochs": len(history),
         "best_epoch": best.get("epoch"), "calibration": calibration,
+        "bound_calibration": bound_calibration,
         "metrics": metrics, "analytic_baseline": baseline, "onnx": onnx_info,
         "train_seconds": round(time.perf_counter() - t0, 1),
         "dropped": data.dropped,  # corrupt corpus data left out (--allow-corrupt)

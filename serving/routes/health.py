@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -14,9 +15,10 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-async def healthz() -> dict[str, str]:
-    """The process answers."""
-    return {"status": "ok"}
+async def healthz(request: Request) -> dict[str, Any]:
+    """The process answers; `replay_jit`: the exact replay's compile state (cold, warming,
+    warm, failed; while not warm, `method: auto` is answered by the model)."""
+    return {"status": "ok", "replay_jit": request.app.state.replay.to_dict()}
 
 
 @router.get("/readyz")

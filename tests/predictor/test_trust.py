@@ -62,3 +62,46 @@ def test_corrections_far_outside_the_corpus_are_clipped_and_said(shipped, mlp_gr
     assert 1 / 16 <= p.breakdown["correction"] <= 16
     assert p.upper_bound_bytes <= 16 * p.breakdown["analytic_bytes"] + p.breakdown["floor_bytes"]
     assert any("clipped" in why for why in p.breakdown["extrapolated"])
+
+
+@pytest.fixture(scope="module")
+def cpu_mlp():
+    """The tiny MLP captured for a CPU target, and its real CPU step's tensor peak."""
+    from memgnn.dataset.cpu_backend import profile_cpu
+
+    bundle = tiny_mlp_bundle()
+    graph = capture(bundle, TrainSpec(), CaptureConfig(target="cpu"))
+    real = profile_cpu(bundle, TrainSpec(), {"B": 64})["peak_allocated_bytes"]
+    return graph, real
+
+
+def test_learned_answer_equals_the_exact_sweep_on_cpu_allocated(shipped, cpu_mlp):
+    # the sweep is this step's real CPU tensor peak to the byte; the shipped model's
+    # correction (x1.43 here) used to move the answer off it
+    from memgnn.predictor.predict import AnalyticModel
+
+    graph, real = cpu_mlp
+    q = Query(sizes={"B": 64}, device="cpu")
+    assert AnalyticModel().predict(graph, [q])[0].predicted_peak_bytes == real
+    p = shipped.predict(graph, [q])[0]
+    assert p.method == "gnn" and p.metric == "allocated"
+    assert p.predicted_peak_bytes == real and p.upper_bound_bytes == real
+    assert p.breakdown["exact"] and p.breakdown["correction"] == 1.0
+    assert all(path["predicted_peak_bytes"] == real for path in p.paths)
+
+
+def test_exact_only_where_the_sweep_is_the_label(cpu_mlp, mlp_graph):
+    from dataclasses import replace
+
+    from memgnn.predictor.trust import exact_reason
+
+    graph, _ = cpu_mlp
+    assert exact_reason(graph, False, "allocated")
+    assert exact_reason(mlp_graph, True, "allocated") is None  # GPU: kernel scratch, replay
+    assert exact_reason(mlp_graph, True, "reserved") is None
+    amp = replace(graph, train={**graph.train, "precision": "amp-bf16"})
+    assert exact_reason(amp, False, "allocated") is None
+    branchy = replace(graph, paths=[*graph.paths, *graph.paths])
+    assert exact_reason(branchy, False, "allocated") is None
+    data_dep = replace(graph, data_symbols={"u0": {"lo": "0", "balanced": "1", "hi": "2"}})
+    assert exact_reason(data_dep, False, "allocated") is None

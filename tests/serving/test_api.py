@@ -50,7 +50,8 @@ def gid(client, graph) -> str:
 
 
 def test_health_ready_docs(client):
-    assert client.get("/healthz").json() == {"status": "ok"}
+    health = client.get("/healthz").json()
+    assert health["status"] == "ok" and health["replay_jit"]["state"] in ("warming", "warm")
     r = client.get("/readyz")
     assert r.status_code == 200 and r.json() == {"ready": True, "model_version": "analytic-1"}
     assert client.get("/docs").status_code == 200
@@ -115,7 +116,7 @@ def test_predict_by_id_matches_the_model(client, graph, gid):
         {"sizes": {"B": 64}, "device": "a100-80gb", "metric": "device_total"},
         {"sizes": {"B": 3}, "device": "cpu"},
     ]
-    r = client.post("/predict", json={"graph_id": gid, "configs": configs})
+    r = client.post("/predict", json={"graph_id": gid, "configs": configs, "method": "gnn"})
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["model_version"] == "analytic-1" and body["has_unknown_ops"] is False
@@ -171,7 +172,9 @@ def test_unknown_graph_id_is_404(client):
 
 def test_residual_correction_changes_later_predictions(client, gid):
     config = {"sizes": {"B": 32}, "device": "a100-80gb", "metric": "allocated"}
-    first = client.post("/predict", json={"graph_id": gid, "configs": [config]}).json()
+    first = client.post(
+        "/predict", json={"graph_id": gid, "configs": [config], "method": "gnn"}
+    ).json()
     raw = first["predictions"][0]
     assert raw["correction"]["samples"] == 0
     measured = [int(raw["predicted_peak_bytes"] * f) for f in (1.10, 1.20, 1.30)]
@@ -189,7 +192,9 @@ def test_residual_correction_changes_later_predictions(client, gid):
     # the median, 1.2, trusted 3 / (3 + 1) of the way (in log): few samples count less
     assert corr["peak_scale"] == pytest.approx(1.20**0.75, rel=1e-6)
     assert corr["bound_scale"] == pytest.approx(1.30, rel=1e-6)  # max, >= 1
-    after = client.post("/predict", json={"graph_id": gid, "configs": [config]}).json()
+    after = client.post(
+        "/predict", json={"graph_id": gid, "configs": [config], "method": "gnn"}
+    ).json()
     p = after["predictions"][0]
     assert p["predicted_peak_bytes"] == round(raw["predicted_peak_bytes"] * corr["peak_scale"])
     assert p["upper_bound_bytes"] >= max(measured)
@@ -217,7 +222,9 @@ def test_residual_correction_changes_later_predictions(client, gid):
 
 def test_samples_lower_the_peak_but_never_the_bound(client, gid):
     config = {"sizes": {"B": 8}, "device": "v100-16gb", "metric": "allocated"}
-    raw = client.post("/predict", json={"graph_id": gid, "configs": [config]}).json()
+    raw = client.post(
+        "/predict", json={"graph_id": gid, "configs": [config], "method": "gnn"}
+    ).json()
     pred = raw["predictions"][0]
     m = pred["predicted_peak_bytes"] // 2
     r = client.post(
@@ -225,7 +232,7 @@ def test_samples_lower_the_peak_but_never_the_bound(client, gid):
     )
     assert r.json()["correction"]["peak_scale"] == pytest.approx(0.5**0.5, rel=1e-3)
     assert r.json()["correction"]["bound_scale"] == 1.0
-    p = client.post("/predict", json={"graph_id": gid, "configs": [config]}).json()
+    p = client.post("/predict", json={"graph_id": gid, "configs": [config], "method": "gnn"}).json()
     assert p["predictions"][0]["predicted_peak_bytes"] < pred["predicted_peak_bytes"]
     assert p["predictions"][0]["upper_bound_bytes"] == pred["upper_bound_bytes"]
 

@@ -73,7 +73,7 @@ def test_learned_model_path(tmp_path, graph):
         gid = up["graph_id"]
         configs = [{"sizes": {"B": b}, "device": "a100-80gb"} for b in (1, 2, 4, 8, 16)]
         for _ in range(3):
-            r = c.post("/predict", json={"graph_id": gid, "configs": configs})
+            r = c.post("/predict", json={"graph_id": gid, "configs": configs, "method": "gnn"})
             assert r.status_code == 200
         assert model.encodes == [gid]  # encoded once, cached by id
         assert model.batches[-3:] == [5, 5, 5]  # one head call per request
@@ -85,11 +85,13 @@ def test_learned_model_path(tmp_path, graph):
         s = c.post("/samples", json={"graph_id": gid, "measured_peak_bytes": m, **configs[0]})
         corr = s.json()["correction"]
         assert corr["bound_scale"] == pytest.approx(1.5, rel=1e-6)
-        after = c.post("/predict", json={"graph_id": gid, "configs": configs[:1]}).json()
+        after = c.post(
+            "/predict", json={"graph_id": gid, "configs": configs[:1], "method": "gnn"}
+        ).json()
         assert after["predictions"][0]["upper_bound_bytes"] >= m
         # a reload keeps the injected model, re-encodes, and starts uncorrected per version
         assert c.post("/admin/reload").json()["model_version"] == "fake-learned-7"
-        c.post("/predict", json={"graph_id": gid, "configs": configs[:1]})
+        c.post("/predict", json={"graph_id": gid, "configs": configs[:1], "method": "gnn"})
         assert model.encodes == [gid, gid]
 
 
@@ -129,7 +131,7 @@ def test_registry_uris_and_reload_to_another_model(tmp_path, graph, monkeypatch)
     auth = {"authorization": "Bearer tk"}
     with TestClient(create_app(cfg)) as c:
         gid = c.post("/graphs", json=graph.content(), headers=auth).json()["graph_id"]
-        body = {"graph_id": gid, "configs": [{"sizes": {"B": 4}}]}
+        body = {"graph_id": gid, "configs": [{"sizes": {"B": 4}}], "method": "gnn"}
         before = c.post("/predict", json=body).json()["predictions"][0]
         r = c.post("/admin/reload", json={"model": "models:/memgnn@candidate"}, headers=auth)
         assert r.json() == {"previous_version": "analytic-1", "model_version": "fake-learned-7"}

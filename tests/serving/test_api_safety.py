@@ -208,11 +208,14 @@ def test_sizes_that_overflow_are_422(client, data):
     big["exprs"].append("B**4 * 1024")  # a storage of 1024 * B^4 bytes
     big["paths"][0]["storages"]["nbytes"][0] = len(big["exprs"]) - 1
     gid = upload(client, big).json()["graph_id"]
-    ok = client.post("/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 1000}}]})
-    assert ok.status_code == 200
-    r = client.post("/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 2**20}}]})
-    assert r.status_code == 422 and "overflow" in r.text
-    assert locs(r)[0][:3] == ["body", "configs", 0]
+    for method in ("gnn", "replay", "analytic"):
+        body = {"graph_id": gid, "method": method}
+        ok = client.post("/predict", json=body | {"configs": [{"sizes": {"B": 1000}}]})
+        assert ok.status_code == 200, (method, ok.text)
+        r = client.post("/predict", json=body | {"configs": [{"sizes": {"B": 2**20}}]})
+        assert r.status_code == 422, (method, r.text)
+        assert "overflow" in r.text or "beyond 2**63" in r.text, (method, r.text)
+        assert locs(r)[0][:3] == ["body", "configs", 0]
 
 
 def test_unknown_device_message_lists_profiles(client, gid):
@@ -419,7 +422,8 @@ def test_internal_errors_are_500_not_the_callers_fault(tmp_path, data, exc, stat
         gid = c.post("/graphs", json=data, headers={"authorization": f"Bearer {TOKEN}"})
         gid = gid.json()["graph_id"]
         with caplog.at_level("ERROR", logger="memgnn.serving.errors"):
-            r = c.post("/predict", json={"graph_id": gid, "configs": [{"sizes": {"B": 2}}]})
+            body = {"graph_id": gid, "configs": [{"sizes": {"B": 2}}], "method": "gnn"}
+            r = c.post("/predict", json=body)
     assert r.status_code == status, r.text
     assert "traceback" in r.json()["detail"]
     assert any(rec.exc_info for rec in caplog.records)  # the traceback is in the log
@@ -433,6 +437,11 @@ def test_a_user_error_from_the_model_is_422(tmp_path, data):
     with TestClient(create_app(cfg, model=model)) as c:
         gid = c.post("/graphs", json=data, headers={"authorization": f"Bearer {TOKEN}"})
         r = c.post(
-            "/predict", json={"graph_id": gid.json()["graph_id"], "configs": [{"sizes": {"B": 2}}]}
+            "/predict",
+            json={
+                "graph_id": gid.json()["graph_id"],
+                "configs": [{"sizes": {"B": 2}}],
+                "method": "gnn",
+            },  # fmt: skip
         )
     assert r.status_code == 422 and locs(r)[0][:3] == ["body", "configs", 0]

@@ -41,17 +41,19 @@ def test_client_round_trip(url, graph, tmp_path):
     path = tmp_path / "g.json.gz"
     graph.save(path)
     with MemgnnClient(url, token=TOKEN) as c:
-        assert c.health() == {"status": "ok"} and c.ready()
+        assert c.health()["status"] == "ok" and c.ready()
         gid = c.upload_graph(path)
         assert gid == graph.graph_id == c.upload_graph(graph) == c.upload_graph(graph.content())
-        out = c.predict(graph_id=gid, configs=[{"sizes": {"B": 4}, "device": "cpu"}])
+        out = c.predict(graph_id=gid, configs=[{"sizes": {"B": 4}, "device": "cpu"}], method="gnn")
         peak = out["predictions"][0]["predicted_peak_bytes"]
         s = c.add_sample(
             graph_id=gid, sizes={"B": 4}, device="cpu", measured_peak_bytes=2 * peak, source="ci"
         )
         scale = s["correction"]["peak_scale"]
         assert scale == pytest.approx(2.0**0.5)  # one sample moves half-way (in log)
-        again = c.predict(graph_id=gid, configs=[{"sizes": {"B": 4}, "device": "cpu"}])
+        again = c.predict(
+            graph_id=gid, configs=[{"sizes": {"B": 4}, "device": "cpu"}], method="gnn"
+        )
         assert again["predictions"][0]["predicted_peak_bytes"] == round(peak * scale)
         listed = c.samples(gid)["samples"][0]
         assert listed["measured_bytes"] == 2 * peak and listed["source"] == "ci"
@@ -86,8 +88,10 @@ def test_remote_predict_prints_the_cli_contract(url):
         sizes={"B": 8},
         device="a100-80gb",
         metric="allocated",
+        method="gnn",
     )
     for key in (
+        "method",
         "predicted_peak_bytes",
         "upper_bound_bytes",
         "metric",
@@ -99,7 +103,10 @@ def test_remote_predict_prints_the_cli_contract(url):
     ):
         assert key in out
     assert out["metric"] == "allocated" and out["sizes"] == {"B": 8}
-    assert out["model_version"] == "analytic-1"
+    assert out["model_version"] == "analytic-1" and out["method"] == "analytic"
+    exact = remote_predict(url, model="mlp", train=TrainSpec(optimizer="sgd"), sizes={"B": 8},
+                           device="a100-80gb", method="replay")  # fmt: skip
+    assert exact["method"] == "replay" and exact["model_version"] == "replay-1"
     with pytest.raises(ServiceError, match="model"):
         remote_predict(url, model="no-such-model")
 

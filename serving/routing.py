@@ -1,0 +1,190 @@
+"""Which path answers a request (`method`: replay | gnn | analytic), and the replay's JIT.
+
+`/predict` and `/plan` take ``method`` (``auto``, ``replay``, ``gnn``, ``analytic``) and
+``replay_budget_ms`` like the CLI: ``auto`` replays a graph's schedule through the
+compiled allocator (`dataset.replay.exact.ReplayModel`, the simulator's exact bytes)
+when its estimated cost fits the budget, and asks the served model otherwise.
+
+The compiled core is numba code: a process's first replay compiles it (50-80 s on a cold
+cache). `ReplayWarmup` does that in a background thread at server start, so requests are
+served meanwhile. The decision while it warms:
+
+- ``auto`` does not wait: the served model answers (``method`` says ``gnn``) and the
+  breakdown's ``replay_skipped`` says why;
+- ``replay`` asked for by name waits for the warm-up (up to ``warmup_wait_s``; past it
+  the request fails with 503 and says the replay is still compiling): the caller wants
+  the exact bytes, not a fast guess.
+
+`/healthz` reports the warm-up's state (``cold``, ``warming``, ``warm``, ``failed``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from memgnn.dataset.replay.exact import ExactConfig, ReplayModel, choose_method, estimated_seconds
+from memgnn.predictor.errors import UserError
+from memgnn.predictor.predict import AnalyticModel, Query
+from memgnn.serving.checks import check_sizes
+from memgnn.serving.engine import MAX_BYTES, Engine, GraphEntry, Served
+from memgnn.serving.graphs import RequestError
+from memgnn.serving.store import Correction
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ReplayWarmup", "Route", "choose", "plan_exact", "predict_routed", "warm_replay"]
+
+STATES = ("cold", "warming", "warm", "failed")
+
+
+def warm_replay() -> None:
+    """Compile the replay kernel: one tiny trace through the same entry point the exact
+    path uses (`replay_trace_fast`), so its machine code is ready (or loaded from
+    numba's on-disk cache) before a request needs it."""
+    from memgnn.dataset.allocator import AllocatorConfig
+    from memgnn.dataset.replay.trace import replay_trace_fast
+
+    events = [("mark", "forward", 0), ("alloc", 0, 4096), ("alloc", 1, 3 << 20),
+              ("free", 0, 0), ("mark", "backward", 1), ("free", 1, 0)]  # fmt: skip
+    replay_trace_fast(events, AllocatorConfig(capacity_bytes=1 << 34))
+
+
+class ReplayWarmup:
+    """A background warm-up of the replay JIT (`warm`, default `warm_replay`)."""
+
+    def __init__(self, warm: Callable[[], None] = warm_replay):
+        self._warm = warm
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self.state = "cold"
+        self.seconds: float | None = None
+        self.error: str | None = None
+
+    def start(self) -> ReplayWarmup:
+        with self._lock:
+            if self.state != "cold":
+                return self
+            self.state = "warming"
+        threading.Thread(target=self._run, name="replay-warmup", daemon=True).start()
+        return self
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._warm()
+            state, error = "warm", None
+        except Exception as exc:  # the server keeps serving by the model; /healthz says so
+            log.exception("replay warm-up failed")
+            state, error = "failed", f"{type(exc).__name__}: {exc}"
+        self.seconds = round(time.perf_counter() - t0, 3)
+        self.state, self.error = state, error
+        log.info("replay JIT %s after %.1f s", state, self.seconds)
+        self._done.set()
+
+    @property
+    def warm(self) -> bool:
+        return self.state == "warm"
+
+    def wait(self, timeout_s: float) -> bool:
+        """Block until warm (True) or failed / past `timeout_s` (False); starts a cold one."""
+        self.start()
+        self._done.wait(timeout_s)
+        return self.warm
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"state": self.state, "seconds": self.seconds, "error": self.error}
+
+
+@dataclass(kw_only=True, slots=True)
+class Route:
+    """How one request is answered: the method asked for, its budget, the warm-up."""
+
+    method: str = "auto"
+    budget_ms: float = 250.0
+    warmup: ReplayWarmup | None = None  # None: replay without a warm-up (compiles inline)
+    wait_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.method not in ("auto", "replay", "gnn", "analytic"):
+            raise ValueError(f"unknown method {self.method!r}")
+        if not self.budget_ms >= 0:
+            raise ValueError(f"replay_budget_ms must be >= 0, got {self.budget_ms}")
+
+    @property
+    def exact_config(self) -> ExactConfig:
+        return ExactConfig(budget_s=self.budget_ms / 1e3)
+
+
+def choose(route: Route, entry: GraphEntry) -> tuple[str, str | None]:
+    """(method to use, why the replay was skipped or None) for a graph."""
+    chosen = choose_method(route.method, entry.graph, route.exact_config)
+    if route.method == "auto" and chosen == "gnn":
+        cost = estimated_seconds(entry.graph, route.exact_config) * 1e3
+        return "gnn", f"replay estimated {cost:.0f} ms, over the {route.budget_ms:g} ms budget"
+    if chosen != "replay" or route.warmup is None or route.warmup.warm:
+        return chosen, None
+    if route.method == "auto":
+        return "gnn", f"replay JIT {route.warmup.state} (see /healthz): answered by the model"
+    if not route.warmup.wait(route.wait_s):
+        raise RequestError(
+            f"the exact replay is not ready (JIT {route.warmup.state}"
+            f"{': ' + route.warmup.error if route.warmup.error else ''}); retry, or ask "
+            "method 'gnn'",
+            status=503,
+            loc=("body", "method"),
+        )
+    return "replay", None
+
+
+def predict_routed(engine: Engine, entry: GraphEntry, queries: Sequence[Query], route: Route,
+                   *, correct: bool) -> list[Served]:  # fmt: skip
+    """Answer one graph's queries by the chosen path; exact answers are not corrected."""
+    method, skipped = choose(route, entry)
+    if method == "gnn":
+        served = engine.predict(entry, queries, correct=correct)
+        if skipped is None:
+            return served
+        return [_noted(s, skipped) for s in served]
+    model = ReplayModel() if method == "replay" else AnalyticModel()
+    check_sizes(entry.graph, queries)  # as the engine checks them for the model
+    preds = []
+    for i, q in enumerate(queries):  # one at a time: an error names its config
+        try:
+            (p,) = model.predict(entry.graph, [q])
+        except (UserError, ArithmeticError) as exc:
+            raise RequestError(str(exc), loc=("body", "configs", i, "sizes")) from None
+        if not 0 <= p.predicted_peak_bytes < MAX_BYTES:
+            raise RequestError(
+                "sizes too large: the prediction overflows 64-bit bytes",
+                loc=("body", "configs", i, "sizes"),
+            )
+        preds.append(p)
+    if method == "analytic":
+        preds = [replace(p, method="analytic") for p in preds]
+    return [Served(prediction=p, raw=p, correction=Correction()) for p in preds]
+
+
+def _noted(s: Served, why: str) -> Served:
+    def note(p):
+        return replace(p, breakdown={**p.breakdown, "replay_skipped": why})
+
+    return Served(prediction=note(s.prediction), raw=note(s.raw), correction=s.correction)
+
+
+def plan_exact(route: Route, entry: GraphEntry, is_gpu: bool) -> tuple[Any, str, str | None]:
+    """For `/plan`: (exact model deciding the steps near the limit or None, the method
+    that decides them, why the replay was skipped). ``auto`` replays near the limit when
+    one replay of `entry`'s graph (a variant of the search) fits the budget and the JIT is
+    warm; ``replay`` always (waiting for the JIT); ``gnn`` and ``analytic`` never. A CPU
+    target has no allocator to replay (the sweep is its answer)."""
+    if route.method in ("gnn", "analytic"):
+        return None, route.method, None
+    if not is_gpu:
+        return None, "gnn", "cpu target: no allocator to replay"
+    method, skipped = choose(route, entry)
+    return (ReplayModel() if method == "replay" else None), method, skipped

@@ -1,0 +1,65 @@
+"""Calibration groups per (target kind, metric), exact CPU answers, cross-fitted residuals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def data(tiny_corpus):
+    from memgnn.training.data import load_dataset
+
+    return load_dataset(tiny_corpus)
+
+
+def test_exact_cpu_records_are_their_own_answer(data):
+    from memgnn.training.calibrate import calibrated, groups_of
+
+    cpu = np.array([s == "cpu" for s in data.source])
+    assert cpu.any() and (~cpu).any()
+    # the tiny mlp / lstm steps are one-path fp32 graphs: CPU allocated is the sweep
+    assert data.exact[cpu].all() and not data.exact[~cpu].any()
+    groups = groups_of(data)
+    assert set(groups[cpu, 0]) == {""}  # left out of calibration: answered exactly
+    assert set(groups[~cpu, 1]) == {"gpu/reserved"}
+    idx = np.arange(len(data))
+    mu = np.full((len(data), 3), 0.3)
+    pred, bound = calibrated(data, idx, mu, mu + 0.2, {"gpu/reserved": {"form": "plain",
+                                                                       "q": 0.5}})  # fmt: skip
+    assert np.array_equal(pred[cpu, 0], data.analytic[cpu, 0])
+    assert np.array_equal(bound[cpu, 0], data.analytic[cpu, 0])
+    gpu = ~cpu
+    np.testing.assert_allclose(bound[gpu, 1], data.analytic[gpu, 1] * np.exp(0.8))
+    np.testing.assert_allclose(bound[gpu, 0], data.analytic[gpu, 0] * np.exp(0.5))  # head's
+
+
+def test_groups_need_enough_residuals(data, monkeypatch):
+    import memgnn.training.calibrate as cal
+
+    idx = np.arange(len(data))
+    mu = np.zeros((len(data), 3))
+    assert cal.calibrate_groups(data, idx, mu, mu + 0.1, 0.02) == {}  # 16 records each
+    monkeypatch.setattr(cal, "MIN_RESIDUALS", 2)
+    out = cal.calibrate_groups(data, idx, mu, mu + 0.1, 0.02)
+    assert set(out) == {"gpu/allocated", "gpu/reserved", "gpu/device_total"}
+    for g in out.values():
+        assert g["form"] in ("shift", "scaled", "plain") and g["n"] >= 2
+
+
+def test_cross_fit_scores_every_record(data):
+    import torch
+    from memgnn.predictor.gnn import GNNConfig, MemoryGNN
+    from memgnn.training.calibrate import cross_fit
+    from memgnn.training.fit_config import FitConfig
+
+    torch.manual_seed(0)
+    model = MemoryGNN(GNNConfig(hidden=8, layers=1, head_hidden=16))
+    model.head.set_normalization(torch.from_numpy(data.q))
+    with torch.no_grad():
+        model.head.calibration.fill_(5.0)  # a head's old shift is not part of its raw bound
+    idx = np.arange(len(data))
+    rows, mu, upper = cross_fit(model, data, idx, FitConfig(calibration_epochs=1))
+    assert sorted(rows.tolist()) == idx.tolist()  # two families: the model's head scores
+    assert mu.shape == upper.shape == (len(data), 3)
+    assert np.all(upper >= mu) and np.all(upper - mu < 5.0)
