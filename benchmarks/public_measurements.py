@@ -1,0 +1,272 @@
+"""memgnn next to published GPU measurements (public-gpu-measurements.csv), row by row.
+
+    nice -n 10 python benchmarks/public_measurements.py [--only vit1,litgpt22] [--force]
+        [--timeout 1500] [--csv PATH] -> benchmarks/results/public_measurements.{json,md}
+
+For every CSV row: its measured value in its own metric (max_memory_allocated or
+max_memory_reserved; GB = 1e9 bytes or GiB, converted to bytes), memgnn's prediction in
+the same metric (`memgnn predict --json`, one subprocess per row under a time limit,
+captures cached), the relative error (predicted - measured) / measured, the method memgnn
+used, and for rows memgnn cannot express, why. Each row's settings and their sources are
+in public_rows.py. OOM rows: memgnn's verdict is predicted device_total > the profile's
+device memory. Rows needing a TrainSpec field this checkout lacks (`quantize_base` for
+QLoRA, `gpus`/`sharding` for several GPUs) are listed as pending and filled by a rerun
+once those land (feature-detected). Results are kept per row in the .json: a rerun skips
+rows already done unless --force (or --only names them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from memgnn.predictor.devices import get_profile
+from memgnn.predictor.spec import TrainSpec
+from public_rows import BY_ID, Row
+
+log = logging.getLogger("public_measurements")
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results"
+CSV_CANDIDATES = (
+    ROOT.parent / "shared" / "reference" / "public-gpu-measurements.csv",
+    ROOT.parents[1] / "shared" / "reference" / "public-gpu-measurements.csv",
+)
+UNITS = {"GB(1e9)": 10**9, "GiB": 2**30}
+MEMGNN = [str(Path(sys.executable).with_name("memgnn"))]
+
+
+def spec_fields() -> set[str]:
+    return {f.name for f in dataclasses.fields(TrainSpec)}
+
+
+def measured_bytes(value: str, unit: str) -> int | None:
+    """The CSV figure in bytes (None for OOM); `unit` is the row's reading of it."""
+    if value.strip().upper() == "OOM":
+        return None
+    return int(round(float(value) * UNITS[unit]))
+
+
+def pending_reason(row: Row, fields: set[str]) -> str:
+    if row.quantize_base and "quantize_base" not in fields:
+        return "pending: needs --quantize-base nf4 (TrainSpec.quantize_base, branch qlora)"
+    if row.gpus > 1 and not {"gpus", "sharding"} <= fields:
+        return f"pending: waiting for sharding (--gpus {row.gpus} --sharding {row.sharding})"
+    return ""
+
+
+def predict_args(row: Row) -> list[str]:
+    args = ["predict", "--model", row.model, "--batch", str(row.batch), "--json"]
+    if row.task:
+        args += ["--task", row.task]
+    for k, v in row.model_args.items():
+        args += ["--model-arg", f"{k}={v}"]
+    if row.seq is not None:
+        args += ["--seq", str(row.seq)]
+    for k, v in row.dims.items():
+        args += ["--dim", f"{k}={v}"]
+    args += ["--precision", row.precision, "--optimizer", row.optimizer]
+    args += ["--optimizer-impl", row.optimizer_impl, "--checkpointing", row.checkpointing]
+    args += ["--grad-accum", str(row.grad_accum), "--device", row.device]
+    args += ["--metric", row.metric, "--method", row.method]
+    if row.peft != "none":
+        args += ["--peft", row.peft, "--lora-r", str(row.lora_r)]
+        args += ["--lora-alpha", str(row.lora_alpha), "--lora-dropout", str(row.lora_dropout)]
+        args += ["--lora-targets", row.lora_targets]
+    if row.quantize_base:
+        args += ["--quantize-base", row.quantize_base]
+    if row.gpus > 1:
+        args += ["--gpus", str(row.gpus), "--sharding", row.sharding]
+    return args
+
+
+def run_row(row: Row, csv_row: dict[str, str], fields: set[str], timeout: float) -> dict:
+    """One row's result record (measured, predicted, error or the reason there is none)."""
+    out: dict[str, Any] = {
+        "id": row.id,
+        "csv": {k: csv_row[k] for k in ("model", "task", "batch", "seq_or_image", "precision",
+                                        "optimizer", "gpu", "metric", "measured", "unit")},
+        "settings": {k: v for k, v in dataclasses.asdict(row).items() if k != "why_not"},
+        "measured_bytes": None,
+        "measured_oom": csv_row["measured"].strip().upper() == "OOM",
+    }  # fmt: skip
+    if row.why_not:
+        return out | {"status": "not expressible", "why": row.why_not}
+    out["measured_bytes"] = measured_bytes(csv_row["measured"], row.unit)
+    if reason := pending_reason(row, fields):
+        return out | {"status": "pending", "why": reason}
+    cmd = ["nice", "-n", "10", *MEMGNN, *predict_args(row)]
+    out["command"] = "memgnn " + " ".join(cmd[3 + len(MEMGNN) :])
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return out | {"status": "timeout", "why": f"predict ran past {timeout:.0f} s"}
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    if proc.returncode != 0:
+        tail = (proc.stderr.strip().splitlines() or ["(no stderr)"])[-1]
+        return out | {"status": "error", "why": tail[:300]}
+    pred = json.loads(proc.stdout)
+    predicted = int(pred["predicted_peak_bytes"])
+    out |= {
+        "status": "done",
+        "predicted_bytes": predicted,
+        "upper_bound_bytes": int(pred["upper_bound_bytes"]),
+        "metric": pred["metric"],
+        "method": pred["method"],
+        "categories": pred["breakdown"].get("categories", {}),
+        "parameters": pred.get("model", {}).get("parameters"),
+        "trainable_parameters": pred.get("model", {}).get("trainable_parameters"),
+    }
+    if out["measured_oom"]:
+        total = get_profile(row.device).total_bytes
+        out["device_total_bytes"] = total
+        out["oom_predicted"] = predicted > total
+        out["verdict_right"] = out["oom_predicted"]
+    else:
+        out["rel_error"] = (predicted - out["measured_bytes"]) / out["measured_bytes"]
+    return out
+
+
+def summary(results: dict[str, dict]) -> dict[str, Any]:
+    single = [r for r in results.values() if r["settings"].get("gpus", 1) == 1]
+    multi = [r for r in results.values() if r["settings"].get("gpus", 1) > 1]
+    valued = [r for r in single if not r["measured_oom"]]
+    done = [r for r in valued if r["status"] == "done"]
+    exact = [r for r in done if not r["settings"]["approximate"]]
+    ooms = [r for r in single + multi if r["measured_oom"] and r["status"] == "done"]
+    expressible = [r for r in single if r["status"] != "not expressible"]
+    med = lambda rs: statistics.median(abs(r["rel_error"]) for r in rs) if rs else None  # noqa: E731
+    return {
+        "single_gpu_rows": len(single),
+        "single_gpu_expressible": len(expressible),
+        "expressible_fraction": len(expressible) / len(single) if single else None,
+        "single_gpu_valued_done": len(done),
+        "single_gpu_pending": sum(r["status"] == "pending" for r in single),
+        "median_abs_rel_error": med(done),
+        "median_abs_rel_error_exact_figures": med(exact),
+        "oom_verdicts": len(ooms),
+        "oom_verdicts_right": sum(bool(r.get("verdict_right")) for r in ooms),
+        "multi_gpu_rows": len(multi),
+        "multi_gpu_done": sum(r["status"] == "done" for r in multi),
+    }
+
+
+def _gb(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1e9:.2f} GB"
+
+
+def write_md(results: dict[str, dict], order: list[str], path: Path) -> None:
+    s = summary(results)
+    pct = lambda x: "-" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    lines = [
+        "# memgnn vs published GPU measurements",
+        "",
+        "`nice -n 10 python benchmarks/public_measurements.py` (settings per row and their "
+        "sources: benchmarks/public_rows.py). Bytes are shown as GB = 1e9 bytes; the "
+        "measured figure is converted from the row's own unit. Error = (predicted - "
+        "measured) / measured, in the row's own metric.",
+        "",
+        f"- single-GPU rows: {s['single_gpu_rows']}, expressible by memgnn: "
+        f"{s['single_gpu_expressible']} ({pct(s['expressible_fraction'])}; target >= 80%), "
+        f"of them pending a feature: {s['single_gpu_pending']}",
+        f"- median |relative error| over the {s['single_gpu_valued_done']} expressible "
+        f"single-GPU rows with a measured figure and a prediction: "
+        f"{pct(s['median_abs_rel_error'])} (target <= 10%); without the approximate "
+        f"(read-off-a-plot) figures: {pct(s['median_abs_rel_error_exact_figures'])}",
+        f"- OOM rows: memgnn's verdict right on {s['oom_verdicts_right']} of "
+        f"{s['oom_verdicts']} predicted",
+        f"- multi-GPU rows: {s['multi_gpu_rows']}, predicted: {s['multi_gpu_done']}",
+        "",
+        "| id | model | metric | measured | predicted | error | method | status / why |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for rid in order:
+        r = results.get(rid)
+        if r is None:
+            continue
+        c = r["csv"]
+        if r["status"] != "done":
+            err, pred, why = "-", "-", f"{r['status']}: {r['why']}"
+        elif r["measured_oom"]:
+            pred = _gb(r["predicted_bytes"])
+            err = "OOM " + ("predicted" if r["oom_predicted"] else "NOT predicted")
+            why = f"verdict {'right' if r['verdict_right'] else 'wrong'} (device "
+            why += f"{_gb(r['device_total_bytes'])})"
+        else:
+            pred, err = _gb(r["predicted_bytes"]), f"{100 * r['rel_error']:+.1f}%"
+            why = "approximate figure" if r["settings"]["approximate"] else ""
+        meas = "OOM" if r["measured_oom"] else _gb(r["measured_bytes"])
+        metric = r.get("metric") or r["settings"]["metric"]
+        lines.append(
+            f"| {rid} | {c['model']} | {metric} | {meas} | {pred} | {err} | "
+            f"{r.get('method', '-')} | {why} |"
+        )
+    lines += ["", "## Settings, sources and what differs", ""]
+    for rid in order:
+        r = results.get(rid)
+        if r is None or r["status"] == "not expressible":
+            continue
+        st = r["settings"]
+        lines.append(f"- **{rid}** {st['source']}. {st['notes']}.")
+        if "command" in r:
+            lines.append(f"  `{r['command']}` ({r.get('seconds', '-')} s)")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def find_csv(arg: str | None) -> Path:
+    for p in [Path(arg)] if arg else list(CSV_CANDIDATES):
+        if p.is_file():
+            return p
+    raise SystemExit(f"public-gpu-measurements.csv not found (tried {CSV_CANDIDATES})")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--csv")
+    ap.add_argument("--only", default="", help="comma-separated row ids (rerun them)")
+    ap.add_argument("--force", action="store_true", help="rerun rows already done")
+    ap.add_argument("--timeout", type=float, default=1500.0, help="seconds per row")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    with find_csv(args.csv).open() as f:
+        csv_rows = {r["id"]: r for r in csv.DictReader(f)}
+    missing = set(csv_rows) - set(BY_ID)
+    if missing:
+        raise SystemExit(f"rows without settings in public_rows.py: {sorted(missing)}")
+    OUT.mkdir(parents=True, exist_ok=True)
+    jpath = OUT / "public_measurements.json"
+    saved = json.loads(jpath.read_text()) if jpath.is_file() else {}
+    results: dict[str, dict] = saved.get("rows", {})
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+    fields = spec_fields()
+    order = list(csv_rows)
+    for k, rid in enumerate(order, 1):
+        if only and rid not in only:
+            continue
+        old = results.get(rid, {})
+        if old.get("status") in ("done", "not expressible") and not (args.force or only):
+            continue
+        log.info("[%d/%d] %s ...", k, len(order), rid)
+        results[rid] = run_row(BY_ID[rid], csv_rows[rid], fields, args.timeout)
+        r = results[rid]
+        shown = f"{100 * r['rel_error']:+.1f}%" if "rel_error" in r else r.get("why", "")
+        log.info("[%d/%d] %s: %s %s", k, len(order), rid, r["status"], shown)
+        jpath.write_text(json.dumps({"summary": summary(results), "rows": results}, indent=1))
+        write_md(results, order, OUT / "public_measurements.md")
+    jpath.write_text(json.dumps({"summary": summary(results), "rows": results}, indent=1))
+    write_md(results, order, OUT / "public_measurements.md")
+    print(json.dumps(summary(results), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
