@@ -213,6 +213,7 @@ ROWS: list[Row] = [
          "stablelm-base-alpha-3b/qlora.yaml", 1, 1, quantize_base="nf4",
          **_lora(32, 16.0, 0.05, "query_key_value"), notes=LIT_NOTE + LORA_ACCUM.format(8)),
     _lit("litgpt22", "hf:TinyLlama/TinyLlama-1.1B-Chat-v1.0", "tiny-llama/full.yaml", 4, 8,
+         method="replay",
          notes=LIT_NOTE + "; accumulation 32 / 4 = 8 (gradients live through every "
          "micro-step); LitGPT's checkpoint is TinyLlama-1.1B-intermediate-step-1431k-3T, "
          "the same architecture as the catalog's Chat-v1.0"),
@@ -242,3 +243,19 @@ ROWS: list[Row] = [
 ]
 # fmt: on
 BY_ID = {r.id: r for r in ROWS}
+
+# Not CSV rows: the same config with one setting changed, to show what that setting is worth.
+PROBES: dict[str, tuple[str, Row]] = {
+    "litgpt22-G1": (
+        "litgpt22",
+        _lit(
+            "litgpt22-G1",
+            "hf:TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+            "tiny-llama/full.yaml",
+            4,
+            1,
+            method="replay",
+            notes="litgpt22 without gradient accumulation (the earlier reading of the row)",
+        ),
+    ),
+}
