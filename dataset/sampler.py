@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from memgnn.predictor.devices import PROFILES
-from memgnn.predictor.spec import OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, TrainSpec
+from memgnn.predictor.spec import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,7 @@ def _draw_train(
 ) -> tuple[dict[str, Any], str | None]:
     blocks = facts["blocks"]
     precision = rng.choice(PRECISIONS)
-    optimizer = rng.choice(OPTIMIZERS)
+    optimizer = rng.choice(TORCH_OPTIMIZERS)
     impls = [i for i in OPTIMIZER_IMPLS if not (optimizer == "adafactor" and i == "fused")]
     impl = rng.choice(impls)
     r = rng.random()

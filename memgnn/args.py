@@ -11,6 +11,7 @@ from memgnn.predictor.spec import (
     OPTIMIZERS,
     PEFT_METHODS,
     PRECISIONS,
+    QUANTIZE_BASES,
     STEP_KINDS,
     TrainSpec,
 )
@@ -57,6 +58,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-alpha", type=float, default=16.0)
     g.add_argument("--lora-dropout", type=float, default=0.0)
     g.add_argument("--lora-targets", default="", help="q_proj,v_proj,...; default: peft's")
+    g.add_argument(
+        "--quantize-base",
+        choices=QUANTIZE_BASES,
+        default="none",
+        help="QLoRA: the frozen base's Linears in bitsandbytes nf4 (nf4-dq: double quant) "
+        "or int8; GPU devices, with --peft lora",
+    )
 
 
 def add_cache_arg(p: argparse.ArgumentParser) -> None:
@@ -111,6 +119,7 @@ def train_spec(args: argparse.Namespace) -> TrainSpec:
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         lora_targets=args.lora_targets,
+        quantize_base=args.quantize_base,
     )
 
 

@@ -35,7 +35,7 @@ def lora_targets(train: TrainSpec) -> list[str] | None:
 
 def module_names(model: nn.Module) -> list[str]:
     """The leaf names (last dotted part) of the Linear and Conv1D modules LoRA can target."""
-    kinds = {"Linear", "Conv1D", "Conv2d", "Embedding"}
+    kinds = {"Linear", "Conv1D", "Conv2d", "Embedding", "Linear4bitSim", "Linear8bitSim"}
     return sorted(
         {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if type(m).__name__ in kinds}
     )
@@ -64,6 +64,10 @@ def apply_lora(model: nn.Module, train: TrainSpec) -> nn.Module:
         lora_dropout=train.lora_dropout,
         target_modules=targets,
     )
+    if train.quantize_base != "none":
+        from memgnn.predictor.quant_lora import register_quant_layers
+
+        register_quant_layers(config)
     try:
         with _fake_safe_adapter_moves():
             wrapped: Any = peft.get_peft_model(model, config)

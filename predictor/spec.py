@@ -16,8 +16,11 @@ import torch
 from torch import nn
 
 PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
-OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")
+TORCH_OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")  # torch.optim's
+OPTIMIZERS = (*TORCH_OPTIMIZERS, "adamw8bit")  # + bitsandbytes' AdamW8bit (predictor/optim8bit.py)
 PEFT_METHODS = ("none", "lora")
+# bitsandbytes-quantised frozen base (QLoRA): see predictor/quant.py
+QUANTIZE_BASES = ("none", "nf4", "nf4-dq", "int8")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
 STEP_KINDS = ("first", "steady", "both")
 _CKPT_RE = re.compile(r"^(none|full|blocks:(\d+))$")
@@ -45,6 +48,10 @@ class TrainSpec:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0  # peft's LoraConfig default
     lora_targets: str = ""  # comma-separated module names; "" = peft's default for the model
+    # the frozen base's Linear layers in bitsandbytes storage (CUDA targets, with peft lora):
+    # nf4 = Linear4bit NF4 (BitsAndBytesConfig's default, LitGPT's bnb.nf4), nf4-dq = with
+    # double quantisation (bnb_4bit_use_double_quant, LitGPT's bnb.nf4-dq), int8 = LLM.int8()
+    quantize_base: str = "none"  # none | nf4 | nf4-dq | int8
 
     def __post_init__(self) -> None:
         if self.peft not in PEFT_METHODS:
@@ -55,6 +62,15 @@ class TrainSpec:
             raise ValueError(f"--lora-alpha must be > 0, got {self.lora_alpha}")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ValueError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.quantize_base not in QUANTIZE_BASES:
+            raise ValueError(
+                f"unknown --quantize-base {self.quantize_base!r}; expected one of {QUANTIZE_BASES}"
+            )
+        if self.quantize_base != "none" and self.peft != "lora":
+            raise ValueError(
+                f"--quantize-base {self.quantize_base} needs --peft lora: a bitsandbytes-"
+                "quantised base is frozen (its weights take no gradient), so only adapters train"
+            )
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; expected one of {PRECISIONS}")
         if self.optimizer not in OPTIMIZERS:
@@ -63,6 +79,11 @@ class TrainSpec:
             raise ValueError(
                 f"unknown optimizer implementation {self.optimizer_impl!r}; "
                 f"expected one of {OPTIMIZER_IMPLS}"
+            )
+        if self.optimizer == "adamw8bit" and self.optimizer_impl != "auto":
+            raise ValueError(
+                "--optimizer adamw8bit runs bitsandbytes' own kernel: "
+                f"--optimizer-impl must be auto, got {self.optimizer_impl!r}"
             )
         if self.optimizer in ("sgd", "adafactor") and self.optimizer_impl == "fused":
             if self.optimizer == "adafactor":

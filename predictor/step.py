@@ -18,6 +18,8 @@ from typing import Any, Protocol
 
 import torch
 from memgnn.predictor.lora import apply_lora
+from memgnn.predictor.optim8bit import AdamW8bit
+from memgnn.predictor.quant import quantize_model
 from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
 from torch import nn
 
@@ -51,6 +53,8 @@ def resolve_optimizer_impl(train: TrainSpec, target: str) -> str:
 
 
 def build_optimizer(params: list[nn.Parameter], train: TrainSpec, target: str):
+    if train.optimizer == "adamw8bit":
+        return AdamW8bit(params, lr=train.lr)
     impl = resolve_optimizer_impl(train, target)
     flags: dict[str, Any] = {"foreach": impl == "foreach"}
     if train.optimizer in ("adam", "adamw"):
@@ -105,6 +109,22 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
+def check_cuda_only(train: TrainSpec, target: str) -> None:
+    """bitsandbytes' CUDA paths are what `--quantize-base` and `--optimizer adamw8bit`
+    model: on a CPU target they are an error that names the option."""
+    if target == "cuda":
+        return
+    if train.quantize_base != "none":
+        raise ValueError(
+            f"--quantize-base {train.quantize_base} (QLoRA) models bitsandbytes' CUDA kernels: "
+            "pick a GPU --device, not cpu"
+        )
+    if train.optimizer == "adamw8bit":
+        raise ValueError(
+            "--optimizer adamw8bit models bitsandbytes' CUDA kernel: pick a GPU --device, not cpu"
+        )
+
+
 def step_plan(train: TrainSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(unrecorded warm-up steps, measured steps) for the TrainSpec's `steps`."""
     return {"first": ((), (0,)), "steady": ((0,), (1,)), "both": ((), (0, 1))}[train.steps]
@@ -129,11 +149,13 @@ class TrainingStep:
     ):
         if target not in ("cpu", "cuda"):
             raise ValueError(f"target must be cpu or cuda, got {target!r}")
+        check_cuda_only(train, target)
         self.bundle, self.train, self.device, self.target = bundle, train, device, target
         with torch.device(device), _default_dtype(train.param_dtype):
             model = bundle.build()
         model.train()
         self.model = model
+        self.quantized = quantize_model(model, train)
         self.checkpointed = 0
         if train.checkpoint_blocks is not None:
             blocks = (bundle.blocks or default_blocks)(model)

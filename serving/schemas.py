@@ -16,6 +16,7 @@ from memgnn.predictor.spec import (
     OPTIMIZERS,
     PEFT_METHODS,
     PRECISIONS,
+    QUANTIZE_BASES,
     STEP_KINDS,
     TrainSpec,
 )
@@ -68,6 +69,7 @@ class TrainIn(Strict):
     lora_alpha: float = Field(default=16.0, gt=0, le=1e6)
     lora_dropout: float = Field(default=0.0, ge=0, lt=1)
     lora_targets: str = Field(default="", max_length=4096)
+    quantize_base: Literal[QUANTIZE_BASES] = "none"  # type: ignore[valid-type]
 
     def to_spec(self) -> TrainSpec:
         return TrainSpec(**self.model_dump())

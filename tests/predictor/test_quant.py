@@ -1,0 +1,200 @@
+"""--quantize-base: bitsandbytes storage, quant state and kernel temporaries, by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from memgnn.dataset import zoo
+from memgnn.predictor.quant import Linear4bitSim, Linear8bitSim, quantize_model
+from memgnn.predictor.recorder import StepRecorder
+from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.step import TrainingStep
+from torch import nn
+
+pytest.importorskip("peft")
+transformers = pytest.importorskip("transformers")
+
+CPU = torch.device("cpu")
+HIDDEN, KV, LAYERS, VOCAB, MLP = 64, 32, 2, 256, 128
+# the Linear shapes (out, in) of one decoder layer
+LAYER_LINEARS = {
+    "q_proj": (HIDDEN, HIDDEN),
+    "k_proj": (KV, HIDDEN),
+    "v_proj": (KV, HIDDEN),
+    "o_proj": (HIDDEN, HIDDEN),
+    "gate_proj": (MLP, HIDDEN),
+    "up_proj": (MLP, HIDDEN),
+    "down_proj": (HIDDEN, MLP),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> ModelBundle:
+    path: Path = tmp_path_factory.mktemp("llama") / "config.json"
+    transformers.LlamaConfig(
+        hidden_size=HIDDEN,
+        intermediate_size=MLP,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=64,
+    ).to_json_file(str(path))
+    return zoo.resolve(f"hf:{path}")
+
+
+def _hand_bytes(n_out: int, n_in: int, kind: str) -> int:
+    """One quantised weight by hand: 4-bit values packed two per byte, fp32 absmax per 64
+    values, the 16-entry fp32 NF4 code; double quant: uint8 absmax + fp32 offset + fp32
+    absmax per 256 blocks + a 256-entry fp32 code copy; int8: a byte a value + fp32 SCB."""
+    n = n_out * n_in
+    blocks = -(n // -64)
+    if kind == "int8":
+        return n + 4 * n_out
+    if kind == "nf4":
+        return n // 2 + 4 * blocks + 64
+    return n // 2 + blocks + 4 + 4 * -(blocks // -256) + 1024 + 64
+
+
+def _unique_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        key = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+@pytest.mark.parametrize("kind", ["nf4", "nf4-dq", "int8"])
+def test_quantised_parameter_bytes_by_hand(tiny_llama, kind):
+    train = TrainSpec(
+        peft="lora", lora_r=4, lora_targets="q_proj,v_proj", precision="bf16", quantize_base=kind
+    )
+    step = TrainingStep(tiny_llama, train, device=CPU, target="cuda")
+    quantised = LAYERS * sum(_hand_bytes(o, i, kind) for o, i in LAYER_LINEARS.values())
+    shared = 1024 if kind == "nf4-dq" else 0  # bitsandbytes' module-level dynamic map
+    bf16 = 2 * (2 * VOCAB * HIDDEN + (2 * LAYERS + 1) * HIDDEN)  # embed, lm_head, norms
+    adapters = 4 * LAYERS * (4 * (HIDDEN + HIDDEN) + 4 * (HIDDEN + KV))  # fp32 lora_A/B
+    rotary = 2 * (HIDDEN // 4 // 2) * 4
+    state = step.state_tensors()["parameter"]
+    assert _unique_bytes(state) == quantised + shared + bf16 + adapters + rotary
+    # 7 Linears per layer quantised; lm_head (the output embedding) kept in bf16
+    assert len(step.quantized) == 7 * LAYERS
+    assert not any("lm_head" in name for name in step.quantized)
+    base = step.model.get_base_model()
+    assert base.lm_head.weight.dtype == torch.bfloat16
+    want = Linear8bitSim if kind == "int8" else Linear4bitSim
+    assert isinstance(base.model.layers[0].mlp.down_proj, want)
+
+
+def test_peft_wraps_quantised_targets_and_trains_only_adapters(tiny_llama):
+    from memgnn.predictor.quant_lora import QuantLoraLinear
+
+    train = TrainSpec(peft="lora", lora_r=2, lora_targets="q_proj,v_proj", quantize_base="nf4")
+    step = TrainingStep(tiny_llama, train, device=CPU, target="cuda")
+    attn = step.model.get_base_model().model.layers[1].self_attn
+    assert isinstance(attn.q_proj, QuantLoraLinear)
+    assert isinstance(attn.q_proj.get_base_layer(), Linear4bitSim)
+    assert isinstance(attn.k_proj, Linear4bitSim)  # not a target: quantised, no adapter
+    names = [n for n, p in step.model.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n for n in names)
+
+
+def _run(layer: nn.Module, x: torch.Tensor) -> StepRecorder:
+    rec = StepRecorder()
+    with rec:
+        rec.set_phase("forward", 0)
+        out = layer(x)
+        loss = out.float().sum()
+        rec.set_phase("backward", 0)
+        loss.backward()
+    rec.close()
+    return rec
+
+
+def _new(rec: StepRecorder, phase: str) -> list[tuple[int, str]]:
+    return [(s.nbytes, s.dtype) for s in rec.storages if s.alloc_node >= 0 and s.phase == phase]
+
+
+M, K, N = 8, 128, 256
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_nf4_dequantises_the_whole_weight_in_forward_and_backward(nested):
+    layer = Linear4bitSim(
+        nn.Linear(K, N, bias=False, dtype=torch.bfloat16), nested=nested, compute=torch.bfloat16
+    )
+    x = torch.randn(M, K, dtype=torch.bfloat16, requires_grad=True)
+    rec = _run(layer, x)
+    absmax = [(4 * (N * K // 64), "float32")] * 2 if nested else []  # dequantised, + offset
+    weight = (N * K * 2, "bfloat16")
+    # forward: [absmax], the weight in the compute dtype, the output; then the fp32 loss
+    assert _new(rec, "forward") == [
+        *absmax,
+        weight,
+        (M * N * 2, "bfloat16"),
+        (M * N * 4, "float32"),
+        (4, "float32"),
+    ]
+    back = _new(rec, "backward")
+    assert weight in back and (M * K * 2, "bfloat16") in back  # W again, grad of x
+    if nested:
+        assert back.count((4 * (N * K // 64), "float32")) == 1
+    dequant = [s for s in rec.storages if (s.nbytes, s.dtype) == weight]
+    assert len(dequant) == 2 and all(s.free_node is not None for s in dequant)  # transient
+
+
+def test_int8_forward_and_backward_temporaries_by_hand():
+    layer = Linear8bitSim(nn.Linear(K, N, bias=False, dtype=torch.bfloat16))
+    x = torch.randn(M, K, dtype=torch.bfloat16, requires_grad=True)
+    rec = _run(layer, x)
+    assert _new(rec, "forward") == [
+        (M * K * 2, "float16"),  # A in fp16
+        (M * 4, "float32"),  # row stats
+        (M * K, "int8"),  # quantised rows
+        (M * K * 2, "float16"),  # |A|
+        (M * K, "bool"),  # |A| >= 6
+        (1, "bool"),  # any outlier
+        (M * N * 4, "int32"),  # the int8 product
+        (M * N * 2, "float16"),  # dequantised
+        (M * N * 2, "bfloat16"),  # cast to A's dtype
+        (M * N * 4, "float32"),  # the test's fp32 loss input
+        (4, "float32"),
+    ]
+    back = _new(rec, "backward")
+    assert (N * K * 2, "bfloat16") in back and (N * 4, "float32") in back  # CB, its scale
+    assert (M * K * 2, "bfloat16") in back
+
+
+def test_a_model_without_linears_cannot_be_quantised():
+    model = nn.Sequential(nn.Embedding(4, 4))
+    with pytest.raises(ValueError, match="--quantize-base nf4: .* no Linear"):
+        quantize_model(model, TrainSpec(peft="lora", quantize_base="nf4"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"quantize_base": "nf4"}, "--quantize-base nf4 needs --peft lora"),
+        ({"quantize_base": "fp4", "peft": "lora"}, "unknown --quantize-base"),
+        ({"optimizer": "adamw8bit", "optimizer_impl": "fused"}, "--optimizer-impl must be auto"),
+    ],
+)
+def test_bad_quantisation_options_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainSpec(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"peft": "lora", "quantize_base": "int8"}, "--quantize-base int8 .* GPU --device"),
+        ({"optimizer": "adamw8bit"}, "--optimizer adamw8bit .* GPU --device"),
+    ],
+)
+def test_bitsandbytes_options_on_a_cpu_target_name_the_option(tiny_llama, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TrainingStep(tiny_llama, TrainSpec(**kwargs), device=CPU, target="cpu")
