@@ -269,6 +269,24 @@ def tinyllama_analysis(results: dict[str, dict]) -> list[str]:
     return out
 
 
+def priority(row: Row) -> tuple[int, int, int]:
+    """Run order: single-GPU LitGPT rows first (most of the table), then QLoRA, T0, ViT."""
+    group = 0 if row.id.startswith("litgpt") and row.gpus == 1 else 3
+    group += 1 if row.quantize_base else 0
+    group = 2 if row.id.startswith("peft") else 3 if row.id.startswith("vit") else group
+    return group, int(row.metric == "device_total"), int(row.gpus > 1)  # OOM rows last
+
+
+def save(jpath: Path, results: dict[str, dict], order: list[str], rid: str | None = None) -> None:
+    """Write the .json and .md; rows another run stored meanwhile are kept (only `rid`
+    is this run's news when given)."""
+    if rid is not None and jpath.is_file():
+        stored = json.loads(jpath.read_text()).get("rows", {})
+        results.update({k: v for k, v in stored.items() if k != rid and k not in results})
+    jpath.write_text(json.dumps({"summary": summary(results), "rows": results}, indent=1))
+    write_md(results, order, OUT / "public_measurements.md")
+
+
 def find_csv(arg: str | None) -> Path:
     for p in [Path(arg)] if arg else list(CSV_CANDIDATES):
         if p.is_file():
@@ -296,7 +314,7 @@ def main() -> int:
     only = {x.strip() for x in args.only.split(",") if x.strip()}
     fields = spec_fields()
     order = list(csv_rows)
-    for k, rid in enumerate(order, 1):
+    for k, rid in enumerate(sorted(order, key=lambda i: priority(BY_ID[i])), 1):
         if only and rid not in only:
             continue
         old = results.get(rid, {})
@@ -307,8 +325,7 @@ def main() -> int:
         r = results[rid]
         shown = f"{100 * r['rel_error']:+.1f}%" if "rel_error" in r else r.get("why", "")
         log.info("[%d/%d] %s: %s %s", k, len(order), rid, r["status"], shown)
-        jpath.write_text(json.dumps({"summary": summary(results), "rows": results}, indent=1))
-        write_md(results, order, OUT / "public_measurements.md")
+        save(jpath, results, order, rid)
     for pid, (base, probe) in PROBES.items():
         if (only and pid not in only and base not in only) or (
             results.get(pid, {}).get("status") == "done" and not (args.force or only)
@@ -316,8 +333,8 @@ def main() -> int:
             continue
         log.info("probe %s ...", pid)
         results[pid] = run_row(probe, csv_rows[base], fields, args.timeout) | {"probe_of": base}
-    jpath.write_text(json.dumps({"summary": summary(results), "rows": results}, indent=1))
-    write_md(results, order, OUT / "public_measurements.md")
+        save(jpath, results, order, pid)
+    save(jpath, results, order)
     print(json.dumps(summary(results), indent=1))
     return 0
 
