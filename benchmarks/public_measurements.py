@@ -32,7 +32,7 @@ from typing import Any
 from litgpt_hand import full_ft_peak, llama_shape
 from memgnn.predictor.devices import get_profile
 from memgnn.predictor.spec import TrainSpec
-from public_rows import BY_ID, PROBES, Row
+from public_rows import BY_ID, DIFFERENCES, PROBES, Row
 
 log = logging.getLogger("public_measurements")
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,7 +212,8 @@ def write_md(results: dict[str, dict], order: list[str], path: Path) -> None:
             f"| {rid} | {c['model']} | {metric} | {meas} | {pred} | {err} | "
             f"{r.get('method', '-')} | {why} |"
         )
-    lines += ["", "## Settings, sources and what differs", ""]
+    lines += ["", "## What differs from the measured runs", "", DIFFERENCES, ""]
+    lines += ["## Settings and sources per row", ""]
     for rid in order:
         r = results.get(rid)
         if r is None or r["status"] == "not expressible":

@@ -23,27 +23,45 @@ config taken from the row's own sources, and where each setting came from. Sourc
 - PyTorch tutorial optimizer_step_in_backward_tutorial (vit6/vit7), torchtitan
   benchmarks/llama3_h100_202412_torchtitan.md (ttitan rows), as the CSV cites them.
 
-LitGPT runs its own model code, not Hugging Face's. memgnn captures the HF class of the
-same published config, so these differences are mapped or named per row:
-- LoRA on LitGPT's fused qkv: lora_query+lora_value on HF models with separate q/k/v
-  (Llama, Mistral, Gemma, Phi-2) -> peft on q_proj, v_proj: the same adapter shapes
-  (A r x d_in, B d_out x r per projection). On HF models whose qkv is fused too (Falcon
-  query_key_value, GPT-NeoX query_key_value, Phi-3 qkv_proj) peft puts one adapter on the
-  whole fused output: B spans k as well (Falcon-7b: +r x 64 per layer) and A is r rows, not
-  r x #enabled (Phi-3 all of q/k/v: 2r x d_in fewer per layer). lora_projection -> o_proj /
-  dense, lora_mlp -> gate/up/down_proj (fc1/fc2, dense_h_to_4h/dense_4h_to_h, gate_up_proj),
-  lora_head -> lm_head.
-- bf16-true = parameters, gradients and optimizer states all in bf16: memgnn `bf16`.
-- Not modelled: LitGPT's chunked cross entropy and its bf16 loss (HF upcasts the logits to
-  fp32); LitGPT's GQA K/V repeat_interleave (HF passes enable_gqa); LitGPT's zero-padded
-  fused LoRA output; bnb PagedAdamW (paged states live in CUDA unified memory, outside
-  max_memory_allocated); the validation and example generation inside the same run.
+What LitGPT does differently, and which of it memgnn models: `DIFFERENCES`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+DIFFERENCES = """\
+LitGPT runs its own model code, not Hugging Face's; memgnn captures the HF class of the
+same published config (catalog `hf:ORG/NAME`). Modelled (mapped onto memgnn options):
+- bf16-true = parameters, gradients and optimizer states all in bf16: `--precision bf16`.
+- Gradient accumulation = global_batch_size / (micro_batch_size x devices) from each yaml:
+  full fine-tunes run it (gradients live through every micro-step); LoRA rows run 1 (their
+  gradients are the adapters' only, tens of MB) to keep 7B captures to one micro-step.
+- LoRA on LitGPT's fused qkv (LoRAQKVLinear): lora_query + lora_value on HF models with
+  separate projections (Llama, Mistral, Gemma, Phi-2) -> peft on q_proj, v_proj: the same
+  adapter shapes. Where HF fuses qkv too (Falcon and GPT-NeoX query_key_value, Phi-3
+  qkv_proj) peft puts one adapter on the whole fused output: B also spans k (Falcon-7b:
+  +32 x 64 per layer) and A has r rows, not r x #enabled (Phi-3: 2 x 8 x 3072 fewer per
+  layer). lora_projection -> o_proj / dense, lora_mlp -> gate/up/down_proj (fc1/fc2,
+  gate_up_proj), lora_head -> lm_head. lora_dropout as in the yaml.
+- QLoRA `quantize: bnb.nf4` -> `--quantize-base nf4` (bitsandbytes Linear4bit storages and
+  their dequantised temporaries); several devices -> `--gpus N --sharding fsdp` (LitGPT's
+  FSDPStrategy: FULL_SHARD) with `--checkpointing full` (activation_checkpointing_policy
+  {Block}).
+Not modelled (memgnn captures HF's code):
+- LitGPT's RMSNorm keeps an fp32 x and an fp32 normalized copy (HF: fp32 x, bf16 copy);
+  LitGPT repeats K/V heads to all query heads before SDPA (GQA and Falcon's MQA: 71 heads),
+  HF passes enable_gqa; Gemma-2's logit softcapping makes LitGPT's attention materialise
+  the scores; LitGPT's lm_head output stays bf16 with a 128-row chunked cross entropy (and
+  chunks of 128 positions for the LoRA script's lm_head), HF upcasts logits to fp32.
+- LitGPT applies LoRA dropout once per fused qkv input (peft: once per adapted module) and
+  zero-pads the fused LoRA output to the qkv width.
+- QLoRA: LitGPT's BitsandbytesPrecision quantises every Linear, lm_head included (HF keeps
+  lm_head in bf16); its optimizer is bnb PagedAdamW, whose paged states live in CUDA unified
+  memory outside max_memory_allocated (memgnn: torch AdamW states for the adapters).
+- The measured peak is over the whole run: validation passes and the example generation
+  (no_grad, KV cache) besides the training steps; memgnn predicts the training step.
+"""
 LITGPT = "Lightning-AI/litgpt@26857050 config_hub/finetune/"
 LLAMA_ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head"
 QV = "q_proj,v_proj"
