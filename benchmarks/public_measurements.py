@@ -80,7 +80,8 @@ def predict_args(row: Row) -> list[str]:
         args += ["--dim", f"{k}={v}"]
     args += ["--precision", row.precision, "--optimizer", row.optimizer]
     args += ["--optimizer-impl", row.optimizer_impl, "--checkpointing", row.checkpointing]
-    args += ["--grad-accum", str(row.grad_accum), "--device", row.device]
+    args += ["--grad-accum", str(row.grad_accum), "--zero-grad", row.zero_grad]
+    args += ["--device", row.device]
     args += ["--metric", row.metric, "--method", row.method]
     if row.peft != "none":
         args += ["--peft", row.peft, "--lora-r", str(row.lora_r)]

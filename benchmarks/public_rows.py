@@ -83,6 +83,7 @@ class Row:
     optimizer_impl: str = "auto"
     checkpointing: str = "none"
     grad_accum: int = 1
+    zero_grad: str = "none"  # none: zero_grad(set_to_none=True) after the step; zero: kept
     peft: str = "none"
     lora_r: int = 8
     lora_alpha: float = 16.0
@@ -117,6 +118,11 @@ def _lora(r: int, alpha: float, dropout: float, targets: str) -> dict:
 
 VIT = "hf:google/vit-large-patch16-224"
 RASBT = "rasbt/pytorch-memory-optim@HEAD "
+ZERO_GRAD_NOTE = (
+    "; the script calls optimizer.zero_grad() between the forward and backward, so the "
+    "previous step's gradients live through every forward: memgnn --zero-grad zero (kept "
+    "zeroed gradients) holds the same bytes there"
+)
 VIT_NOTE = (
     "HF ViTForImageClassification stands in for torchvision vit_l_16 (torchvision is not "
     "installable here): same shapes and 303,311,882 parameters with the 10-class head; "
@@ -136,19 +142,26 @@ LORA_ACCUM = "; gradient accumulation {} in the yaml modelled as 1 (LoRA gradien
 
 # fmt: off
 ROWS: list[Row] = [
-    Row(id="vit1", model=VIT, model_args={"num_labels": "10"}, batch=64, precision="fp32",
+    Row(id="vit1", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
+        batch=64, precision="fp32",
         optimizer="adam", device="a100-80gb", metric="reserved", method="replay",
         source=RASBT + "01_pytorch-vit.py (batch_size=64; logs.md's '32' bullet is stale)",
-        notes=VIT_NOTE),
-    Row(id="vit2", model=VIT, model_args={"num_labels": "10"}, batch=64, precision="amp-fp16",
+        notes=VIT_NOTE + ZERO_GRAD_NOTE),
+    Row(id="vit2", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
+        batch=64, precision="amp-fp16",
         optimizer="adam", device="a100-80gb", metric="reserved", method="replay",
-        source=RASBT + "02_mixed-precision.py (Fabric precision='16-mixed')", notes=VIT_NOTE),
-    Row(id="vit3", model=VIT, model_args={"num_labels": "10"}, batch=64, precision="bf16",
+        source=RASBT + "02_mixed-precision.py (Fabric precision='16-mixed')",
+        notes=VIT_NOTE + ZERO_GRAD_NOTE),
+    Row(id="vit3", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
+        batch=64, precision="bf16",
         optimizer="adam", device="a100-80gb", metric="reserved", method="replay",
-        source=RASBT + "03_bfloat16.py (precision='bf16-true')", notes=VIT_NOTE),
-    Row(id="vit4", model=VIT, model_args={"num_labels": "10"}, batch=16, precision="bf16",
+        source=RASBT + "03_bfloat16.py (precision='bf16-true')",
+        notes=VIT_NOTE + ZERO_GRAD_NOTE),
+    Row(id="vit4", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
+        batch=16, precision="bf16",
         optimizer="adam", device="a100-80gb", metric="reserved", method="replay",
-        source=RASBT + "04_lower-batchsize.py (batch_size=16)", notes=VIT_NOTE),
+        source=RASBT + "04_lower-batchsize.py (batch_size=16)",
+        notes=VIT_NOTE + ZERO_GRAD_NOTE),
     Row(id="vit5", model=VIT, model_args={"num_labels": "10"}, batch=4, grad_accum=4,
         precision="bf16", optimizer="adam", device="a100-80gb", metric="reserved",
         method="replay", source=RASBT + "05_gradient-accum.py (micro-batch 4 x 4 steps)",
