@@ -184,12 +184,15 @@ ROWS: list[Row] = [
         method="analytic", **_lora(8, 32.0, 0.1, "q,v"),
         source="huggingface/peft@5d602fdb (LoraConfig r=8, lora_alpha=32, lora_dropout=0.1; "
         "peft's T5 default targets q, v)", notes=T0_NOTE),
-    Row(id="ttitan1", why_not="torchtitan FSDP2 with fp32 sharded master weights and bf16 "
+    Row(id="ttitan1", gpus=8, sharding="fsdp", device="h100-80gb",
+        why_not="torchtitan FSDP2 with fp32 sharded master weights and bf16 "
         "compute (MixedPrecisionPolicy) and op-level selective activation checkpointing: "
         "neither is a memgnn option; H100 96 GB has no profile"),
-    Row(id="ttitan2", why_not="as ttitan1, plus torch.compile (fused kernels change which "
+    Row(id="ttitan2", gpus=8, sharding="fsdp", device="h100-80gb",
+        why_not="as ttitan1, plus torch.compile (fused kernels change which "
         "intermediates exist); memgnn captures eager aten ops"),
-    Row(id="ttitan3", why_not="as ttitan1 on 128 GPUs (FSDP over 128 ranks)"),
+    Row(id="ttitan3", gpus=128, sharding="fsdp", device="h100-80gb",
+        why_not="as ttitan1 on 128 GPUs (FSDP over 128 ranks)"),
     _lit("litgpt1", "hf:tiiuae/falcon-7b", "falcon-7b/lora.yaml", 1, 1,
          **_lora(32, 16.0, 0.05, "query_key_value"),
          notes=LIT_NOTE + "; LoRA q+v of LitGPT's fused qkv -> peft on Falcon's fused "
