@@ -62,9 +62,9 @@ def measured_bytes(value: str, unit: str) -> int | None:
 
 def pending_reason(row: Row, fields: set[str]) -> str:
     if row.quantize_base and "quantize_base" not in fields:
-        return "pending: needs --quantize-base nf4 (TrainSpec.quantize_base, branch qlora)"
+        return "needs --quantize-base nf4 (TrainSpec.quantize_base, branch qlora)"
     if row.gpus > 1 and not {"gpus", "sharding"} <= fields:
-        return f"pending: waiting for sharding (--gpus {row.gpus} --sharding {row.sharding})"
+        return f"waiting for sharding (--gpus {row.gpus} --sharding {row.sharding})"
     return ""
 
 
@@ -214,7 +214,9 @@ def write_md(results: dict[str, dict], order: list[str], path: Path) -> None:
             pred, err = _gb(r["predicted_bytes"]), f"{100 * r['rel_error']:+.1f}%"
             why = "approximate figure" if r["settings"]["approximate"] else ""
         meas = "OOM" if r["measured_oom"] else _gb(r["measured_bytes"])
-        metric = r.get("metric") or r["settings"]["metric"]
+        metric = r.get("metric") or (
+            r["settings"]["metric"] if r["status"] != "not expressible" else "-"
+        )
         lines.append(
             f"| {rid} | {c['model']} | {metric} | {meas} | {pred} | {err} | "
             f"{r.get('method', '-')} | {why} |"
