@@ -54,8 +54,13 @@ Not modelled (memgnn captures HF's code):
   HF passes enable_gqa; Gemma-2's logit softcapping makes LitGPT's attention materialise
   the scores; LitGPT's lm_head output stays bf16 with a 128-row chunked cross entropy (and
   chunks of 128 positions for the LoRA script's lm_head), HF upcasts logits to fp32.
-- LitGPT applies LoRA dropout once per fused qkv input (peft: once per adapted module) and
-  zero-pads the fused LoRA output to the qkv width.
+- LoRA adapters' dtype: peft upcasts the adapter weights to fp32 (get_peft_model's
+  autocast_adapter_dtype=True) and casts each adapted module's input to fp32 for dropout
+  and lora_A, so every adapted module saves an fp32 dropout output and its mask (5 bytes
+  per input element); LitGPT (bf16-true) keeps adapters and their inputs in bf16 (3 bytes)
+  and applies dropout once per fused qkv input (peft: once per q, k, v). With LoRA on every
+  projection (TinyLlama, Gemma-2b, Phi-2, Phi-3 rows) this is the largest difference.
+  LitGPT also zero-pads the fused LoRA output to the qkv width.
 - QLoRA: LitGPT's BitsandbytesPrecision quantises every Linear, lm_head included (HF keeps
   lm_head in bf16); its optimizer is bnb PagedAdamW, whose paged states live in CUDA unified
   memory outside max_memory_allocated (memgnn: torch AdamW states for the adapters).
