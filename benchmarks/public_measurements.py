@@ -44,7 +44,8 @@ CSV_CANDIDATES = (
 )
 UNITS = {"GB(1e9)": 10**9, "GiB": 2**30}
 RUN_FIRST = (
-    "litgpt22 litgpt23 litgpt20 litgpt16 litgpt19 litgpt18 litgpt9 litgpt11 litgpt14 litgpt1"
+    "litgpt22 litgpt23 litgpt20 litgpt16 litgpt19 litgpt18 litgpt9 litgpt11 litgpt14 litgpt1 "
+    "litgpt10 vit4 vit1 litgpt15 vit3 vit2 vit5 vit6"
 ).split()
 MEMGNN = [str(Path(sys.executable).with_name("memgnn"))]
 
@@ -281,8 +282,8 @@ def tinyllama_analysis(results: dict[str, dict]) -> list[str]:
 
 def priority(row: Row) -> tuple[int, int]:
     """Run order, so a run cut short covers the most: LitGPT single-GPU rows with a measured
-    figure, cheapest captures first (fewest layers, cached), then ViT, QLoRA, T0, OOM rows,
-    several GPUs."""
+    figure, cheapest captures first (fewest layers, cached), QLoRA and ViT interleaved, then
+    the rest of them, T0, OOM rows, several GPUs."""
     rank = {rid: k for k, rid in enumerate(RUN_FIRST)}
     if row.id in rank:
         return 0, rank[row.id]
