@@ -155,7 +155,12 @@ def summary(results: dict[str, dict]) -> dict[str, Any]:
     ooms = [r for r in single + multi if r["measured_oom"] and r["status"] == "done"]
     expressible = [r for r in single if r["status"] != "not expressible"]
     med = lambda rs: statistics.median(abs(r["rel_error"]) for r in rs) if rs else None  # noqa: E731
+    groups: dict[str, list[dict]] = {}
+    for r in done:
+        groups.setdefault(row_kind(r["settings"]), []).append(r)
     return {
+        "median_abs_rel_error_by_kind": {k: med(v) for k, v in sorted(groups.items())},
+        "rows_by_kind": {k: len(v) for k, v in sorted(groups.items())},
         "single_gpu_rows": len(single),
         "single_gpu_expressible": len(expressible),
         "expressible_fraction": len(expressible) / len(single) if single else None,
@@ -168,6 +173,18 @@ def summary(results: dict[str, dict]) -> dict[str, Any]:
         "multi_gpu_rows": len(multi),
         "multi_gpu_done": sum(r["status"] == "done" for r in multi),
     }
+
+
+def row_kind(st: dict[str, Any]) -> str:
+    """full | lora-qv (adapters on attention only) | lora-all | qlora | vit | t0."""
+    if st["id"].startswith(("vit", "peft")):
+        return "vit" if st["id"].startswith("vit") else "t0"
+    if st.get("quantize_base"):
+        return "qlora"
+    if st["peft"] == "none":
+        return "full"
+    mlp = {"gate_proj", "up_proj", "down_proj", "fc1", "fc2", "gate_up_proj"}
+    return "lora-all" if mlp & set(st["lora_targets"].split(",")) else "lora-qv"
 
 
 def _gb(n: int | None) -> str:
@@ -192,6 +209,11 @@ def write_md(results: dict[str, dict], order: list[str], path: Path) -> None:
         f"single-GPU rows with a measured figure and a prediction: "
         f"{pct(s['median_abs_rel_error'])} (target <= 10%); without the approximate "
         f"(read-off-a-plot) figures: {pct(s['median_abs_rel_error_exact_figures'])}",
+        "- median |relative error| by kind of row: "
+        + ", ".join(
+            f"{k} {pct(v)} ({s['rows_by_kind'][k]})"
+            for k, v in s["median_abs_rel_error_by_kind"].items()
+        ),
         f"- OOM rows: memgnn's verdict right on {s['oom_verdicts_right']} of "
         f"{s['oom_verdicts']} predicted",
         f"- multi-GPU rows: {s['multi_gpu_rows']}, predicted: {s['multi_gpu_done']}",

@@ -61,6 +61,9 @@ Not modelled (memgnn captures HF's code):
   and applies dropout once per fused qkv input (peft: once per q, k, v). With LoRA on every
   projection (TinyLlama, Gemma-2b, Phi-2, Phi-3 rows) this is the largest difference.
   LitGPT also zero-pads the fused LoRA output to the qkv width.
+- Phi-2's HF config asks for gelu_new, which transformers runs as a Python formula (pow,
+  mul, add, tanh: several saved T x I intermediates per layer); LitGPT calls the fused
+  F.gelu(approximate="tanh"), which saves its input only.
 - QLoRA: LitGPT's BitsandbytesPrecision quantises every Linear, lm_head included (HF keeps
   lm_head in bf16); its optimizer is bnb PagedAdamW, whose paged states live in CUDA unified
   memory outside max_memory_allocated (memgnn: torch AdamW states for the adapters).
