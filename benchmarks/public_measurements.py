@@ -44,8 +44,8 @@ CSV_CANDIDATES = (
 )
 UNITS = {"GB(1e9)": 10**9, "GiB": 2**30}
 RUN_FIRST = (
-    "litgpt22 litgpt23 litgpt20 litgpt16 litgpt19 litgpt18 litgpt9 litgpt11 litgpt14 litgpt1 "
-    "litgpt10 vit4 vit1 litgpt15 vit3 vit2 vit5 vit6"
+    "litgpt22 litgpt23 litgpt20 litgpt16 litgpt19 litgpt9 litgpt10 vit4 litgpt11 litgpt14 "
+    "litgpt1 vit1 litgpt15 litgpt18 vit3 vit2 vit5 vit6"
 ).split()
 MEMGNN = [str(Path(sys.executable).with_name("memgnn"))]
 
