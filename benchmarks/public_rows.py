@@ -67,6 +67,10 @@ Not modelled (memgnn captures HF's code):
 - QLoRA: LitGPT's BitsandbytesPrecision quantises every Linear, lm_head included (HF keeps
   lm_head in bf16); its optimizer is bnb PagedAdamW, whose paged states live in CUDA unified
   memory outside max_memory_allocated (memgnn: torch AdamW states for the adapters).
+- QLoRA: LitGPT's measured QLoRA peaks sit above what its LoRA peaks less the weights'
+  savings allow, and above its LoRA peaks for the small models (TinyLlama 16.24 vs
+  13.50 GB, Phi-2 14.27 vs 13.98 GB): an overhead of its bitsandbytes 0.42 / Lightning
+  BitsandbytesPrecision path that memgnn's model of bitsandbytes 0.50.2 does not have.
 - The measured peak is over the whole run: validation passes and the example generation
   (no_grad, KV cache) besides the training steps; memgnn predicts the training step.
 """
