@@ -156,7 +156,7 @@ def summary(results: dict[str, dict]) -> dict[str, Any]:
     multi = [r for r in rows if r["settings"].get("gpus", 1) > 1]
     valued = [r for r in single if not r["measured_oom"]]
     done = [r for r in valued if r["status"] == "done"]
-    exact = [r for r in done if not r["settings"]["approximate"]]
+    exact = [r for r in done if not (r["settings"]["approximate"] or r["settings"].get("suspect"))]
     ooms = [r for r in single + multi if r["measured_oom"] and r["status"] == "done"]
     expressible = [r for r in single if r["status"] != "not expressible"]
     med = lambda rs: statistics.median(abs(r["rel_error"]) for r in rs) if rs else None  # noqa: E731
@@ -215,7 +215,8 @@ def write_md(results: dict[str, dict], order: list[str], path: Path) -> None:
         f"- median |relative error| over the {s['single_gpu_valued_done']} expressible "
         f"single-GPU rows with a measured figure and a prediction: "
         f"{pct(s['median_abs_rel_error'])} (target <= 10%); without the approximate "
-        f"(read-off-a-plot) figures: {pct(s['median_abs_rel_error_exact_figures'])}",
+        f"(read-off-a-plot) and suspect (contradicted by their own setup) figures: "
+        f"{pct(s['median_abs_rel_error_exact_figures'])}",
         "- median |relative error| by kind of row: "
         + ", ".join(
             f"{k} {pct(v)} ({s['rows_by_kind'][k]})"
@@ -243,6 +244,7 @@ def write_md(results: dict[str, dict], order: list[str], path: Path) -> None:
         else:
             pred, err = _gb(r["predicted_bytes"]), f"{100 * r['rel_error']:+.1f}%"
             why = "approximate figure" if r["settings"]["approximate"] else ""
+            why = "suspect figure (see its notes)" if r["settings"].get("suspect") else why
         meas = "OOM" if r["measured_oom"] else _gb(r["measured_bytes"])
         metric = r.get("metric") or (
             r["settings"]["metric"] if r["status"] != "not expressible" else "-"
@@ -364,6 +366,9 @@ def main() -> int:
     fields = spec_fields()
     order = list(csv_rows)
     if args.report_only:  # rows not done get what is known without running them
+        for rid, r in results.items():  # descriptions may have been edited since the run
+            row = BY_ID.get(rid) or PROBES[rid][1]
+            r["settings"] |= {k: getattr(row, k) for k in ("suspect", "approximate", "notes")}
         for rid in order:
             if results.get(rid, {}).get("status") not in ("done", "error", "timeout"):
                 results[rid] = run_row(BY_ID[rid], csv_rows[rid], fields, args.timeout, dry=True)
