@@ -34,10 +34,15 @@ def lora_targets(train: TrainSpec) -> list[str] | None:
 
 
 def module_names(model: nn.Module) -> list[str]:
-    """The leaf names (last dotted part) of the Linear and Conv1D modules LoRA can target."""
+    """The leaf names (last dotted part) of the Linear and Conv1D modules LoRA can target,
+    subclasses included (Falcon's FalconLinear is an nn.Linear, as peft sees it)."""
     kinds = {"Linear", "Conv1D", "Conv2d", "Embedding", "Linear4bitSim", "Linear8bitSim"}
     return sorted(
-        {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if type(m).__name__ in kinds}
+        {
+            name.rsplit(".", 1)[-1]
+            for name, m in model.named_modules()
+            if any(c.__name__ in kinds for c in type(m).__mro__)
+        }
     )
 
 

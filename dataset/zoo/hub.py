@@ -109,7 +109,17 @@ PUBLISHED_PARAMS: dict[str, int] = {
     "facebook/opt-1.3b": 1_315_758_080,
     "facebook/opt-2.7b": 2_651_596_800,
     "facebook/opt-6.7b": 6_658_473_984,
+    # falcon-7b: FalconForCausalLM, lm_head tied; stablelm-base-alpha-3b: the count a
+    # loaded checkpoint gives (3,637,321,728, untied); vit-large: torchvision vit_l_16's
+    # documented num_params, the same layer shapes (1000 classes)
+    "tiiuae/falcon-7b": 6_921_720_704,
+    "stabilityai/stablelm-base-alpha-3b": 3_637_321_728,
+    "google/vit-large-patch16-224": 304_326_632,
 }
+# bigscience/T0_3B (T5ForConditionalGeneration, untied lm_head) publishes 2,849,757,184; the
+# installed transformers (5.x) ties T5's lm_head to the shared embedding whatever the config
+# says (T5Config forces tie_word_embeddings=True), so the class built from its config has
+# 2,783,959,040 (one 32128 x 2048 matrix fewer) and it has no exact figure to check against.
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

@@ -29,12 +29,28 @@ def _config(name: str):
         ("Qwen/Qwen2.5-0.5B", "causal-lm", 494_032_768),
         ("t5-small", "seq2seq", 60_506_624),
         ("google/vit-base-patch16-224", "image-cls", 86_567_656),
+        ("google/vit-large-patch16-224", "image-cls", 304_326_632),  # = torchvision vit_l_16
+        ("tiiuae/falcon-7b", "causal-lm", 6_921_720_704),
+        ("stabilityai/stablelm-base-alpha-3b", "causal-lm", 3_637_321_728),
     ],
 )
 def test_catalog_models_have_their_published_parameter_counts(name, task, params):
     config = _config(name)
     assert infer_task(config) == task
     assert hub.param_count(config, task) == params
+
+
+def test_t0_3b_lm_head_is_tied_by_the_installed_transformers():
+    """T0_3B publishes 2,849,757,184 parameters (untied lm_head); transformers 5 ties T5's
+    lm_head whatever the config says, so the built class is one 32128 x 2048 matrix short.
+    If this fails, transformers honours the config again: record the published figure."""
+    config = _config("bigscience/T0_3B")
+    assert (
+        json.loads(hub.resolve_config_file("bigscience/T0_3B").read_text())["tie_word_embeddings"]
+        is False
+    )
+    assert hub.param_count(config, "seq2seq") == 2_849_757_184 - 32128 * 2048
+    assert "bigscience/T0_3B" not in hub.PUBLISHED_PARAMS
 
 
 def test_bare_bert_encoder_count_is_the_published_bertmodel_figure():

@@ -1,0 +1,308 @@
+"""The settings behind every row of the public GPU measurements, as memgnn expresses them.
+
+One `Row` per row id of public-gpu-measurements.csv: the memgnn model spec and training
+config taken from the row's own sources, and where each setting came from. Sources read
+(pinned commits):
+- LitGPT (github.com/Lightning-AI/litgpt @ 26857050): config_hub/finetune/<model>/
+  {lora,qlora,full}.yaml (lora_r, lora_alpha, lora_dropout, lora_query/key/value/
+  projection/mlp/head, micro_batch_size, global_batch_size, max_seq_length, precision,
+  quantize, devices), litgpt/finetune/{full,lora}.py (what runs and what is measured:
+  `torch.cuda.max_memory_allocated() / 1e9` in utils.create_finetuning_performance_report,
+  over the whole run; gradient accumulation = global_batch_size / (micro_batch_size x
+  devices); multi-device full fine-tuning = FSDPStrategy(FULL_SHARD default,
+  activation_checkpointing_policy={Block}); QLoRA's optimizer = bnb.optim.PagedAdamW),
+  litgpt/model.py (SDPA with is_causal, K/V heads repeat_interleave'd to the query heads,
+  fused qkv Linear), litgpt/lora.py (LoRAQKVLinear: one A of r x (#enabled of q/k/v) rows
+  on the fused qkv input), litgpt/utils.py (chunked_cross_entropy, chunks of 128 rows).
+- rasbt/pytorch-memory-optim @ HEAD: 01_pytorch-vit.py .. 05_gradient-accum.py (torchvision
+  vit_l_16 IMAGENET1K_V1, heads.head -> Linear(1024, 10), torch.optim.Adam(lr=5e-5),
+  batch 64 / 16 / 4x4, Fabric precision, `torch.cuda.max_memory_reserved() / 1e9`), logs.md.
+- huggingface/peft @ 5d602fdb: README.md (T0_3B table), examples/conditional_generation/
+  peft_lora_seq2seq_accelerate_ds_zero3_offload.py (batch_size 8, LoraConfig r=8,
+  lora_alpha=32, lora_dropout=0.1, AdamW, TorchTracemalloc: max_memory_allocated in MiB).
+- PyTorch tutorial optimizer_step_in_backward_tutorial (vit6/vit7), torchtitan
+  benchmarks/llama3_h100_202412_torchtitan.md (ttitan rows), as the CSV cites them.
+
+What LitGPT does differently, and which of it memgnn models: `DIFFERENCES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DIFFERENCES = """\
+LitGPT runs its own model code, not Hugging Face's; memgnn captures the HF class of the
+same published config (catalog `hf:ORG/NAME`). Modelled (mapped onto memgnn options):
+- bf16-true = parameters, gradients and optimizer states all in bf16: `--precision bf16`.
+- Gradient accumulation = global_batch_size / (micro_batch_size x devices) from each yaml:
+  full fine-tunes run it (gradients live through every micro-step); LoRA rows run 1 (their
+  gradients are the adapters' only, tens of MB) to keep 7B captures to one micro-step.
+- LoRA on LitGPT's fused qkv (LoRAQKVLinear): lora_query + lora_value on HF models with
+  separate projections (Llama, Mistral, Gemma, Phi-2) -> peft on q_proj, v_proj: the same
+  adapter shapes. Where HF fuses qkv too (Falcon and GPT-NeoX query_key_value, Phi-3
+  qkv_proj) peft puts one adapter on the whole fused output: B also spans k (Falcon-7b:
+  +32 x 64 per layer) and A has r rows, not r x #enabled (Phi-3: 2 x 8 x 3072 fewer per
+  layer). lora_projection -> o_proj / dense, lora_mlp -> gate/up/down_proj (fc1/fc2,
+  gate_up_proj), lora_head -> lm_head. lora_dropout as in the yaml.
+- QLoRA `quantize: bnb.nf4` -> `--quantize-base nf4` (bitsandbytes Linear4bit storages and
+  their dequantised temporaries); several devices -> `--gpus N --sharding fsdp` (LitGPT's
+  FSDPStrategy: FULL_SHARD) with `--checkpointing full` (activation_checkpointing_policy
+  {Block}).
+Not modelled (memgnn captures HF's code):
+- LitGPT's RMSNorm keeps an fp32 x and an fp32 normalized copy (HF: fp32 x, bf16 copy);
+  LitGPT repeats K/V heads to all query heads before SDPA (GQA and Falcon's MQA: 71 heads),
+  HF passes enable_gqa; Gemma-2's logit softcapping makes LitGPT's attention materialise
+  the scores; LitGPT's lm_head output stays bf16 with a 128-row chunked cross entropy (and
+  chunks of 128 positions for the LoRA script's lm_head), HF upcasts logits to fp32.
+- LoRA adapters' dtype: peft upcasts the adapter weights to fp32 (get_peft_model's
+  autocast_adapter_dtype=True) and casts each adapted module's input to fp32 for dropout
+  and lora_A, so every adapted module saves an fp32 dropout output and its mask (5 bytes
+  per input element); LitGPT (bf16-true) keeps adapters and their inputs in bf16 (3 bytes)
+  and applies dropout once per fused qkv input (peft: once per q, k, v). With LoRA on every
+  projection (TinyLlama, Gemma-2b, Phi-2, Phi-3 rows) this is the largest difference.
+  LitGPT also zero-pads the fused LoRA output to the qkv width.
+- Phi-2's HF config asks for gelu_new, which transformers runs as a Python formula (pow,
+  mul, add, tanh: several saved T x I intermediates per layer); LitGPT calls the fused
+  F.gelu(approximate="tanh"), which saves its input only.
+- QLoRA: LitGPT's BitsandbytesPrecision quantises every Linear, lm_head included (HF keeps
+  lm_head in bf16); its optimizer is bnb PagedAdamW, whose paged states live in CUDA unified
+  memory outside max_memory_allocated (memgnn: torch AdamW states for the adapters).
+- QLoRA: LitGPT's measured QLoRA peaks sit above what its LoRA peaks less the weights'
+  savings allow, and above its LoRA peaks for the small models (TinyLlama 16.24 vs
+  13.50 GB, Phi-2 14.27 vs 13.98 GB): an overhead of its bitsandbytes 0.42 / Lightning
+  BitsandbytesPrecision path that memgnn's model of bitsandbytes 0.50.2 does not have.
+- The measured peak is over the whole run: validation passes and the example generation
+  (no_grad, KV cache) besides the training steps; memgnn predicts the training step.
+"""
+LITGPT = "Lightning-AI/litgpt@26857050 config_hub/finetune/"
+LLAMA_ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head"
+QV = "q_proj,v_proj"
+
+
+@dataclass(kw_only=True, slots=True)
+class Row:
+    """memgnn's reading of one CSV row. `why_not` set: memgnn cannot express it (one line)."""
+
+    id: str
+    model: str = ""
+    task: str | None = None
+    model_args: dict[str, str] = field(default_factory=dict)
+    batch: int = 1
+    seq: int | None = None
+    dims: dict[str, int] = field(default_factory=dict)
+    precision: str = "fp32"
+    optimizer: str = "adamw"
+    optimizer_impl: str = "auto"
+    checkpointing: str = "none"
+    grad_accum: int = 1
+    zero_grad: str = "none"  # none: zero_grad(set_to_none=True) after the step; zero: kept
+    peft: str = "none"
+    lora_r: int = 8
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: str = ""
+    quantize_base: str = ""  # needs TrainSpec.quantize_base (branch qlora)
+    gpus: int = 1  # > 1 needs TrainSpec.gpus / sharding (branch fsdp)
+    sharding: str = "none"
+    device: str = "a10g-24gb"
+    metric: str = "allocated"
+    unit: str = "GB(1e9)"  # how the measured figure in the CSV is to be read
+    approximate: bool = False
+    suspect: bool = False  # the figure contradicts its own setup by hand (see notes)
+    method: str = "analytic"
+    source: str = ""
+    notes: str = ""
+    why_not: str = ""
+
+
+def _lit(id: str, model: str, yaml: str, batch: int, accum: int, **kw) -> Row:
+    return Row(
+        id=id, model=model, batch=batch, seq=512, precision="bf16", grad_accum=accum,
+        source=LITGPT + yaml, **kw,
+    )  # fmt: skip
+
+
+def _lora(r: int, alpha: float, dropout: float, targets: str) -> dict:
+    return {
+        "peft": "lora", "lora_r": r, "lora_alpha": alpha, "lora_dropout": dropout,
+        "lora_targets": targets,
+    }  # fmt: skip
+
+
+VIT = "hf:google/vit-large-patch16-224"
+RASBT = "rasbt/pytorch-memory-optim@HEAD "
+ZERO_GRAD_NOTE = (
+    "; the script calls optimizer.zero_grad() between the forward and backward, so the "
+    "previous step's gradients live through every forward: memgnn --zero-grad zero (kept "
+    "zeroed gradients) holds the same bytes there"
+)
+VIT_NOTE = (
+    "HF ViTForImageClassification stands in for torchvision vit_l_16 (torchvision is not "
+    "installable here): same shapes and 303,311,882 parameters with the 10-class head; "
+    "torchvision runs nn.MultiheadAttention (fused in_proj, SDPA inside), HF separate q/k/v "
+    "Linear + SDPA; A100 assumed (a100-80gb profile)"
+)
+T0_NOTE = (
+    "transformers 5 always ties T5's lm_head to the shared embedding (T5Config forces "
+    "tie_word_embeddings=True), so memgnn's T0_3B has 2,783,959,040 parameters, not the "
+    "published 2,849,757,184: one 32128 x 2048 fp32 matrix (263 MB, plus its gradient and "
+    "2 AdamW states when trained) fewer; input length S=64 and target T=4 assumed (tweets "
+    "padded to the batch's longest; class labels of <= 4 tokens); AdamW for-loop (torch "
+    "1.13, Feb 2023); 'GB' read as GiB (TorchTracemalloc reports MiB)"
+)
+LIT_NOTE = "padded length <= 512 (Alpaca2k's longest): 512 used"
+LORA_ACCUM = "; gradient accumulation {} in the yaml modelled as 1 (LoRA gradients only)"
+
+# fmt: off
+ROWS: list[Row] = [
+    Row(id="vit1", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
+        batch=64, precision="fp32",
+        optimizer="adam", device="a100-80gb", metric="reserved", method="replay",
+        source=RASBT + "01_pytorch-vit.py (batch_size=64; logs.md's '32' bullet is stale)",
+        notes=VIT_NOTE + ZERO_GRAD_NOTE),
+    Row(id="vit2", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
+        batch=64, precision="amp-fp16",
+        optimizer="adam", device="a100-80gb", metric="reserved", method="replay",
+        source=RASBT + "02_mixed-precision.py (Fabric precision='16-mixed')",
+        notes=VIT_NOTE + ZERO_GRAD_NOTE),
+    Row(id="vit3", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
+        batch=64, precision="bf16",
+        optimizer="adam", device="a100-80gb", metric="reserved", method="replay",
+        source=RASBT + "03_bfloat16.py (precision='bf16-true')",
+        notes=VIT_NOTE + ZERO_GRAD_NOTE),
+    Row(id="vit4", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
+        batch=16, precision="bf16",
+        optimizer="adam", device="a100-80gb", metric="reserved", method="replay",
+        source=RASBT + "04_lower-batchsize.py (batch_size=16)",
+        notes=VIT_NOTE + ZERO_GRAD_NOTE),
+    Row(id="vit5", model=VIT, model_args={"num_labels": "10"}, batch=4, grad_accum=4,
+        precision="bf16", optimizer="adam", device="a100-80gb", metric="reserved",
+        method="replay", source=RASBT + "05_gradient-accum.py (micro-batch 4 x 4 steps)",
+        notes=VIT_NOTE),
+    Row(id="vit6", model=VIT, batch=1, precision="fp32", optimizer="adam",
+        optimizer_impl="foreach", device="a100-80gb", metric="allocated", unit="GB(1e9)",
+        approximate=True, method="replay",
+        source="pytorch.org tutorials optimizer_step_in_backward_tutorial (1000-class head)",
+        notes=VIT_NOTE.replace("the 10-class head", "the 1000-class head (304,326,632)")
+        + "; value read off a memory-snapshot plot (allocated), +-0.5 GB"),
+    Row(id="vit7", why_not="the optimizer steps inside backward (per-parameter hooks free "
+        "each gradient at once): memgnn's step runs backward, then the optimizer"),
+    Row(id="peft1", model="hf:bigscience/T0_3B", batch=8, seq=64, dims={"T": 4},
+        optimizer="adamw", optimizer_impl="for-loop", device="a100-80gb", unit="GiB",
+        method="analytic", source="huggingface/peft@5d602fdb README.md + examples/"
+        "conditional_generation/peft_lora_seq2seq_accelerate_ds_zero3_offload.py",
+        notes=T0_NOTE),
+    Row(id="peft2", model="hf:bigscience/T0_3B", batch=8, seq=64, dims={"T": 4},
+        optimizer="adamw", optimizer_impl="for-loop", device="a100-80gb", unit="GiB",
+        method="analytic", **_lora(8, 32.0, 0.1, "q,v"),
+        source="huggingface/peft@5d602fdb (LoraConfig r=8, lora_alpha=32, lora_dropout=0.1; "
+        "peft's T5 default targets q, v)", notes=T0_NOTE),
+    Row(id="ttitan1", gpus=8, sharding="fsdp", device="h100-80gb",
+        why_not="torchtitan FSDP2 with fp32 sharded master weights and bf16 "
+        "compute (MixedPrecisionPolicy) and op-level selective activation checkpointing: "
+        "neither is a memgnn option; H100 96 GB has no profile"),
+    Row(id="ttitan2", gpus=8, sharding="fsdp", device="h100-80gb",
+        why_not="as ttitan1, plus torch.compile (fused kernels change which "
+        "intermediates exist); memgnn captures eager aten ops"),
+    Row(id="ttitan3", gpus=128, sharding="fsdp", device="h100-80gb",
+        why_not="as ttitan1 on 128 GPUs (FSDP over 128 ranks)"),
+    _lit("litgpt1", "hf:tiiuae/falcon-7b", "falcon-7b/lora.yaml", 1, 1,
+         **_lora(32, 16.0, 0.05, "query_key_value"),
+         notes=LIT_NOTE + "; LoRA q+v of LitGPT's fused qkv -> peft on Falcon's fused "
+         "query_key_value" + LORA_ACCUM.format(8)),
+    _lit("litgpt2", "hf:tiiuae/falcon-7b", "falcon-7b/qlora.yaml", 1, 1, quantize_base="nf4",
+         **_lora(32, 16.0, 0.05, "query_key_value"), notes=LIT_NOTE + LORA_ACCUM.format(8)),
+    _lit("litgpt3", "hf:google/gemma-2b", "gemma-2b/lora.yaml", 2, 1,
+         **_lora(8, 16.0, 0.1, LLAMA_ALL), notes=LIT_NOTE + LORA_ACCUM.format(3)),
+    _lit("litgpt4", "hf:google/gemma-2b", "gemma-2b/qlora.yaml", 2, 1, quantize_base="nf4",
+         **_lora(16, 16.0, 0.1, LLAMA_ALL), notes=LIT_NOTE + LORA_ACCUM.format(3)),
+    _lit("litgpt5", "hf:google/gemma-7b", "gemma-7b/lora.yaml", 1, 1, metric="device_total",
+         **_lora(16, 16.0, 0.1, LLAMA_ALL), notes=LIT_NOTE + LORA_ACCUM.format(6)),
+    _lit("litgpt6", "hf:google/gemma-7b", "gemma-7b/qlora.yaml", 1, 1, quantize_base="nf4",
+         **_lora(16, 16.0, 0.1, LLAMA_ALL), notes=LIT_NOTE + LORA_ACCUM.format(6)),
+    _lit("litgpt7", "hf:google/gemma-2-9b", "gemma2-9b/lora.yaml", 1, 1, metric="device_total",
+         **_lora(16, 16.0, 0.1, LLAMA_ALL), notes=LIT_NOTE + LORA_ACCUM.format(6)),
+    _lit("litgpt8", "hf:google/gemma-2-9b", "gemma2-9b/qlora.yaml", 1, 1, quantize_base="nf4",
+         **_lora(16, 16.0, 0.1, LLAMA_ALL), notes=LIT_NOTE + LORA_ACCUM.format(6)),
+    _lit("litgpt9", "hf:meta-llama/Llama-2-7b-hf", "llama-2-7b/lora.yaml", 2, 1,
+         **_lora(32, 16.0, 0.05, QV), notes=LIT_NOTE + LORA_ACCUM.format(4)),
+    _lit("litgpt10", "hf:meta-llama/Llama-2-7b-hf", "llama-2-7b/qlora.yaml", 2, 1,
+         quantize_base="nf4", **_lora(32, 16.0, 0.05, QV), notes=LIT_NOTE + LORA_ACCUM.format(4)),
+    _lit("litgpt11", "hf:meta-llama/Meta-Llama-3-8B", "llama-3-8b/lora.yaml", 1, 1,
+         **_lora(32, 16.0, 0.05, QV), notes=LIT_NOTE + LORA_ACCUM.format(8)),
+    _lit("litgpt12", "hf:meta-llama/Meta-Llama-3-8B", "llama-3-8b/qlora.yaml", 2, 1,
+         quantize_base="nf4", **_lora(32, 16.0, 0.05, QV), notes=LIT_NOTE + LORA_ACCUM.format(4)),
+    _lit("litgpt13", "hf:meta-llama/Llama-3.1-8B", "llama-3.1-8b/full.yaml", 4, 16,
+         metric="device_total",
+         notes=LIT_NOTE + "; the yaml says devices: 4, the README row 1xA10G: 1 GPU, "
+         "accumulation 64 / 4 = 16"),
+    _lit("litgpt14", "hf:mistralai/Mistral-7B-v0.1", "mistral-7b/lora.yaml", 2, 1,
+         **_lora(32, 16.0, 0.05, QV), notes=LIT_NOTE + LORA_ACCUM.format(4)),
+    _lit("litgpt15", "hf:mistralai/Mistral-7B-v0.1", "mistral-7b/qlora.yaml", 2, 1,
+         quantize_base="nf4", **_lora(32, 16.0, 0.05, QV), notes=LIT_NOTE + LORA_ACCUM.format(4)),
+    _lit("litgpt16", "hf:microsoft/phi-2", "phi-2/lora.yaml", 4, 1,
+         **_lora(8, 16.0, 0.05, "q_proj,k_proj,v_proj,dense,fc1,fc2,lm_head"),
+         notes=LIT_NOTE + LORA_ACCUM.format(2)),
+    _lit("litgpt17", "hf:microsoft/phi-2", "phi-2/qlora.yaml", 4, 1, quantize_base="nf4",
+         **_lora(8, 16.0, 0.05, "q_proj,k_proj,v_proj,dense,fc1,fc2,lm_head"),
+         notes=LIT_NOTE + LORA_ACCUM.format(2)),
+    _lit("litgpt18", "hf:microsoft/Phi-3-mini-4k-instruct", "phi-3/full.yaml", 4, 2, suspect=True,
+         notes=LIT_NOTE + "; accumulation 8 / 4 = 2; the CSV flags it: AdamW states alone "
+         "for 3.8B bf16 parameters are 15.3 GB, all state 30.6 GB > 17.01 GB"),
+    _lit("litgpt19", "hf:microsoft/Phi-3-mini-4k-instruct", "phi-3/lora.yaml", 4, 1,
+         **_lora(8, 16.0, 0.05, "qkv_proj,o_proj,gate_up_proj,down_proj,lm_head"),
+         notes=LIT_NOTE + "; LoRA on HF's fused qkv_proj / gate_up_proj" + LORA_ACCUM.format(2)),
+    _lit("litgpt20", "hf:stabilityai/stablelm-base-alpha-3b", "stablelm-base-alpha-3b/lora.yaml",
+         1, 1, **_lora(32, 16.0, 0.05, "query_key_value"),
+         notes=LIT_NOTE + "; LoRA q+v -> GPT-NeoX's fused query_key_value"
+         + LORA_ACCUM.format(8)),
+    _lit("litgpt21", "hf:stabilityai/stablelm-base-alpha-3b",
+         "stablelm-base-alpha-3b/qlora.yaml", 1, 1, quantize_base="nf4",
+         **_lora(32, 16.0, 0.05, "query_key_value"), notes=LIT_NOTE + LORA_ACCUM.format(8)),
+    _lit("litgpt22", "hf:TinyLlama/TinyLlama-1.1B-Chat-v1.0", "tiny-llama/full.yaml", 4, 8,
+         method="replay",
+         notes=LIT_NOTE + "; accumulation 32 / 4 = 8 (gradients live through every "
+         "micro-step); LitGPT's checkpoint is TinyLlama-1.1B-intermediate-step-1431k-3T, "
+         "the same architecture as the catalog's Chat-v1.0"),
+    _lit("litgpt23", "hf:TinyLlama/TinyLlama-1.1B-Chat-v1.0", "tiny-llama/lora.yaml", 8, 1,
+         **_lora(32, 16.0, 0.05, LLAMA_ALL), notes=LIT_NOTE + "; accumulation 8 / 8 = 1"),
+    _lit("litgpt24", "hf:TinyLlama/TinyLlama-1.1B-Chat-v1.0", "tiny-llama/qlora.yaml", 8, 1,
+         quantize_base="nf4", **_lora(32, 16.0, 0.05, LLAMA_ALL),
+         notes=LIT_NOTE + "; accumulation 8 / 8 = 1"),
+    _lit("litgpt4x1", "hf:google/gemma-2b", "gemma-2b/full.yaml", 1, 4, gpus=4,
+         sharding="fsdp", checkpointing="full",
+         notes=LIT_NOTE + "; FSDP FULL_SHARD, every Block checkpointed; accumulation "
+         "16 / (1 x 4) = 4"),
+    _lit("litgpt4x2", "hf:microsoft/phi-2", "phi-2/full.yaml", 4, 1, gpus=4, sharding="fsdp",
+         checkpointing="full",
+         notes=LIT_NOTE + "; the yaml says devices: 2, the README row 4xA10G: 4 used; "
+         "accumulation 8 / (4 x 4) < 1 -> 1"),
+    _lit("litgpt4x3", "hf:stabilityai/stablelm-base-alpha-3b", "stablelm-base-alpha-3b/full.yaml",
+         1, 2, gpus=4, sharding="fsdp", checkpointing="full",
+         notes=LIT_NOTE + "; the yaml says devices: 2, the README row 4xA10G: 4 used; "
+         "accumulation 8 / (1 x 4) = 2"),
+    _lit("litgpt4x4", "hf:meta-llama/Llama-2-7b-hf", "llama-2-7b/full.yaml", 4, 4, gpus=4,
+         sharding="fsdp", checkpointing="full", metric="device_total",
+         notes=LIT_NOTE + "; accumulation 64 / (4 x 4) = 4"),
+    _lit("litgpt4x5", "hf:meta-llama/Meta-Llama-3-8B", "llama-3-8b/full.yaml", 4, 4, gpus=4,
+         sharding="fsdp", checkpointing="full", metric="device_total",
+         notes=LIT_NOTE + "; accumulation 64 / (4 x 4) = 4"),
+]
+# fmt: on
+BY_ID = {r.id: r for r in ROWS}
+
+# Not CSV rows: the same config with one setting changed, to show what that setting is worth.
+PROBES: dict[str, tuple[str, Row]] = {
+    "litgpt22-G1": (
+        "litgpt22",
+        _lit(
+            "litgpt22-G1",
+            "hf:TinyLlama/TinyLlama-1.1B-Chat-v1.0",
+            "tiny-llama/full.yaml",
+            4,
+            1,
+            method="replay",
+            notes="litgpt22 without gradient accumulation (the earlier reading of the row)",
+        ),
+    ),
+}
