@@ -125,7 +125,7 @@ def test_plan_batch_flag_is_rejected_not_ignored(user_dir, capsys):
 
 
 def test_plan_mode_binsearch_finds_any_batch_and_power_contradicts_any_batch(user_dir, capsys):
-    base = ("plan", "--model", "py:my_user_model:make", "--budget", "3MiB", "--device", "cpu",
+    base = ("plan", "--model", "py:my_user_model:make", "--budget", "1MiB", "--device", "cpu",
             "--checkpointing-choices", "none", "--json")  # fmt: skip
     code, out, err = _run(capsys, *base, "--mode", "binsearch")
     assert code == 0, err
