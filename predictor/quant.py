@@ -298,7 +298,10 @@ def quantize_model(model: nn.Module, train: TrainSpec) -> list[str]:
         (name, m)
         for name, m in model.named_modules()
         if name
-        and (type(m) is nn.Linear or type(m).__name__ == "Conv1D")
+        # transformers' replace_with_bnb_linear tests isinstance: subclasses such as
+        # Falcon's FalconLinear are quantised too
+        and (isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D")
+        and not isinstance(m, (Linear4bitSim, Linear8bitSim))
         and _should_convert(name, skip)
     ]
     for name, m in chosen:

@@ -184,6 +184,17 @@ def test_a_model_without_linears_cannot_be_quantised():
         quantize_model(model, TrainSpec(peft="lora", quantize_base="nf4"))
 
 
+class _SubLinear(nn.Linear):  # as Falcon's FalconLinear: a subclass of nn.Linear
+    pass
+
+
+def test_subclasses_of_linear_are_quantised_as_transformers_does():
+    model = nn.Sequential(nn.Linear(8, 8), _SubLinear(8, 8), nn.Linear(8, 8))
+    names = quantize_model(model, TrainSpec(peft="lora", quantize_base="nf4"))
+    assert names == ["0", "1"]  # the last Linear is the output head transformers keeps
+    assert isinstance(model[1], Linear4bitSim)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
