@@ -44,9 +44,10 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
-from memgnn.predictor.recorder import RecorderObserver, StepRecorder
+from memgnn.predictor.recorder import RecorderObserver, StepRecorder, unrecorded
 from memgnn.predictor.spec import TrainSpec
 from torch import nn
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,14 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
             "memgnn's sharded capture runs its own fake one"
         )
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=train.gpus)
+    propagator = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def shape_only(self: Any, op_schema: Any) -> Any:  # allocates nothing on a real job
+        with unrecorded():
+            return propagator(self, op_schema)
+
     try:
+        ShardingPropagator._propagate_tensor_meta_non_cached = shape_only
         shard = train.shard_group_size
         if train.sharding == "hsdp":
             shape, names = (train.gpus // shard, shard), ("replicate", "shard")
@@ -100,6 +108,7 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         yield World(size=train.gpus, rank=rank, mesh=mesh)
     finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagator
         dist.destroy_process_group()
 
 

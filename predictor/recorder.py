@@ -10,6 +10,7 @@ same recorder runs over fake tensors (capture, `sim`) and real CPU tensors (`cpu
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import weakref
 from collections.abc import Callable, Iterable
@@ -21,6 +22,23 @@ from memgnn.predictor.vocab import CATEGORIES, PHASES
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+# > 0 while ops run that a real step would not allocate for (see `unrecorded`)
+_UNRECORDED = [0]
+
+
+@contextlib.contextmanager
+def unrecorded():
+    """Ops run inside are not recorded: metadata-only work that happens to run on the
+    capture's fake tensors (DTensor's sharding propagation builds global-shape fake inputs
+    and runs the op on them to learn the output's shape; a real job runs that on fake
+    tensors of its own, allocating nothing on the device)."""
+    _UNRECORDED[0] += 1
+    try:
+        yield
+    finally:
+        _UNRECORDED[0] -= 1
+
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +278,8 @@ class StepRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if DTensor in types:  # let DTensor run its local ops, which come back here
             return NotImplemented
+        if _UNRECORDED[0]:
+            return func(*args, **kwargs)
         hook = self.hooks.get(func)
         if hook is not None:
             return hook(self, func, args, kwargs)

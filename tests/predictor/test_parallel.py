@@ -263,3 +263,30 @@ def test_hsdp_shards_within_groups_and_replicates_across():
     assert _initial_bytes(_captured(gpus=4, sharding="hsdp"), "parameter") == _initial_bytes(
         _captured(gpus=2, sharding="fsdp"), "parameter"
     )
+
+
+def _optimizer_temporaries(graph, sizes, step: int) -> int:
+    from memgnn.predictor.graph import PHASES
+
+    p = graph.paths[0]
+    nbytes = graph.storage_bytes(0, graph.resolve_sizes(sizes))
+    phase, steps = p.nodes["phase"], p.nodes["step"]
+    temporary = CATEGORIES.index("temporary")
+    return sum(
+        int(nbytes[i])
+        for i, (alloc, cat) in enumerate(zip(p.storages["alloc"], p.storages["category"]))
+        if alloc >= 0 and cat == temporary
+        and PHASES[phase[alloc]] == "optimizer" and steps[alloc] == step
+    )  # fmt: skip
+
+
+def test_dtensor_shape_propagation_allocates_nothing():
+    # DTensor learns an op's output shape by running it on global-shape fake inputs, once
+    # per op signature (the first step); a real job does that on its own fake tensors. On
+    # a CUDA target (foreach AdamW) that once showed as 3 x the whole model's bytes of
+    # optimizer temporaries in the first step, 13 x the rank's shard.
+    graph = capture(_llama(), TrainSpec(gpus=4, sharding="fsdp"), CaptureConfig(target="cuda"))
+    first, steady = (_optimizer_temporaries(graph, SIZES, s) for s in (0, 1))
+    shard = _initial_bytes(graph, "parameter")
+    assert first == steady  # the same foreach temporaries in both steps
+    assert 0 < steady <= shard  # one parameter-shard-sized list (sqrt of exp_avg_sq)
