@@ -24,8 +24,8 @@ import torch
 from memgnn.predictor.calibration import MIN_RESIDUALS, bound_log, fit_group, group_key
 from memgnn.predictor.gnn import MemoryGNN, memory_loss
 from memgnn.predictor.vocab import METRICS
-from memgnn.training.data import Dataset, error_summary
-from memgnn.training.fit import GraphSet, _embeddings, predict_log
+from memgnn.training.data import Dataset
+from memgnn.training.fit import GraphSet, _embeddings, predict_log, summarize
 from memgnn.training.fit_config import FitConfig
 
 log = logging.getLogger(__name__)
@@ -147,17 +147,4 @@ def evaluate(model: MemoryGNN, data: Dataset, idx: np.ndarray, cal: dict[str, An
         return {}
     mu, upper = predict_log(model, data, idx)
     pred, bound = calibrated(data, idx, mu, upper, cal)
-    meas = data.measured[idx]
-    prim = data.primary_metric()[idx]
-    rows = np.arange(len(idx))
-    out: dict[str, Any] = {
-        "primary": error_summary(pred[rows, prim], bound[rows, prim], meas[rows, prim])
-    }
-    sources = np.array(data.source)[idx]
-    for src in sorted(set(sources)):
-        sel = sources == src
-        for m, name in enumerate(METRICS):
-            summary = error_summary(pred[sel, m], bound[sel, m], meas[sel, m])
-            if summary["n"]:
-                out[f"{src}/{name}"] = summary
-    return out
+    return summarize(data, idx, pred, bound)

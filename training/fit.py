@@ -104,6 +104,12 @@ def evaluate(model: MemoryGNN, data: Dataset, idx: np.ndarray, graphs=None) -> d
         return {}
     mu, upper = predict_log(model, data, idx, graphs)
     pred, bound = data.analytic[idx] * np.exp(mu), data.analytic[idx] * np.exp(upper)
+    return summarize(data, idx, pred, bound)
+
+
+def summarize(data: Dataset, idx: np.ndarray, pred: np.ndarray, bound: np.ndarray) -> dict:
+    """Error summaries of answers `pred` (bounds `bound`, rows of `idx`) per label source
+    and metric, plus `primary` (reserved on GPU profiles, allocated on the CPU)."""
     meas = data.measured[idx]
     prim = data.primary_metric()[idx]
     rows = np.arange(len(idx))
