@@ -32,6 +32,7 @@ from typing import Any
 from memgnn.dataset.executors import EXECUTORS, Task, error_row, run_local, run_ray
 from memgnn.dataset.presets import PRESETS, check_preset_flags, preset_kwargs
 from memgnn.dataset.sampler import BACKENDS, Job, SamplerConfig, sample_jobs
+from memgnn.dataset.sampler_finetune import FINETUNE_KINDS
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class BuildConfig:
     threads_per_worker: int = 1
     progress: bool = True
     finetune: bool = True  # the sampler draws LoRA / QLoRA / attention-kernel configs
+    finetune_kinds: tuple[str, ...] = FINETUNE_KINDS  # which of them (presets pin it)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -90,6 +92,7 @@ class BuildConfig:
             sizes_per_config=per_config,
             hparams=self.hparams,
             finetune=self.finetune,
+            finetune_kinds=tuple(self.finetune_kinds),
             **self.caps,
         )
 

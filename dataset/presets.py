@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memgnn.dataset.sampler import CAPS
+from memgnn.dataset.sampler_finetune import FINETUNE_KINDS
 
 __all__ = ["PRESETS", "PRESET_FIXED", "Stage", "check_preset_flags", "preset_kwargs"]
 
@@ -42,6 +43,7 @@ class Stage:
     caps: dict[str, int] = field(default_factory=dict)
     hparams: dict[str, dict[str, Any]] = field(default_factory=dict)
     finetune: bool = True
+    finetune_kinds: tuple[str, ...] = FINETUNE_KINDS
 
     def __post_init__(self) -> None:
         if self.size < 1 or self.sizes_per_config < 1:
@@ -56,8 +58,9 @@ _SMOKE_CAPS = {"max_tokens": 128, "max_batch": 4}
 
 PRESETS: dict[str, tuple[Stage, ...]] = {
     "v1": (
-        Stage(backend="sim", size=264, sizes_per_config=12, seed=1),
-        Stage(backend="cpu", size=60, sizes_per_config=3, seed=1),
+        # built when LoRA was the only fine-tuning draw: QLoRA / attention draws stay off
+        Stage(backend="sim", size=264, sizes_per_config=12, seed=1, finetune_kinds=("lora",)),
+        Stage(backend="cpu", size=60, sizes_per_config=3, seed=1, finetune_kinds=("lora",)),
     ),
     "readme-3960": (
         Stage(backend="sim", size=3960, sizes_per_config=12, seed=1, finetune=False),
@@ -94,6 +97,7 @@ PRESET_FIXED = (
     "caps",
     "hparams",
     "finetune",
+    "finetune_kinds",
     "devices",
 )
 
@@ -136,6 +140,7 @@ def preset_kwargs(name: str, **run: Any) -> list[dict[str, Any]]:
             "caps": dict(s.caps),
             "hparams": {k: dict(v) for k, v in s.hparams.items()},
             "finetune": s.finetune,
+            "finetune_kinds": s.finetune_kinds,
         }
         | run
         for s in PRESETS[name]

@@ -35,7 +35,12 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from memgnn.dataset.sampler_finetune import draw_finetune, lora_modules, peft_default
+from memgnn.dataset.sampler_finetune import (
+    FINETUNE_KINDS,
+    draw_finetune,
+    lora_modules,
+    peft_default,
+)
 from memgnn.predictor.devices import PROFILES
 from memgnn.predictor.spec import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
 
@@ -94,10 +99,17 @@ class SamplerConfig:
     max_layers: int | None = None  # cap on a `layers` hparam (cheap corpora: tests, demos)
     hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # pinned, per zoo name
     finetune: bool = True  # draw LoRA / QLoRA / attention kernels (dataset.sampler_finetune)
+    finetune_kinds: tuple[str, ...] = FINETUNE_KINDS  # which of them
 
     def __post_init__(self) -> None:
         from memgnn.dataset.zoo import FAMILIES
         from memgnn.predictor.devices import PROFILES
+
+        unknown_kinds = set(self.finetune_kinds) - set(FINETUNE_KINDS)
+        if unknown_kinds:
+            raise ValueError(
+                f"unknown fine-tuning draws {sorted(unknown_kinds)}; expected {FINETUNE_KINDS}"
+            )
 
         if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
             raise ValueError(f"size must be an int >= 0, got {self.size!r}")
@@ -162,8 +174,27 @@ class Job:
         return cls(**data)
 
 
+# TrainSpec's fields when job ids were first written (corpus-v1). A field added since
+# enters a job's id only when it differs from its default, so adding a TrainSpec field
+# keeps every existing id: a resumed build does not redo its finished jobs, and the
+# repository's corpus stays the preset's.
+_ID_TRAIN_FIELDS = frozenset(
+    "precision optimizer optimizer_impl lr checkpointing grad_accum set_to_none steps "
+    "peft lora_r lora_alpha lora_dropout lora_targets".split()
+)
+
+
+def _id_train(train: dict[str, Any]) -> dict[str, Any]:
+    defaults = TrainSpec().to_dict()
+    return {
+        k: v for k, v in train.items() if k in _ID_TRAIN_FIELDS or v != defaults.get(k, object())
+    }
+
+
 def canonical_id(config: dict[str, Any]) -> str:
-    """sha1 of the canonical JSON of a config."""
+    """sha1 of the canonical JSON of a config (its `train` as `_id_train` keeps it)."""
+    if isinstance(config.get("train"), dict):
+        config = config | {"train": _id_train(config["train"])}
     blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha1(blob.encode()).hexdigest()
 
@@ -229,6 +260,7 @@ def _draw_config(
             modules=facts["lora_modules"],
             gpu=device == "auto" or profile is not None and profile.is_gpu,
             sm=profile.sm if profile is not None else None,
+            kinds=tuple(cfg.finetune_kinds),
         )
         train = TrainSpec(**train | extra).to_dict()
     if skip is not None and device in PROFILES:  # known not to run: redraw

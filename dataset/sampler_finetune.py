@@ -30,6 +30,7 @@ from memgnn.predictor.spec import TrainSpec
 from torch import nn
 
 __all__ = [
+    "FINETUNE_KINDS",
     "ATTENTION_KERNELS",
     "LORA_RANKS",
     "LORA_SHARE",
@@ -47,6 +48,8 @@ LORA_SHARE = 0.3  # of the configs of a transformers family
 QLORA_SHARE = 0.4  # of the LoRA configs on a GPU device
 QUANTIZE_BASES = ("nf4", "int8")
 ATTENTION_KERNELS = ("eager", "sdpa", "flash")
+# what can be drawn; a corpus pins its own (corpus-v1: LoRA only, built before the rest)
+FINETUNE_KINDS = ("lora", "qlora", "attention")
 _LINEAR = ("Linear", "Conv1D")
 _ATTENTION_WORDS = ("attn", "attention")
 
@@ -107,10 +110,12 @@ def draw_finetune(
     modules: dict[str, list[str]] | None,
     gpu: bool,
     sm: int | None,
+    kinds: tuple[str, ...] = FINETUNE_KINDS,
 ) -> dict[str, Any]:
     """TrainSpec fields to add to `base` (a TrainSpec's fields) for one config (see the
     module docstring). `transformers`: the family is a transformers model; `modules`: its
-    `lora_modules`, with its `peft_default` under "default"; `gpu`/`sm`: the device.
+    `lora_modules`, with its `peft_default` under "default"; `gpu`/`sm`: the device;
+    `kinds`: which of FINETUNE_KINDS may be drawn.
     Always takes the same numbers from `rng`, whatever it draws."""
     extra: dict[str, Any] = {}
     modules = modules or {}
@@ -118,7 +123,13 @@ def draw_finetune(
     r, alpha_pick = rng.choice(LORA_RANKS), rng.randrange(3)
     dropout, target_pick = rng.choice(LORA_DROPOUTS), rng.randrange(3)
     quant = rng.choice(QUANTIZE_BASES)
-    lora_ok = transformers and supported("peft") and _peft_installed() and bool(modules)
+    lora_ok = (
+        "lora" in kinds
+        and transformers
+        and supported("peft")
+        and _peft_installed()
+        and bool(modules)
+    )
     if lora_ok and u_lora < LORA_SHARE:
         options = [""] if modules.get("default") else []  # "": peft's default for the model
         options += [",".join(modules[k]) for k in ("attention", "all") if modules.get(k)]
@@ -135,10 +146,11 @@ def draw_finetune(
         }
         if _valid(base, lora):
             extra |= lora
-    if extra and gpu and supported("quantize_base") and u_qlora < QLORA_SHARE:
+    qlora_ok = "qlora" in kinds and supported("quantize_base")
+    if extra and gpu and qlora_ok and u_qlora < QLORA_SHARE:
         if _valid(base, extra | {"quantize_base": quant}):
             extra["quantize_base"] = quant
-    if transformers and gpu and supported("attention"):
+    if "attention" in kinds and transformers and gpu and supported("attention"):
         kernels = [k for k in ATTENTION_KERNELS if k != "flash" or (sm or 0) >= 80]
         kernel = kernels[int(u_attention * len(kernels))]
         if _valid(base, extra | {"attention": kernel}):

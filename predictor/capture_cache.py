@@ -38,9 +38,10 @@ __all__ = ["CAPTURE_VERSION", "cache_dir", "cache_enabled", "capture_cached", "c
 log = logging.getLogger(__name__)
 
 # bumped whenever capture records a step differently, so cached graphs are captured anew
-CAPTURE_VERSION = 6  # 3: model_info in meta; key on model structure and sources; 6: no DTensor shadow ops
+CAPTURE_VERSION = 6  # 3: model_info in meta; key on model structure and sources
 # 4: position-table bounds recorded as guards (predictor.bounds)
 # 5: HF models without a KV cache: no packed-sequence mask (predictor.attention)
+# 6: DTensor's shape propagation is not recorded (predictor.recorder.unrecorded)
 _OFF = ("off", "none", "0", "false", "no")
 
 

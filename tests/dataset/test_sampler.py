@@ -133,3 +133,15 @@ def test_each_family_is_spread_over_the_devices():
 def test_config_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplerConfig(**kwargs)
+
+
+def test_job_ids_ignore_training_fields_added_later_at_their_defaults():
+    from memgnn.dataset.sampler import canonical_id
+    from memgnn.predictor.spec import TrainSpec
+
+    train = TrainSpec().to_dict()
+    old = {k: v for k, v in train.items() if k not in ("attention", "quantize_base", "gpus")}
+    base = {"model": "gpt2", "train": old, "sizes": {"B": 2}}
+    assert canonical_id(base | {"train": train}) == canonical_id(base)  # resumes keep ids
+    changed = train | {"attention": "eager"}
+    assert canonical_id(base | {"train": changed}) != canonical_id(base)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from dataclasses import dataclass
 
 import memgnn.dataset.sampler_finetune as ft
 import pytest
@@ -41,6 +40,7 @@ def test_lora_modules_split_attention_from_the_rest():
 
 def _draws(n=400, **kw):
     args = {"transformers": True, "modules": MODULES, "gpu": True, "sm": 80} | kw
+    args.setdefault("kinds", ("lora",))
     return [ft.draw_finetune(random.Random(i), TrainSpec().to_dict(), **args) for i in range(n)]
 
 
@@ -75,42 +75,32 @@ def test_the_same_rng_gives_the_same_draw_and_takes_the_same_numbers():
     assert a.random() == b.random()  # whatever was drawn, the stream moved alike
 
 
-@dataclass(kw_only=True, slots=True)
-class _LaterSpec(TrainSpec):
-    """TrainSpec as the qlora and kernels branches extend it."""
-
-    quantize_base: str = "none"
-    attention: str = "sdpa"
-
-    def __post_init__(self) -> None:
-        TrainSpec.__post_init__(self)
-        if self.quantize_base not in ("none", "nf4", "int8"):
-            raise ValueError("--quantize-base")
-        if self.quantize_base != "none" and self.peft != "lora":
-            raise ValueError("--quantize-base needs --peft lora")
-        if self.attention not in ("eager", "sdpa", "flash"):
-            raise ValueError("--attention")
-
-
-def test_qlora_and_attention_are_drawn_once_the_spec_has_them(monkeypatch):
-    assert not any("quantize_base" in d or "attention" in d for d in _draws())
-    monkeypatch.setattr(ft, "TrainSpec", _LaterSpec)
-    gpu = _draws(sm=80)
+def test_qlora_and_attention_are_drawn_when_asked_for():
+    assert not any("quantize_base" in d or "attention" in d for d in _draws())  # LoRA only
+    gpu = _draws(sm=80, kinds=ft.FINETUNE_KINDS)
     quant = Counter(d.get("quantize_base") for d in gpu if "peft" in d)
     assert set(quant) == {None, "nf4", "int8"}
     assert all("quantize_base" not in d for d in gpu if "peft" not in d)
     assert Counter(d["attention"] for d in gpu).keys() == {"eager", "sdpa", "flash"}
-    assert {d.get("attention") for d in _draws(sm=70)} == {"eager", "sdpa"}  # flash: sm >= 80
-    cpu = _draws(gpu=False, sm=None)
+    sm70 = _draws(sm=70, kinds=ft.FINETUNE_KINDS)
+    assert {d.get("attention") for d in sm70} == {"eager", "sdpa"}  # flash: sm >= 80
+    cpu = _draws(gpu=False, sm=None, kinds=ft.FINETUNE_KINDS)
     assert not any("quantize_base" in d or "attention" in d for d in cpu)
     assert any("peft" in d for d in cpu)  # LoRA runs on the CPU too
+    for d in gpu:
+        TrainSpec(**TrainSpec().to_dict() | d)  # every draw is a valid spec
+
+
+def test_unknown_fine_tuning_draws_are_refused():
+    with pytest.raises(ValueError, match="unknown fine-tuning draws"):
+        SamplerConfig(size=4, seed=1, finetune_kinds=("dora",))
 
 
 @pytest.mark.parametrize("backend", ["sim", "cpu"])
 def test_sampler_draws_lora_configs_and_keeps_the_rest_of_each_config(backend):
     families = ["llama", "gpt2", "mlp"]
     on = sample_jobs(SamplerConfig(size=120, seed=2, families=families, backend=backend,
-                                   sizes_per_config=2))  # fmt: skip
+                                   sizes_per_config=2, finetune_kinds=("lora",)))  # fmt: skip
     off = sample_jobs(SamplerConfig(size=120, seed=2, families=families, backend=backend,
                                     sizes_per_config=2, finetune=False))  # fmt: skip
     lora = [j for j in on if j.train["peft"] == "lora"]
@@ -121,5 +111,6 @@ def test_sampler_draws_lora_configs_and_keeps_the_rest_of_each_config(backend):
     for a, b in zip(on, off, strict=True):  # same hparams, sizes and base training config
         assert (a.model, a.hparams, a.sizes, a.device) == (b.model, b.hparams, b.sizes, b.device)
         assert {k: a.train[k] for k in base} == {k: b.train[k] for k in base}
-    assert sample_jobs(SamplerConfig(size=120, seed=2, families=families, backend=backend,
-                                     sizes_per_config=2)) == on  # fmt: skip
+    again = SamplerConfig(size=120, seed=2, families=families, backend=backend,
+                          sizes_per_config=2, finetune_kinds=("lora",))  # fmt: skip
+    assert sample_jobs(again) == on
