@@ -154,3 +154,25 @@ def _seq_bundle(name: str, build) -> ModelBundle:
         loss=loss,
         dims={"B": 3, "S": 5},
     )
+
+
+# A tiny Llama as a published config.json (hf:PATH): 4 query heads, 2 key/value heads.
+LLAMA_HIDDEN, LLAMA_KV, LLAMA_LAYERS, LLAMA_VOCAB, LLAMA_MLP = 64, 32, 2, 256, 128
+
+
+def tiny_hf_llama_bundle(directory) -> ModelBundle:
+    """The tiny Llama above, its config.json written in `directory` (needs transformers)."""
+    import transformers
+    from memgnn.dataset import zoo
+
+    path = directory / "config.json"
+    transformers.LlamaConfig(
+        hidden_size=LLAMA_HIDDEN,
+        intermediate_size=LLAMA_MLP,
+        num_hidden_layers=LLAMA_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=LLAMA_VOCAB,
+        max_position_embeddings=64,
+    ).to_json_file(str(path))
+    return zoo.resolve(f"hf:{path}")

@@ -2,36 +2,31 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from memgnn.dataset import zoo
 from memgnn.dataset.profile import ProfileConfig, profile
 from memgnn.predictor.model_info import describe
 from memgnn.predictor.spec import ModelBundle, TrainSpec
 from memgnn.predictor.step import TrainingStep
+from tiny_models import (
+    LLAMA_HIDDEN,
+    LLAMA_KV,
+    LLAMA_LAYERS,
+    LLAMA_MLP,
+    LLAMA_VOCAB,
+    tiny_hf_llama_bundle,
+)
 
 pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 CPU = torch.device("cpu")
-HIDDEN, KV, LAYERS, VOCAB, MLP = 64, 32, 2, 256, 128
+HIDDEN, KV, LAYERS, VOCAB, MLP = LLAMA_HIDDEN, LLAMA_KV, LLAMA_LAYERS, LLAMA_VOCAB, LLAMA_MLP
 
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory) -> ModelBundle:
-    path: Path = tmp_path_factory.mktemp("llama") / "config.json"
-    transformers.LlamaConfig(
-        hidden_size=HIDDEN,
-        intermediate_size=MLP,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=64,
-    ).to_json_file(str(path))
-    return zoo.resolve(f"hf:{path}")
+    return tiny_hf_llama_bundle(tmp_path_factory.mktemp("llama"))
 
 
 def _adapter_params(r: int, targets: list[str]) -> int:
