@@ -24,6 +24,7 @@ from memgnn.predictor.analytic import live_curves, live_index, round_bytes
 from memgnn.predictor.curve_bounds import CurveBlocks
 from memgnn.predictor.features import config_features, log_scale, op_id
 from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.query_fast import FastQuery
 from memgnn.predictor.vocab import (
     CATEGORIES,
     FEATURE_CATEGORIES,
@@ -151,10 +152,16 @@ class PathContext:
              float(np.mean(self.phase == PHASES.index("backward"))) if p.num_nodes else 0.0,
              unknown / n],
         ]).astype(np.float64)  # fmt: skip
+        self._fast: FastQuery | None = None  # built at the first `query`
 
     def query(self, sizes: dict[str, int], device: Any, scenario: str = "worst") -> QueryResult:
-        """Query features at `sizes` on `device` (a `predictor.devices.DeviceProfile`)."""
-        return self.query_many([(sizes, device, scenario)])[0]
+        """Query features at `sizes` on `device` (a `predictor.devices.DeviceProfile`):
+        `query_many` of one query, to the bit, at a fixed cost (`predictor.query_fast`)."""
+        fast = self._fast
+        if fast is None:
+            fast = self._fast = FastQuery(self)
+        ask = (sizes, device, scenario)
+        return fast.query(*ask) or self.query_many([ask])[0]
 
     def _workspace(self, device: Any) -> int:
         return self.workspace_handles * device.cublas_workspace_bytes if device.is_gpu else 0
