@@ -20,6 +20,7 @@ returns None and the caller takes `query_many`. Tests compare the two on tiny gr
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,9 +28,9 @@ from memgnn.predictor.features import FEATURE_CATEGORIES, QUERY_COLUMNS
 from memgnn.predictor.vocab import CATEGORIES, PHASES, category_bytes
 
 if TYPE_CHECKING:
-    from memgnn.predictor.query_features import PathContext, QueryResult
+    from memgnn.predictor.query_features import PathContext
 
-__all__ = ["FastQuery"]
+__all__ = ["FastQuery", "QueryResult", "ws_segment"]
 
 _MIB = 1 << 20
 _SEG_SMALL, _SEG_MID = 2 * _MIB, 20 * _MIB
@@ -38,6 +39,21 @@ SAFE_SIZE = 1 << 16  # below this no size formula can overflow int64 (`ExprTable
 # columns of the per-pair matrix G (see `FastQuery.query`), then one per category
 _VS, _VM, _VL, _S, _M, _L, _LR, _EX, _V = range(9)
 _NG = 9 + len(CATEGORIES)
+
+
+@dataclass(kw_only=True, slots=True)
+class QueryResult:
+    """Query features of one path plus the analytic numbers they were built from."""
+
+    features: np.ndarray  # float32 [NUM_QUERY_FEATURES]
+    analytic: np.ndarray  # float64 [3]: allocated, reserved, device_total estimates (bytes)
+    baseline: np.ndarray  # float64 [3]: what `predict.AnalyticModel` answers
+    breakdown: dict[str, Any]
+
+
+def ws_segment(ws: int) -> int:
+    """Bytes the caching allocator reserves for one cuBLAS workspace allocation."""
+    return 20 * _MIB if 0 < ws < 10 * _MIB else ws
 
 
 class FastQuery:
@@ -183,8 +199,6 @@ class FastQuery:
 
     def _result(self, resolved, device, gpu, ws, peak, node, steps, a_c, a_t, a_a, largest,
                 distinct, seg, scratch_max) -> QueryResult:  # fmt: skip
-        from memgnn.predictor.query_features import QueryResult, _ws_segment
-
         g = self.graph
         est = peak + ws
         safe = max(peak, 1.0)
@@ -200,7 +214,7 @@ class FastQuery:
         segments = (math.ceil(class_bytes[0] / _SEG_SMALL) * 2 * _MIB
                     + math.ceil(class_bytes[1] / _SEG_MID) * 20 * _MIB + a_c[_LR])  # fmt: skip
         total = float(device.total_bytes or 0)
-        ws_seg = _ws_segment(device.cublas_workspace_bytes) * 2 if gpu else 0.0
+        ws_seg = ws_segment(device.cublas_workspace_bytes) * 2 if gpu else 0.0
         onehot = [0.0] * len(PHASES)
         onehot[phase] = 1.0
         # log-scaled columns hold 1 + max(x, 0) until the one log2 call below

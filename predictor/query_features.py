@@ -24,7 +24,7 @@ from memgnn.predictor.analytic import live_curves, live_index, round_bytes
 from memgnn.predictor.curve_bounds import CurveBlocks
 from memgnn.predictor.features import config_features, log_scale, op_id
 from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.query_fast import FastQuery
+from memgnn.predictor.query_fast import FastQuery, QueryResult, ws_segment
 from memgnn.predictor.vocab import (
     CATEGORIES,
     FEATURE_CATEGORIES,
@@ -37,16 +37,6 @@ _MIB = 1 << 20
 # above this many (pair, node) counts the curves use per-storage cumulative sums instead
 # of the dense count matrix (a few graphs with hundreds of expressions and 10k+ nodes)
 MAX_COUNT_MATRIX = 1 << 20
-
-
-@dataclass(kw_only=True, slots=True)
-class QueryResult:
-    """Query features of one path plus the analytic numbers they were built from."""
-
-    features: np.ndarray  # float32 [NUM_QUERY_FEATURES]
-    analytic: np.ndarray  # float64 [3]: allocated, reserved, device_total estimates (bytes)
-    baseline: np.ndarray  # float64 [3]: what `predict.AnalyticModel` answers
-    breakdown: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,18 +327,13 @@ def _size_features(graph: StepGraph, resolved: list[dict[str, int]]) -> np.ndarr
 def _device_features(devices: list[Any], est: np.ndarray, ws: np.ndarray, safe: np.ndarray):
     gpu = np.array([float(bool(d.is_gpu)) for d in devices])
     total = np.array([float(d.total_bytes or 0) for d in devices])
-    ws_seg = np.array([_ws_segment(d.cublas_workspace_bytes) * 2 if d.is_gpu else 0.0
+    ws_seg = np.array([ws_segment(d.cublas_workspace_bytes) * 2 if d.is_gpu else 0.0
                        for d in devices])  # fmt: skip
     return np.column_stack([
         log_scale(ws_seg / safe, 4), gpu, log_scale(total),
         np.array([(d.sm or 0) / 100 for d in devices]), log_scale(ws, 30),
         log_scale(ws / safe, 4), np.where(total > 0, est / np.maximum(total, 1.0), 0.0),
     ])  # fmt: skip
-
-
-def _ws_segment(ws: int) -> int:
-    """Bytes the caching allocator reserves for one cuBLAS workspace allocation."""
-    return 20 * _MIB if 0 < ws < 10 * _MIB else ws
 
 
 def _feature_cats(cat: np.ndarray) -> np.ndarray:
