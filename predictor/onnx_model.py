@@ -61,6 +61,9 @@ CACHE_SIZE = 32
 # the answer says so in breakdown["extrapolated"].
 MAX_CORRECTION = 16.0
 MAX_LOG_CORRECTION = float(np.log(MAX_CORRECTION))
+# up to this many queries a request takes the one-query path per query, above it the
+# batch one (`query_features`): one query costs ~1/4 of a batch call's fixed cost
+FEW_QUERIES = 4
 
 
 def read_card(directory: str | Path) -> dict[str, Any]:
@@ -199,7 +202,7 @@ class OnnxMemoryModel:
         devices = [get_profile(q.device) for q in queries]
         metrics = [METRICS.index(q.resolved_metric(d.is_gpu)) for q, d in zip(queries, devices)]
         asks = [(q.sizes, d, q.scenario) for q, d in zip(queries, devices)]
-        results = [list(per) for per in zip(*(c.query_many(asks) for c in contexts))]
+        results = _query(contexts, asks)
         # past the corpus's batch range the head sees the query at the range's edge and its
         # correction applies to the analytic estimate at the real size (predictor.trust)
         rng = self.card.get("training_range") or {}
@@ -207,7 +210,7 @@ class OnnxMemoryModel:
                 for q, d in zip(queries, devices)]  # fmt: skip
         seen = results
         if any(e[0] != a[0] for e, a in zip(edge, asks)):
-            seen = [list(per) for per in zip(*(c.query_many(edge) for c in contexts))]
+            seen = _query(contexts, edge)
         n_paths = len(contexts)
         feats = np.stack([r.features for per in seen for r in per])
         emb = np.tile(embedding.astype(np.float32), (len(queries), 1))
@@ -263,6 +266,14 @@ class OnnxMemoryModel:
                 )
             )
         return preds
+
+
+def _query(contexts: list[PathContext], asks: list) -> list[list[Any]]:
+    """Per query, each path's `QueryResult`: one at a time (`PathContext.query`, a fixed
+    cost each) for a few queries, vectorised (`query_many`) for more; the same bits."""
+    if len(asks) <= FEW_QUERIES:
+        return [[c.query(*a) for c in contexts] for a in asks]
+    return [list(per) for per in zip(*(c.query_many(asks) for c in contexts))]
 
 
 def _at_batch(sizes: dict[str, int], cap: int | None) -> dict[str, int]:
