@@ -212,8 +212,11 @@ class OnnxMemoryModel:
         if any(e[0] != a[0] for e, a in zip(edge, asks)):
             seen = _query(contexts, edge)
         n_paths = len(contexts)
-        feats = np.stack([r.features for per in seen for r in per])
-        emb = np.tile(embedding.astype(np.float32), (len(queries), 1))
+        rows = [r.features for per in seen for r in per]
+        feats = rows[0][None] if len(rows) == 1 else np.stack(rows)
+        emb = embedding.astype(np.float32, copy=False)
+        if len(queries) > 1:
+            emb = np.tile(emb, (len(queries), 1))
         out = self.head(emb, feats).astype(np.float64).reshape(len(queries), n_paths, 6)
         unknown = self._get(self._unknown, self.graph_id(graph)) or []
         preds = []

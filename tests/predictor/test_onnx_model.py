@@ -149,3 +149,30 @@ def test_load_default_model_falls_back_to_analytic(tmp_path, caplog):
     assert "analytic baseline" in caplog.text
     shipped = load_default_model()  # the packaged model, or the baseline if none ships
     assert shipped.version
+
+
+def test_one_query_path_answers_as_the_batch_path(model_dir, graphs, monkeypatch):
+    """A request takes `PathContext.query` per query (the compiled one-query path) up to
+    FEW_QUERIES queries, `query_many` above: the same request gets the same predictions,
+    field for field, either way (the head sees the same rows)."""
+    import memgnn.predictor.onnx_model as om
+    from memgnn.predictor.curve_bounds import CurveBlocks
+
+    model = OnnxMemoryModel.load(model_dir[0])
+    for name in ("gpt", "cond"):
+        graph = graphs[name]
+        other = {k: v for k, v in graph.symbols.items() if k != "B"}
+        queries = [
+            Query(sizes={**other, "B": b}, device=d, metric=m)
+            for b in (1, 8, 300)
+            for d, m in (("a100-80gb", None), ("cpu", None), ("v100-16gb", "device_total"))
+        ]
+        for ctx in model._path_contexts(graph):  # many blocks, so the fast path answers
+            ctx.blocks = CurveBlocks(ctx.blocks.counts, ctx.blocks.groups, block=2)
+            ctx._fast = None
+        monkeypatch.setattr(om, "FEW_QUERIES", len(queries))
+        alone = model.predict(graph, queries)
+        assert all(c._fast.usable for c in model._path_contexts(graph))
+        monkeypatch.setattr(om, "FEW_QUERIES", 0)
+        batch = model.predict(graph, queries)
+        assert [p.to_dict() for p in alone] == [p.to_dict() for p in batch]
