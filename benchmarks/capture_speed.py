@@ -162,7 +162,15 @@ def capture_case(name: str, bundle, train: TrainSpec, repeats: int, peers: bool)
     return row, graph
 
 
-def query_speed(graphs: dict, repeats: int) -> list[dict]:
+def query_speed(graphs: dict, repeats: int, mem_tracker_nodes: int = 0) -> list[dict]:
+    """Per graph: encode (graph features + encoder), the per-path context, a full query
+    through the one-query path and, in the same process, through the batch path it
+    replaced (`onnx_model.FEW_QUERIES = 0`: `PathContext.query_many`), whose answers must
+    be the same; MemTracker under FakeTensorMode at one new size for graphs of up to
+    `mem_tracker_nodes` nodes (its cost per size is what a query replaces)."""
+    import memgnn.predictor.onnx_model as om
+    from memgnn.predictor.devices import get_profile
+    from memgnn.predictor.features import graph_inputs
     from memgnn.predictor.onnx_model import OnnxMemoryModel, load_default_model
     from memgnn.predictor.predict import Query
 
@@ -171,6 +179,7 @@ def query_speed(graphs: dict, repeats: int) -> list[dict]:
         return []
     rows = []
     q = [Query(sizes={"B": 8, "S": 512}, device="a100-80gb")]
+    device = get_profile("a100-80gb")
     for name, graph in graphs.items():
         model.graph_id(graph)  # the id is known once a graph is loaded or captured
 
@@ -183,16 +192,41 @@ def query_speed(graphs: dict, repeats: int) -> list[dict]:
             model._path_contexts(graph)
 
         enc, _ = timed(encode, max(repeats, 5))
+        feats, gi = timed(lambda graph=graph: graph_inputs(graph, 0), max(repeats, 5))
+        feed = dict(zip(("x", "in_src", "in_ptr", "out_dst", "out_ptr"), (gi.x, *gi.csr())))
+        net, _ = timed(lambda feed=feed: model._encoder.run(None, feed), max(repeats, 5))
         ctx, _ = timed(context, max(repeats, 5))
-        model.predict(graph, q)
-        qry, _ = timed(lambda graph=graph: model.predict(graph, q), 200)
-        rows.append({"graph": name, "nodes": graph.paths[0].num_nodes,
-                     "encode_ms": round(enc["wall_s"] * 1e3, 2),
-                     "encode_cpu_ms": round(enc["cpu_s"] * 1e3, 2),
-                     "context_ms": round(ctx["wall_s"] * 1e3, 2),
-                     "query_ms": round(qry["wall_s"] * 1e3, 3),
-                     "query_cpu_ms": round(qry["cpu_s"] * 1e3, 3),
-                     "load": round(os.getloadavg()[0], 2)})  # fmt: skip
+        fast = model.predict(graph, q)
+        ctx0 = model._path_contexts(graph)[0]
+        one, _ = timed(lambda c=ctx0: c.query({"B": 8, "S": 512}, device), 1000)
+        qry, _ = timed(lambda graph=graph: model.predict(graph, q), 1000)
+        om.FEW_QUERIES, few = 0, om.FEW_QUERIES
+        try:
+            batch = model.predict(graph, q)
+            old, _ = timed(lambda graph=graph: model.predict(graph, q), 200)
+        finally:
+            om.FEW_QUERIES = few
+        row = {"graph": name, "nodes": graph.paths[0].num_nodes,
+               "encode_ms": round(enc["wall_s"] * 1e3, 2),
+               "encode_cpu_ms": round(enc["cpu_s"] * 1e3, 2),
+               "graph_inputs_cpu_ms": round(feats["cpu_s"] * 1e3, 2),
+               "encoder_cpu_ms": round(net["cpu_s"] * 1e3, 2),
+               "context_ms": round(ctx["wall_s"] * 1e3, 2),
+               "features_ms": round(one["wall_s"] * 1e3, 4),
+               "features_cpu_ms": round(one["cpu_s"] * 1e3, 4),
+               "query_ms": round(qry["wall_s"] * 1e3, 4),
+               "query_cpu_ms": round(qry["cpu_s"] * 1e3, 4),
+               "batch_path_query_ms": round(old["wall_s"] * 1e3, 4),
+               "batch_path_query_cpu_ms": round(old["cpu_s"] * 1e3, 4),
+               "same_answer": [p.to_dict() for p in fast] == [p.to_dict() for p in batch],
+               "load": round(os.getloadavg()[0], 2)}  # fmt: skip
+        layers = int(name.split()[1])
+        if row["nodes"] <= mem_tracker_nodes:
+            bundle = make_bundle("llama", {**SMALL, "layers": layers})
+            mt, _ = timed(lambda bundle=bundle: run_mem_tracker(bundle, FP32), 1)
+            row["mem_tracker_s"], row["mem_tracker_cpu_s"] = mt["wall_s"], mt["cpu_s"]
+        print(json.dumps(row), file=sys.stderr, flush=True)
+        rows.append(row)
     return rows
 
 
@@ -249,15 +283,31 @@ def markdown(result: dict) -> str:
             f"{r['tracker_peak']} | {r['memgnn_peak']} | {r.get('mem_tracker_peak', '-')} |"
         )
     lines += ["", "## GNN query and encode (in-process, onnxruntime, 1 thread)", "",
-              f"Command: `{result.get('query_command', result['command'])}`. Medians; "
-              "encode = `OnnxMemoryModel.encode` (graph features + encoder, graph id known); "
-              "context = the per-path query arrays, built at the first query; "
-              "query = `predict` of one config (B=8, S=512, a100-80gb) after both.", "",
-              "| graph | nodes | encode ms (CPU ms) | context ms | full query ms (CPU ms) | load |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
+              f"Command: `{result.get('query_command', result['command'])}`. Medians "
+              "(1000 queries, 200 on the batch path, 5 encodes); CPU ms of this process, "
+              "wall ms in brackets (the machine is shared: CPU time is the fair figure). "
+              "encode = `OnnxMemoryModel.encode` (graph features + encoder, graph id known), "
+              "split into `graph_inputs` and the encoder run; context = the per-path query "
+              "arrays, built at the first query; features = `PathContext.query` (the "
+              "one-query path); full query = `predict` of one config (B=8, S=512, "
+              "a100-80gb) after both; batch path = the same `predict` through "
+              "`query_many`, the path a query took before (same process, same answer: "
+              "`same`); MemTracker = PyTorch's MemTracker under FakeTensorMode, two steps "
+              "at one new size (what memgnn's query replaces).", "",
+              "| graph | nodes | encode ms | graph_inputs | encoder | context ms | "
+              "features ms | full query ms | batch path ms | same | MemTracker s | load |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+
+    def ms(r, k):
+        return f"{r[k + '_cpu_ms']} ({r[k + '_ms']})" if k + "_cpu_ms" in r else "-"
+
     for r in result["query"]:
-        lines.append(f"| {r['graph']} | {r['nodes']} | {r['encode_ms']} ({r['encode_cpu_ms']}) | "
-                     f"{r['context_ms']} | {r['query_ms']} ({r['query_cpu_ms']}) | "
+        mt = (f"{r['mem_tracker_cpu_s']} ({r['mem_tracker_s']})" if "mem_tracker_s" in r
+              else "-")  # fmt: skip
+        lines.append(f"| {r['graph']} | {r['nodes']} | {ms(r, 'encode')} | "
+                     f"{r.get('graph_inputs_cpu_ms', '-')} | {r.get('encoder_cpu_ms', '-')} | "
+                     f"{r['context_ms']} | {ms(r, 'features')} | {ms(r, 'query')} | "
+                     f"{ms(r, 'batch_path_query')} | {r.get('same_answer', '-')} | {mt} | "
                      f"{r['load']} |")  # fmt: skip
     if PROFILE.is_file():
         prof = json.loads(PROFILE.read_text())
@@ -298,7 +348,7 @@ def query_only(args) -> None:
     graphs = {f"llama {p.name[5:].split('.')[0]} layers": StepGraph.load(p) for p in files}
     path = OUT / "capture_speed.json"
     result = json.loads(path.read_text())
-    result["query"] = query_speed(graphs, args.repeats)
+    result["query"] = query_speed(graphs, args.repeats, args.mem_tracker_nodes)
     result["query_command"] = "python benchmarks/capture_speed.py " + " ".join(sys.argv[1:])
     path.write_text(json.dumps(result, indent=2) + "\n")
     (OUT / "capture_speed.md").write_text(markdown(result))
@@ -315,6 +365,8 @@ def main() -> None:
     ap.add_argument("--query-only", action="store_true",
                     help="part 2 only, on the graphs a run with --graphs kept")  # fmt: skip
     ap.add_argument("--profile", help="only: cProfile shares at this many layers")
+    ap.add_argument("--mem-tracker-nodes", type=int, default=5000,
+                    help="query part: MemTracker at a new size up to this many nodes")  # fmt: skip
     ap.add_argument("--out-name", default="capture_speed", help="results file name stem")
     args = ap.parse_args()
     if args.profile:
@@ -343,7 +395,7 @@ def main() -> None:
         "command": "python benchmarks/capture_speed.py " + " ".join(sys.argv[1:]),
         "torch": torch.__version__,
         "capture": rows,
-        "query": query_speed(graphs, args.repeats),
+        "query": query_speed(graphs, args.repeats, args.mem_tracker_nodes),
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{args.out_name}.json").write_text(json.dumps(result, indent=2) + "\n")

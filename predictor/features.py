@@ -21,6 +21,7 @@ import logging
 import zlib
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
@@ -172,9 +173,13 @@ def graph_inputs(graph: StepGraph, path: int = 0, *, compact: bool = True) -> Gr
     refs = reference_sizes(graph)
     sizes = [graph.storage_bytes(path, r) for r in refs]
     scratch = graph.scratch_bytes(path, refs[0])
-    ids, unknown = zip(*(op_id(op) for op in p.nodes["op"])) if n else ((), ())
-    dtype_code = np.array([DTYPES.index(d) if d in DTYPES else len(DTYPES)
-                           for d in p.storages["dtype"]], dtype=np.int64)  # fmt: skip
+    ops = p.nodes["op"]
+    per_op = {op: op_id(op) for op in set(ops)}  # a step has ~100 distinct ops
+    ids = np.fromiter(map({op: i for op, (i, _) in per_op.items()}.__getitem__, ops), np.int64, n)
+    unknown = np.fromiter(map({op: u for op, (_, u) in per_op.items()}.__getitem__, ops), bool, n)
+    dtypes = p.storages["dtype"]
+    codes = {d: k for k, d in enumerate(DTYPES)}.get  # other dtypes: len(DTYPES)
+    dtype_code = np.fromiter(map(codes, dtypes, repeat(len(DTYPES))), np.int64, len(dtypes))
     x = np.zeros((n, NUM_NODE_FEATURES), dtype=np.float64)
     col = {name: k for k, name in enumerate(NODE_COLUMNS)}
     x[:, 0] = ids
@@ -197,8 +202,8 @@ def graph_inputs(graph: StepGraph, path: int = 0, *, compact: bool = True) -> Gr
     x[:, col["log_freed"]] = log_scale(freed_bytes)
     n_new = np.bincount(alloc[ok], minlength=n)
     x[:, col["n_new"]] = log_scale(n_new, 4)
-    x[:, col["n_in"]] = log_scale([len(v) for v in p.nodes["inputs"]], 4)
-    n_out = np.array([len(v) for v in p.nodes["outputs"]])
+    x[:, col["n_in"]] = log_scale(np.fromiter(map(len, p.nodes["inputs"]), np.int64, n), 4)
+    n_out = np.fromiter(map(len, p.nodes["outputs"]), np.int64, n)
     x[:, col["n_out"]] = log_scale(n_out, 4)
     x[:, col["alias_only"]] = (n_out > 0) & (n_new == 0)
     x[:, col["b_exponent"]], x[:, col["other_exponent"]] = _exponents(graph, path, refs, alloc)
@@ -207,7 +212,7 @@ def graph_inputs(graph: StepGraph, path: int = 0, *, compact: bool = True) -> Gr
         peak = max(float(live.max()) if n else 0.0, 1.0)
         x[:, col[f"live_frac{name}"]] = live / peak
         x[:, col[f"near_peak{name}"]] = live >= 0.98 * peak
-    unknown_ops = sorted({op for op, u in zip(p.nodes["op"], unknown) if u})
+    unknown_ops = sorted(op for op, (_, u) in per_op.items() if u)
     if not compact or n == 0:
         return GraphInputs(x=x.astype(np.float32), edge_index=p.edges(), unknown_ops=unknown_ops)
     freed = np.bincount(free[free >= 0], minlength=n) > 0
@@ -226,9 +231,10 @@ def graph_inputs(graph: StepGraph, path: int = 0, *, compact: bool = True) -> Gr
 
 def _flat(lists: list[list[int]], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(node, position in its list, uid) of every entry of `lists[i]` for i in rows."""
-    lengths = np.fromiter((len(lists[i]) for i in rows), dtype=np.int64, count=len(rows))
+    picked = [lists[i] for i in rows.tolist()]
+    lengths = np.fromiter(map(len, picked), dtype=np.int64, count=len(picked))
     total = int(lengths.sum())
-    uids = np.fromiter((u for i in rows for u in lists[i]), dtype=np.int64, count=total)
+    uids = np.fromiter(chain.from_iterable(picked), dtype=np.int64, count=total)
     node = np.repeat(rows, lengths)
     starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
     return node, np.arange(total) - starts, uids
