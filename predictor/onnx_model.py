@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -220,36 +221,29 @@ class OnnxMemoryModel:
         out = self.head(emb, feats).astype(np.float64).reshape(len(queries), n_paths, 6)
         unknown = self._get(self._unknown, self.graph_id(graph)) or []
         preds = []
+        one = len(queries) <= FEW_QUERIES and n_paths == 1
         for qi, per in enumerate(results):
             m, device = metrics[qi], devices[qi]
-            analytic = np.array([r.analytic[m] for r in per])
-            floor = np.array([floors(r.breakdown["tensor_peak_bytes"], device.is_gpu,
-                                     r.breakdown["context_bytes"])[m] for r in per])  # fmt: skip
-            raw = out[qi, :, [m, 3 + m]]  # [2, paths] log corrections: value, upper bound
-            log_corr = np.clip(raw, -MAX_LOG_CORRECTION, MAX_LOG_CORRECTION)
             exact = exact_reason(graph, device.is_gpu, METRICS[m])
-            if exact is not None:  # the sweep is the label: nothing learned may move it
-                log_corr[:] = 0.0
-                value = upper = floor
+            cal = (self.card.get("bound_calibration") or {}).get(
+                group_key(device.is_gpu, METRICS[m])
+            )
+            if one:  # the same operations on Python floats (numpy's exp)
+                got = _one_path(per[0], out[qi, 0].tolist(), m, device.is_gpu, exact, cal)
             else:
-                value = np.maximum(np.round(analytic * np.exp(log_corr[0])), floor)
-                cal = (self.card.get("bound_calibration") or {}).get(
-                    group_key(device.is_gpu, METRICS[m])
-                )
-                log_bound = np.minimum(bound_log(log_corr[0], log_corr[1], cal),
-                                       MAX_LOG_CORRECTION)  # fmt: skip
-                upper = np.ceil(np.maximum(analytic * np.exp(log_bound), value))
-            worst = int(np.argmax(value))
+                got = _paths(per, out[qi], m, device.is_gpu, exact, cal)
+            analytic, floor, value, upper, lc0, raw, lc = got
+            worst = value.index(max(value))
             breakdown = dict(per[worst].breakdown)
             extra = breakdown["workspace_bytes"] + (breakdown["context_bytes"] if m == 2 else 0)
             notes = extrapolation_notes(queries[qi].sizes, graph.symbols, rng,
                                         seen[qi][worst].features)  # fmt: skip
-            if exact is None and np.any(raw != log_corr):
-                notes.append(f"the network's correction (x{np.exp(raw.max()):.3g} / "
-                             f"x{np.exp(raw.min()):.3g}) is outside x{MAX_CORRECTION:g}"
+            if exact is None and raw != lc:
+                notes.append(f"the network's correction (x{np.exp(max(raw)):.3g} / "
+                             f"x{np.exp(min(raw)):.3g}) is outside x{MAX_CORRECTION:g}"
                              "^(+-1): clipped there (onnx_model.MAX_CORRECTION)")  # fmt: skip
             breakdown.update(workspace_and_context_bytes=extra, analytic_bytes=int(analytic[worst]),
-                             correction=float(np.exp(log_corr[0, worst])),
+                             correction=float(np.exp(lc0[worst])),
                              floor_bytes=int(floor[worst]), extrapolated=notes,
                              unknown_ops=unknown, exact=exact)  # fmt: skip
             paths = [
@@ -260,7 +254,7 @@ class OnnxMemoryModel:
             preds.append(
                 Prediction(
                     predicted_peak_bytes=int(value[worst]),
-                    upper_bound_bytes=int(upper.max()),
+                    upper_bound_bytes=int(max(upper)),
                     metric=METRICS[m],
                     breakdown=breakdown,
                     model_version=self.version,
@@ -269,6 +263,41 @@ class OnnxMemoryModel:
                 )
             )
         return preds
+
+
+def _paths(per: list, rows: np.ndarray, m: int, gpu: bool, exact: str | None, cal: Any):
+    """Per path of one query (lists): analytic estimate, floor, value and upper bound; the
+    clipped log correction of the value; the head's raw outputs and the clipped ones."""
+    analytic = np.array([r.analytic[m] for r in per])
+    floor = np.array([floors(r.breakdown["tensor_peak_bytes"], gpu, r.breakdown["context_bytes"])[m]
+                      for r in per])  # fmt: skip
+    raw = rows[:, [m, 3 + m]].T  # [2, paths] log corrections: value, upper bound
+    log_corr = np.clip(raw, -MAX_LOG_CORRECTION, MAX_LOG_CORRECTION)
+    if exact is not None:  # the sweep is the label: nothing learned may move it
+        log_corr[:] = 0.0
+        value = upper = floor
+    else:
+        value = np.maximum(np.round(analytic * np.exp(log_corr[0])), floor)
+        log_bound = np.minimum(bound_log(log_corr[0], log_corr[1], cal), MAX_LOG_CORRECTION)
+        upper = np.ceil(np.maximum(analytic * np.exp(log_bound), value))
+    return (analytic.tolist(), floor.tolist(), value.tolist(), upper.tolist(),
+            log_corr[0].tolist(), raw.ravel().tolist(), log_corr.ravel().tolist())  # fmt: skip
+
+
+def _one_path(r: Any, row: list[float], m: int, gpu: bool, exact: str | None, cal: Any):
+    """`_paths` for a query of a one-path graph, on Python floats."""
+    analytic = float(r.analytic[m])
+    floor = float(floors(r.breakdown["tensor_peak_bytes"], gpu, r.breakdown["context_bytes"])[m])
+    raw = [row[m], row[3 + m]]
+    lc = [min(max(x, -MAX_LOG_CORRECTION), MAX_LOG_CORRECTION) for x in raw]  # np.clip
+    if exact is not None:
+        lc = [0.0, 0.0]
+        value = upper = floor
+    else:
+        value = max(float(round(analytic * np.exp(lc[0]))), floor)  # round: half to even
+        log_bound = min(float(bound_log(lc[0], lc[1], cal)), MAX_LOG_CORRECTION)
+        upper = float(math.ceil(max(analytic * np.exp(log_bound), value)))
+    return [analytic], [floor], [value], [upper], [lc[0]], raw, lc
 
 
 def _query(contexts: list[PathContext], asks: list) -> list[list[Any]]:
