@@ -175,8 +175,9 @@ def graph_inputs(graph: StepGraph, path: int = 0, *, compact: bool = True) -> Gr
     scratch = graph.scratch_bytes(path, refs[0])
     ops = p.nodes["op"]
     per_op = {op: op_id(op) for op in set(ops)}  # a step has ~100 distinct ops
-    ids = np.fromiter(map({op: i for op, (i, _) in per_op.items()}.__getitem__, ops), np.int64, n)
-    unknown = np.fromiter(map({op: u for op, (_, u) in per_op.items()}.__getitem__, ops), bool, n)
+    code = {op: 2 * i + u for op, (i, u) in per_op.items()}  # id and unknown flag at once
+    codes_n = np.fromiter(map(code.__getitem__, ops), np.int64, n)
+    ids, unknown = codes_n >> 1, codes_n & 1
     dtypes = p.storages["dtype"]
     codes = {d: k for k, d in enumerate(DTYPES)}.get  # other dtypes: len(DTYPES)
     dtype_code = np.fromiter(map(codes, dtypes, repeat(len(DTYPES))), np.int64, len(dtypes))
