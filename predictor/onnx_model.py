@@ -124,6 +124,12 @@ class OnnxMemoryModel:
         self._ids: OrderedDict[int, tuple[StepGraph, str]] = OrderedDict()
         self._unknown: OrderedDict[str, list[str]] = OrderedDict()
         self._lock = threading.Lock()
+        # the card's training range, its per-feature bounds as arrays once (not per query)
+        self._range = dict(card.get("training_range") or {})
+        span = self._range.get("query_features")
+        if span is not None:
+            arrays = {k: np.asarray(span[k], dtype=np.float64) for k in ("min", "max") if k in span}
+            self._range["query_features"] = {**span, **arrays}
 
     def _get(self, cache: OrderedDict, key: Any) -> Any:
         with self._lock:
@@ -206,7 +212,7 @@ class OnnxMemoryModel:
         results = _query(contexts, asks)
         # past the corpus's batch range the head sees the query at the range's edge and its
         # correction applies to the analytic estimate at the real size (predictor.trust)
-        rng = self.card.get("training_range") or {}
+        rng = self._range
         edge = [(_at_batch(q.sizes, batch_cap(q.sizes, graph.symbols, rng)), d, q.scenario)
                 for q, d in zip(queries, devices)]  # fmt: skip
         seen = results
