@@ -17,9 +17,12 @@
    `peak` columns are allocated bytes at the trace sizes on the CPU: the tracker's, and
    memgnn's analytic sweep of its graph (they must agree).
 2. GNN query and encode (`load_default_model()`), in-process, on the graphs captured in
-   part 1 (2 layers: ~1.1k nodes; 32 layers: ~15k nodes), median of repeats.
+   part 1 (2 layers: ~1.1k nodes; 32 layers: ~15k nodes; `--query-only`: 43 layers too,
+   ~20k nodes, captured into `--graphs` where missing), median of repeats: the one-query
+   path beside the batch path it replaced, and MemTracker at a new size on small graphs.
 
     .venv/bin/python benchmarks/capture_speed.py [--layers 2,8,32] [--repeats 3] [--no-7b]
+    .venv/bin/python benchmarks/capture_speed.py --query-only --graphs DIR --repeats 5
     # writes benchmarks/results/capture_speed.{json,md}
 """
 
@@ -352,8 +355,13 @@ def profile_only(args) -> None:
 def query_only(args) -> None:
     from memgnn.predictor.graph import StepGraph
 
-    files = sorted(args.graphs.glob("llama*.json.gz"), key=lambda p: int(p.name[5:].split(".")[0]))
-    graphs = {f"llama {p.name[5:].split('.')[0]} layers": StepGraph.load(p) for p in files}
+    graphs = {}
+    for n in sorted(int(x) for x in args.query_layers.split(",") if x):
+        path = args.graphs / f"llama{n}.json.gz"
+        if not path.is_file():  # captured once (as part 1 captures it) and kept
+            args.graphs.mkdir(parents=True, exist_ok=True)
+            capture(make_bundle("llama", {**SMALL, "layers": n}), FP32).save(path)
+        graphs[f"llama {n} layers"] = StepGraph.load(path)
     path = OUT / "capture_speed.json"
     result = json.loads(path.read_text())
     result["query"] = query_speed(graphs, args.repeats, args.mem_tracker_nodes)
@@ -373,6 +381,8 @@ def main() -> None:
     ap.add_argument("--query-only", action="store_true",
                     help="part 2 only, on the graphs a run with --graphs kept")  # fmt: skip
     ap.add_argument("--profile", help="only: cProfile shares at this many layers")
+    ap.add_argument("--query-layers", default="2,8,32,43",
+                    help="--query-only: graphs in --graphs (captured where missing)")  # fmt: skip
     ap.add_argument("--mem-tracker-nodes", type=int, default=5000,
                     help="query part: MemTracker at a new size up to this many nodes")  # fmt: skip
     ap.add_argument("--out-name", default="capture_speed", help="results file name stem")
