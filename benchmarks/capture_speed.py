@@ -198,12 +198,6 @@ def query_speed(graphs: dict, repeats: int, mem_tracker_nodes: int = 0) -> list[
 
         enc, _ = timed(encode, max(repeats, 5))
 
-        def encode_warm(graph=graph):  # path arrays converted already (a context was built)
-            model._embeddings.clear()
-            model.encode(graph)
-
-        warm, _ = timed(encode_warm, max(repeats, 5))
-
         def features(graph=graph):
             for p in graph.paths:
                 p._cache = None
@@ -226,8 +220,6 @@ def query_speed(graphs: dict, repeats: int, mem_tracker_nodes: int = 0) -> list[
         row = {"graph": name, "nodes": graph.paths[0].num_nodes,
                "encode_ms": round(enc["wall_s"] * 1e3, 2),
                "encode_cpu_ms": round(enc["cpu_s"] * 1e3, 2),
-               "encode_warm_ms": round(warm["wall_s"] * 1e3, 2),
-               "encode_warm_cpu_ms": round(warm["cpu_s"] * 1e3, 2),
                "graph_inputs_cpu_ms": round(feats["cpu_s"] * 1e3, 2),
                "encoder_cpu_ms": round(net["cpu_s"] * 1e3, 2),
                "context_ms": round(ctx["wall_s"] * 1e3, 2),
@@ -306,20 +298,17 @@ def markdown(result: dict) -> str:
               "(1000 queries, 200 on the batch path, 5 encodes); CPU ms of this process, "
               "wall ms in brackets (the machine is shared: CPU time is the fair figure). "
               "encode = `OnnxMemoryModel.encode` (graph features + encoder, graph id known) "
-              "of a graph just loaded (its path arrays not yet converted: the cost a new "
-              "graph pays), split into `graph_inputs` (CPU ms) and the encoder run (CPU ms); "
-              "encode, warm = the same once the path arrays are converted (as measured "
-              "before this table had the split); context = the per-path query "
-              "arrays, built at the first query; features = `PathContext.query` (the "
+              "of a graph just loaded (no path arrays converted yet), split into "
+              "`graph_inputs` (CPU ms) and the encoder run (CPU ms); context = the per-path "
+              "query arrays, built at the first query; features = `PathContext.query` (the "
               "one-query path); full query = `predict` of one config (B=8, S=512, "
               "a100-80gb) after both; batch path = the same `predict` through "
               "`query_many`, the path a query took before (same process, same answer: "
               "`same`); MemTracker = PyTorch's MemTracker under FakeTensorMode, two steps "
               "at one new size (what memgnn's query replaces).", "",
-              "| graph | nodes | encode ms | graph_inputs | encoder | encode, warm | "
-              "context ms | features ms | full query ms | batch path ms | same | "
-              "MemTracker s | load |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| graph | nodes | encode ms | graph_inputs | encoder | context ms | "
+              "features ms | full query ms | batch path ms | same | MemTracker s | load |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
 
     def ms(r, k):
         return f"{r[k + '_cpu_ms']} ({r[k + '_ms']})" if k + "_cpu_ms" in r else "-"
@@ -329,8 +318,7 @@ def markdown(result: dict) -> str:
               else "-")  # fmt: skip
         lines.append(f"| {r['graph']} | {r['nodes']} | {ms(r, 'encode')} | "
                      f"{r.get('graph_inputs_cpu_ms', '-')} | {r.get('encoder_cpu_ms', '-')} | "
-                     f"{ms(r, 'encode_warm')} | {r['context_ms']} | {ms(r, 'features')} | "
-                     f"{ms(r, 'query')} | "
+                     f"{r['context_ms']} | {ms(r, 'features')} | {ms(r, 'query')} | "
                      f"{ms(r, 'batch_path_query')} | {r.get('same_answer', '-')} | {mt} | "
                      f"{r['load']} |")  # fmt: skip
     if PROFILE.is_file():

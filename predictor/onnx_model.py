@@ -3,7 +3,8 @@
 A model directory holds `encoder.onnx`, `head.onnx` and `model_card.json` (written by
 `memgnn train`). `encode(graph)` runs the encoder once per graph path and caches the
 embeddings by graph id; `predict_encoded(embedding, graph, queries)` computes the query
-features (a liveness sweep in numpy) and runs the head once for all (query, path) pairs.
+features (`predictor.query_features`: per query through the compiled one-query path for a
+few queries, vectorised for more) and runs the head once for all (query, path) pairs.
 Predicted bytes = analytic estimate x exp(correction); the upper bound likewise, calibrated
 per (target kind, metric) where the card has a `bound_calibration`
 (`predictor.calibration`), and never below the prediction. Neither is ever below the
@@ -63,7 +64,8 @@ CACHE_SIZE = 32
 MAX_CORRECTION = 16.0
 MAX_LOG_CORRECTION = float(np.log(MAX_CORRECTION))
 # up to this many queries a request takes the one-query path per query, above it the
-# batch one (`query_features`): one query costs ~1/4 of a batch call's fixed cost
+# batch one (`query_features`): one query costs ~0.07 ms there, a batch call ~0.7 ms
+# whatever its size (`benchmarks/capture_speed.py --query-only`)
 FEW_QUERIES = 4
 
 
