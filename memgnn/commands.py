@@ -259,6 +259,8 @@ def _model_info(graph, bundle, train, target: str) -> dict[str, Any]:
         from memgnn.predictor.model_info import describe_bundle
 
         info = describe_bundle(bundle, train, target).to_dict()
+    if bundle.origin:  # how the user named it, not what a cached graph was captured as
+        info = info | {"kind": bundle.origin}
     return info
 
 

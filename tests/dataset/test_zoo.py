@@ -308,6 +308,8 @@ def test_resolve_python_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.syspath_prepend(str(tmp_path))
     bundle = zoo.resolve("py:zoo_user_models:factory", {"hidden": "24"})
     assert isinstance(bundle, ModelBundle) and bundle.hparams["hidden"] == 24
+    # the user's own model, though its factory built it from a zoo family
+    assert bundle.origin == "py" and zoo.resolve("mlp").origin == ""
     with pytest.raises(ValueError, match="returned dict"):
         zoo.resolve("py:zoo_user_models:not_a_bundle")
     with pytest.raises(ValueError, match="no callable"):

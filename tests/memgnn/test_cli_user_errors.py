@@ -75,7 +75,14 @@ def test_py_factory_found_in_the_current_directory(user_dir, capsys):
         "--batch", "16", "--device", "cpu", "--json",
     )  # fmt: skip
     assert code == 0, err
-    assert json.loads(out)["predicted_peak_bytes"] > 0
+    answer = json.loads(out)
+    assert answer["predicted_peak_bytes"] > 0
+    assert answer["model"]["kind"] == "py"  # the bundle's name looks like a zoo config's
+    code, out, err = _run(
+        capsys, "predict", "--model", "py:my_user_model:make", "--model-arg", "width=64",
+        "--batch", "16", "--device", "cpu",
+    )  # fmt: skip
+    assert code == 0 and "zoo config" not in out, out
 
 
 def test_unknown_model_arg_of_a_py_factory_is_a_user_error(user_dir, capsys):
