@@ -158,21 +158,28 @@ def _seq_bundle(name: str, build) -> ModelBundle:
 
 # A tiny Llama as a published config.json (hf:PATH): 4 query heads, 2 key/value heads.
 LLAMA_HIDDEN, LLAMA_KV, LLAMA_LAYERS, LLAMA_VOCAB, LLAMA_MLP = 64, 32, 2, 256, 128
+LLAMA_HEADS = 4
 
 
-def tiny_hf_llama_bundle(directory) -> ModelBundle:
-    """The tiny Llama above, its config.json written in `directory` (needs transformers)."""
+def tiny_llama_config(max_positions: int = 64):
+    """The tiny Llama above as a transformers.LlamaConfig (needs transformers)."""
     import transformers
-    from memgnn.dataset import zoo
 
-    path = directory / "config.json"
-    transformers.LlamaConfig(
+    return transformers.LlamaConfig(
         hidden_size=LLAMA_HIDDEN,
         intermediate_size=LLAMA_MLP,
         num_hidden_layers=LLAMA_LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=LLAMA_HEADS,
+        num_key_value_heads=LLAMA_HEADS * LLAMA_KV // LLAMA_HIDDEN,
         vocab_size=LLAMA_VOCAB,
-        max_position_embeddings=64,
-    ).to_json_file(str(path))
+        max_position_embeddings=max_positions,
+    )
+
+
+def tiny_hf_llama_bundle(directory, max_positions: int = 64) -> ModelBundle:
+    """The tiny Llama above, its config.json written in `directory` (needs transformers)."""
+    from memgnn.dataset import zoo
+
+    path = directory / "config.json"
+    tiny_llama_config(max_positions).to_json_file(str(path))
     return zoo.resolve(f"hf:{path}")
