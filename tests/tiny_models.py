@@ -156,6 +156,22 @@ def _seq_bundle(name: str, build) -> ModelBundle:
     )
 
 
+def tiny_gpt2_config(*, layers: int = 1, vocab: int = 128, positions: int = 64, **extra):
+    """A 32-wide, 2-head GPT-2 as a transformers.GPT2Config (needs transformers)."""
+    import transformers
+
+    return transformers.GPT2Config(n_layer=layers, n_embd=32, n_head=2, vocab_size=vocab,
+                                   n_positions=positions, bos_token_id=0, eos_token_id=0,
+                                   **extra)  # fmt: skip
+
+
+def write_tiny_gpt2_config(path, **kw):
+    """`tiny_gpt2_config(**kw)` as the config.json at `path` (an `hf:PATH` spec); `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tiny_gpt2_config(**kw).to_json_file(str(path))
+    return path
+
+
 # A tiny Llama as a published config.json (hf:PATH): 4 query heads, 2 key/value heads.
 LLAMA_HIDDEN, LLAMA_KV, LLAMA_LAYERS, LLAMA_VOCAB, LLAMA_MLP = 64, 32, 2, 256, 128
 LLAMA_HEADS = 4

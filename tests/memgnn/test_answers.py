@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 from clirun import run_cli
+from tiny_models import tiny_gpt2_config
 
 GUARDED = """
 import torch
@@ -86,18 +87,9 @@ def test_zoo_answer_says_it_is_a_small_zoo_config(capsys):
 
 
 def test_hub_config_dtype_does_not_decide_master_weights(capsys, tmp_path):
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     folder = tmp_path / "hub"
-    config = transformers.GPT2Config(
-        n_layer=1,
-        n_embd=32,
-        n_head=2,
-        vocab_size=64,
-        n_positions=32,
-        bos_token_id=0,
-        eos_token_id=0,
-        torch_dtype="float16",
-    )
+    config = tiny_gpt2_config(vocab=64, positions=32, torch_dtype="float16")
     config.save_pretrained(str(folder))
     assert "float16" in (folder / "config.json").read_text()
     argv = ["predict", "--model", f"hf:{folder}", "--batch", "2", "--seq", "16", "--json"]
