@@ -5,10 +5,10 @@ S bytes; at threshold 0.5 a rank with 100,000 bytes fits B = 40, one with 60,000
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 
 import pytest
 import torch.distributed as dist
+from memgnn.serving.client import free_port
 from memgnn.serving.governor.policy import Policy, PolicyConfig
 from memgnn.serving.governor.world import World, WorldChoice, agree, resolve_world
 from stub_policy import stub_policy
@@ -35,9 +35,7 @@ def _rank(rank: int, port: int, capacities: list[int], n: int | None, out) -> No
 
 
 def _run_ranks(capacities: list[int], n: int | None = None) -> dict[int, tuple]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, port, capacities, n, out))
