@@ -42,6 +42,7 @@ __all__ = [
     "ReplayModel",
     "choose_method",
     "decide",
+    "estimate_cost",
     "estimate_events",
     "predict_with",
     "with_route",
