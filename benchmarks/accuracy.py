@@ -39,7 +39,6 @@ Writes benchmarks/results/<--out-name>.json and .md (default accuracy).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import sys
@@ -54,9 +53,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from memgnn.predictor.vocab import METRICS  # noqa: E402
 from memgnn.training.data import Dataset, error_summary, load_dataset, split  # noqa: E402
+from results_io import write_results  # noqa: E402
 
 log = logging.getLogger("benchmarks.accuracy")
-RESULTS = Path(__file__).parent / "results"
 
 
 def random_split(data: Dataset, seed: int, test_fraction: float = 0.2, val_fraction=0.15):
@@ -390,9 +389,7 @@ def main(argv: list[str] | None = None) -> None:
             res["path_latency"] = latency_per_path(data, a.corpus, Path(a.model_dir))
     if not a.skip_latency and (Path(a.model_dir) / "model_card.json").is_file():
         res["latency"] = latency(Path(a.model_dir), Path(a.cache))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{a.out_name}.json").write_text(json.dumps(res, indent=2))
-    (RESULTS / f"{a.out_name}.md").write_text(markdown(res))
+    write_results(a.out_name, res, markdown(res))
     print(markdown(res))
 
 

@@ -343,6 +343,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
         + (f", per rank (rank 0 of {par['world_size']}, {par['sharding']})" if par else "")
     )
     print(model_line(info))
+    if route := pred.breakdown.get("route"):
+        print(f"path: {route['method']} ({route['reason']})")
     if limit is not None:
         print(verdict_line(out["verdict"], f"upper bound {pred.metric}"))
     return 0
