@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memgnn.args import memory_limit, model_args, parse_sizes, train_spec
+from memgnn.args import CLI_REPLAY_BUDGET_MS, memory_limit, model_args, parse_sizes, train_spec
 from memgnn.display import fmt_bytes, model_line, print_table
 
 
@@ -307,7 +307,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
     query.resolved_metric(device.is_gpu)
     graph = _graph_for(bundle, device, sizes, not args.no_cache, args.scenario)(train)
     info = _model_info(graph, bundle, train, "cuda" if device.is_gpu else "cpu")
-    exact = ExactConfig(budget_s=args.replay_budget_ms / 1e3)
+    budget_ms = CLI_REPLAY_BUDGET_MS if args.replay_budget_ms is None else args.replay_budget_ms
+    exact = ExactConfig(budget_s=budget_ms / 1e3)
     learned = load_default_model() if choose_method(args.method, graph, exact) == "gnn" else None
     t0 = time.perf_counter()
     pred = predict_with(args.method, graph, [query], learned=learned, config=exact)[0]

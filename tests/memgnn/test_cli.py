@@ -137,3 +137,21 @@ def test_predict_qlora_with_8bit_adamw(capsys):
     cats = nf4["breakdown"]["categories"], plain["breakdown"]["categories"]
     assert cats[0]["parameter"] < cats[1]["parameter"]  # 4-bit base weights
     assert cats[0]["optimizer_state"] == cats[1]["optimizer_state"]  # same adapters
+
+
+def test_one_shot_predict_replays_through_a_cached_jit_load(capsys, monkeypatch):
+    """A CLI answer pays the compiled core's load from numba's cache (it is one answer per
+    process); the server's per-request 250 ms does not, and a compile does not either."""
+    import memgnn.dataset.replay.exact as exact
+
+    argv = ["predict", "--model", "mlp", "--batch", "8", "--device", "a100-80gb", "--json"]
+    for state, budget, method in [
+        ("cached", [], "replay"),
+        ("cached", ["--replay-budget-ms", "250"], "gnn"),
+        ("cold", [], "gnn"),
+    ]:
+        monkeypatch.setattr(exact, "jit_state", lambda state=state: state)
+        code, out, err = run_cli(capsys, *argv, *budget)
+        assert code == 0, err
+        route = json.loads(out)["breakdown"]["route"]
+        assert route["method"] == method and route["jit"] == state, route
