@@ -74,13 +74,14 @@ def cross_validate(
     target_miss: float = 0.01,
 ) -> dict[str, Any]:  # fmt: skip
     from memgnn.predictor.gnn import GNNConfig
-    from memgnn.training.calibrate import calibrate_groups, calibrated, cross_fit
+    from memgnn.training.calibrate import calibrate_groups, calibrated, cross_fit, fell_back
     from memgnn.training.fit import FitConfig, fit, predict_log
 
     families = sorted(set(data.family))
     groups = [families[k::folds] for k in range(folds)] if how == "family" else [["(random)"]]
     mu, upper = np.full((len(data), 3), np.nan), np.full((len(data), 3), np.nan)
     pred, bound, old = (np.full((len(data), 3), np.nan) for _ in range(3))
+    fell = np.zeros((len(data), 3), dtype=bool)
     info, cals = [], []
     for k, held in enumerate(groups):
         t0 = time.perf_counter()
@@ -95,6 +96,7 @@ def cross_validate(
         mu[sp.test], upper[sp.test] = predict_log(model, data, sp.test)  # head bound, no shift
         pred[sp.test], bound[sp.test] = calibrated(data, sp.test, mu[sp.test], upper[sp.test],
                                                    cals[-1])  # fmt: skip
+        fell[sp.test] = fell_back(data, sp.test, mu[sp.test], upper[sp.test], cals[-1])
         old[sp.test] = data.analytic[sp.test] * np.exp(
             _old_bound(data, rows, r_mu, r_up, cfg, mu[sp.test], upper[sp.test])
         )
@@ -103,7 +105,7 @@ def cross_validate(
         log.info("fold %d/%d (%s): %d epochs, %.0fs", k + 1, folds, held, len(history),
                  time.perf_counter() - t0)  # fmt: skip
     return {"mu": mu, "upper": upper, "pred": pred, "bound": bound, "old_bound": old,
-            "folds": info, "calibration": cals}  # fmt: skip
+            "folds": info, "calibration": cals, "fell_back": fell}  # fmt: skip
 
 
 def _old_bound(data, rows, r_mu, r_up, cfg, mu, upper) -> np.ndarray:
@@ -379,6 +381,8 @@ def main(argv: list[str] | None = None) -> None:
         "gnn_config": gnn, "target_miss": a.target_miss, "accuracy": summarize(data, preds),
         "per_family": per_family(data, learned[0], base["analytic"]),
         "bound_calibration": cv["calibration"],
+        "fell_back": {f"{src}/{metric}": int(cv["fell_back"][np.array(data.source) == src, m].sum())
+                      for src in sorted(set(data.source)) for m, metric in enumerate(METRICS)},
     }  # fmt: skip
     if a.paths:
         from benchmarks.paths import latency_per_path

@@ -167,4 +167,10 @@ def markdown_paths(res: dict[str, Any]) -> list[str]:
             parts = [f"{g}: {c['form']} {c['q']:.3f} ({c['median_margin']:.1%}, n={c['n']})"
                      for g, c in fold.items()]  # fmt: skip
             lines.append(f"- fold {k}: " + "; ".join(parts))
+    fell = {k: v for k, v in (res.get("fell_back") or {}).items() if v}
+    if res.get("fell_back") is not None:
+        lines += ["", "Held-out records whose head correction was outside the corrections "
+                  "measured in calibration, so their bound is the network-free fallback "
+                  "(`predictor.calibration.served_bound_log`): "
+                  + (", ".join(f"{k} {v}" for k, v in fell.items()) or "none")]  # fmt: skip
     return lines

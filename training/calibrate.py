@@ -10,7 +10,9 @@ bytes of a one-path graph: `predictor.trust.exact_reason`) are answered by the s
 with no bound of the model's, so they are left out of their group.
 
 `calibrated` applies a card's calibration to (mu, upper) arrays of a Dataset's records:
-what `OnnxMemoryModel` answers, for evaluations in training and the benchmarks.
+what `OnnxMemoryModel` answers, for evaluations in training and the benchmarks (a
+correction outside the group's calibrated range falls back to the network-free bound,
+as served: `predictor.calibration.served_bound_log`; `fell_back` says which did).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from memgnn.predictor.calibration import MIN_RESIDUALS, bound_log, fit_group, group_key
+from memgnn.predictor.calibration import MIN_RESIDUALS, fit_group, group_key, served_bound_log
 from memgnn.predictor.gnn import MemoryGNN, memory_loss
 from memgnn.predictor.vocab import METRICS
 from memgnn.training.data import Dataset
@@ -30,7 +32,7 @@ from memgnn.training.fit_config import FitConfig
 
 log = logging.getLogger(__name__)
 
-__all__ = ["calibrate_groups", "calibrated", "cross_fit", "evaluate", "groups_of"]
+__all__ = ["calibrate_groups", "calibrated", "cross_fit", "evaluate", "fell_back", "groups_of"]
 
 
 def groups_of(data: Dataset) -> np.ndarray:
@@ -120,24 +122,42 @@ def calibrate_groups(
     return out
 
 
+def _served(data: Dataset, idx: np.ndarray, mu: np.ndarray, upper: np.ndarray,
+            cal: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """(log corrections, log bounds, fell back) [len(idx), 3] per record's group."""
+    groups = groups_of(data)[idx]
+    value, bound = np.array(mu, dtype=np.float64), np.array(upper, dtype=np.float64)
+    fell = np.zeros(value.shape, dtype=bool)
+    for m in range(len(METRICS)):
+        for key in {g for g in groups[:, m] if g}:
+            sel = groups[:, m] == key
+            value[sel, m], bound[sel, m], fell[sel, m] = served_bound_log(
+                mu[sel, m], upper[sel, m], cal.get(key)
+            )
+    return value, bound, fell
+
+
 def calibrated(
     data: Dataset, idx: np.ndarray, mu: np.ndarray, upper: np.ndarray, cal: dict[str, Any]
 ) -> tuple[np.ndarray, np.ndarray]:
     """(predicted bytes, bound bytes) [len(idx), 3] as the served model answers them:
-    analytic x exp(mu) and the group's calibrated bound, never below the prediction;
-    records answered exactly get the analytic estimate for both (allocated)."""
-    groups = groups_of(data)[idx]
+    analytic x exp(correction) and the group's calibrated bound, never below the
+    prediction; records answered exactly get the analytic estimate for both (allocated)."""
+    value, log_bound, _ = _served(data, idx, mu, upper, cal)
     an = data.analytic[idx]
-    pred = an * np.exp(mu)
-    bound = an * np.exp(upper)
-    for m in range(len(METRICS)):
-        for key in {g for g in groups[:, m] if g}:
-            sel = groups[:, m] == key
-            bound[sel, m] = an[sel, m] * np.exp(bound_log(mu[sel, m], upper[sel, m], cal.get(key)))
+    pred, bound = an * np.exp(value), an * np.exp(log_bound)
     if data.exact is not None:
         ex = data.exact[idx]
         pred[ex, 0] = bound[ex, 0] = an[ex, 0]
     return pred, np.maximum(bound, pred)
+
+
+def fell_back(
+    data: Dataset, idx: np.ndarray, mu: np.ndarray, upper: np.ndarray, cal: dict[str, Any]
+) -> np.ndarray:
+    """[len(idx), 3]: the record's correction was outside its group's calibrated range, so
+    its bound is the network-free fallback (`calibrated`)."""
+    return _served(data, idx, mu, upper, cal)[2]
 
 
 def evaluate(model: MemoryGNN, data: Dataset, idx: np.ndarray, cal: dict[str, Any]) -> dict:
