@@ -20,6 +20,12 @@ wanted miss rate, by their median margin over the residuals:
   forms, reserved 34% vs 38%: `benchmarks/results/accuracy_bound.md`), since the head's
   spread learned on some families does not transfer to others.
 
+A group may also be given a bound derived from another's (``derived``: the device total
+is the reserved bytes plus the profile's CUDA context, so its bound is the reserved bound
+plus the context, `derived_log`); that candidate, ``derived + q``, competes like the
+others (corpus-v1 at 2% miss: sim-gpu device_total median margin ... vs ... for its own
+forms).
+
 Every group also keeps that network-free bound as its ``fallback`` and the range of the
 measured log corrections ``y`` over the calibration records (``correction_range``: how far
 measured bytes ever were from the analytic sweep in the corpus). `served_bound_log`
@@ -48,13 +54,14 @@ __all__ = [
     "MIN_RESIDUALS",
     "bound_log",
     "conformal_quantile",
+    "derived_log",
     "fit_group",
     "group_key",
     "outside_range",
     "served_bound_log",
 ]
 
-FORMS = ("shift", "scaled", "plain", "analytic")
+FORMS = ("shift", "scaled", "plain", "analytic", "derived")
 MIN_RESIDUALS = 20  # below this a quantile at 1-2% miss says nothing: keep the head's bound
 _EPS = 1e-6
 RANGE_TOLERANCE = 0.02  # log units a correction may pass correction_range by
@@ -76,7 +83,19 @@ def conformal_quantile(scores: np.ndarray, target_miss: float) -> float:
     return float(s[k])
 
 
-def _bound(form: str, q: float, mu: np.ndarray, upper: np.ndarray) -> np.ndarray:
+def derived_log(reserved_analytic, total_analytic, reserved_log_bound) -> np.ndarray:
+    """The device total's log bound (relative to its analytic estimate) implied by the
+    reserved one: reserved bound bytes plus the context (the two estimates' difference)."""
+    res, tot = np.asarray(reserved_analytic, np.float64), np.asarray(total_analytic, np.float64)
+    bound = res * np.exp(np.asarray(reserved_log_bound, np.float64)) + (tot - res)
+    return np.log(np.maximum(bound, 1.0)) - np.log(np.maximum(tot, 1.0))
+
+
+def _bound(form: str, q: float, mu: np.ndarray, upper: np.ndarray, derived=None) -> np.ndarray:
+    if form == "derived":
+        if derived is None:
+            raise ValueError("a 'derived' bound needs the bound it derives from (derived_log)")
+        return np.asarray(derived, dtype=np.float64) + q
     if form == "shift":
         return upper + q
     if form == "scaled":
@@ -88,7 +107,13 @@ def _bound(form: str, q: float, mu: np.ndarray, upper: np.ndarray) -> np.ndarray
     raise ValueError(f"unknown bound form {form!r}; expected one of {FORMS}")
 
 
-def fit_group(y: np.ndarray, mu: np.ndarray, upper: np.ndarray, target_miss: float) -> dict:
+def fit_group(
+    y: np.ndarray,
+    mu: np.ndarray,
+    upper: np.ndarray,
+    target_miss: float,
+    derived: np.ndarray | None = None,
+) -> dict:
     """The tightest conformal bound of one group's held-out log residuals (see the module
     docstring): {form, q, n, target_miss, median_margin, candidates, fallback,
     correction_range}."""
@@ -97,10 +122,13 @@ def fit_group(y: np.ndarray, mu: np.ndarray, upper: np.ndarray, target_miss: flo
         raise ValueError("y, mu and upper must have the same length")
     s = np.maximum(upper - mu, _EPS)
     scores = {"shift": y - upper, "scaled": (y - mu) / s, "plain": y - mu, "analytic": y}
+    if derived is not None:
+        derived = np.asarray(derived, dtype=np.float64)
+        scores["derived"] = y - derived
     candidates = {}
     for form, sc in scores.items():
         q = conformal_quantile(sc, target_miss)
-        margin = float(np.median(np.expm1(_bound(form, q, mu, upper) - y)))
+        margin = float(np.median(np.expm1(_bound(form, q, mu, upper, derived) - y)))
         candidates[form] = {"q": q, "median_margin": margin}
     best = min(candidates, key=lambda f: candidates[f]["median_margin"])
     return {
@@ -115,13 +143,15 @@ def fit_group(y: np.ndarray, mu: np.ndarray, upper: np.ndarray, target_miss: flo
     }
 
 
-def bound_log(mu: np.ndarray, upper: np.ndarray, cal: dict[str, Any] | None) -> np.ndarray:
+def bound_log(
+    mu: np.ndarray, upper: np.ndarray, cal: dict[str, Any] | None, derived=None
+) -> np.ndarray:
     """The calibrated log upper bound of a group (`cal` one entry of the card's
     ``bound_calibration``; None: the head's bound as it is). Never below ``mu``."""
     mu, upper = np.asarray(mu, dtype=np.float64), np.asarray(upper, dtype=np.float64)
     if cal is None:
         return upper
-    return np.maximum(_bound(cal["form"], float(cal["q"]), mu, upper), mu)
+    return np.maximum(_bound(cal["form"], float(cal["q"]), mu, upper, derived), mu)
 
 
 def outside_range(mu: np.ndarray, cal: dict[str, Any] | None) -> np.ndarray:
@@ -135,18 +165,22 @@ def outside_range(mu: np.ndarray, cal: dict[str, Any] | None) -> np.ndarray:
 
 
 def served_bound_log(
-    mu: np.ndarray, upper: np.ndarray, cal: dict[str, Any] | None, ood: np.ndarray | None = None
+    mu: np.ndarray,
+    upper: np.ndarray,
+    cal: dict[str, Any] | None,
+    ood: np.ndarray | None = None,
+    derived: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(log correction, log bound, fell back) as served: records out of distribution
     (`ood`, or a correction outside ``correction_range``) get the correction clipped into
     that range and the network-free ``fallback`` bound, never below the correction;
-    the others `bound_log`. Without a calibration (or a fallback in it) the head's bound
-    stays and nothing falls back."""
+    the others `bound_log` (`derived`: for a ``derived`` form). Without a calibration (or
+    a fallback in it) the head's bound stays and nothing falls back."""
     mu, upper = np.asarray(mu, dtype=np.float64), np.asarray(upper, dtype=np.float64)
     out = outside_range(mu, cal)
     if ood is not None:
         out = out | np.asarray(ood, dtype=bool)
-    bound = bound_log(mu, upper, cal)
+    bound = bound_log(mu, upper, cal, derived)
     fallback = (cal or {}).get("fallback")
     if fallback is None or not out.any():
         return mu, bound, np.zeros(mu.shape, dtype=bool)

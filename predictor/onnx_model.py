@@ -30,7 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from memgnn.predictor.calibration import group_key, outside_range, served_bound_log
+from memgnn.predictor.calibration import (
+    derived_log,
+    group_key,
+    outside_range,
+    served_bound_log,
+)
 from memgnn.predictor.features import (
     FEATURE_SCHEMA_VERSION,
     NUM_NODE_FEATURES,
@@ -240,7 +245,15 @@ class OnnxMemoryModel:
                 value = upper = floor
             else:  # out of distribution: the network-free bound (predictor.trust)
                 ood = np.array([bool(n) or bool(unknown) for n in notes]) | outside
-                log_corr[0], log_bound, fell = served_bound_log(log_corr[0], log_corr[1], cal, ood)
+                derived = None
+                if (cal or {}).get("form") == "derived":  # device total = reserved + context
+                    res = np.clip(out[qi, :, [1, 4]], -MAX_LOG_CORRECTION, MAX_LOG_CORRECTION)
+                    res_cal = self.card["bound_calibration"].get(group_key(True, "reserved"))
+                    res_bound = served_bound_log(res[0], res[1], res_cal, ood)[1]
+                    derived = derived_log([r.analytic[1] for r in per], analytic, res_bound)
+                log_corr[0], log_bound, fell = served_bound_log(
+                    log_corr[0], log_corr[1], cal, ood, derived
+                )
                 value = np.maximum(np.round(analytic * np.exp(log_corr[0])), floor)
                 log_bound = np.minimum(log_bound, MAX_LOG_CORRECTION)
                 upper = np.ceil(np.maximum(analytic * np.exp(log_bound), value))

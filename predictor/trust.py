@@ -183,7 +183,8 @@ def trust_fields(
             "unseen families)"
         )
     elif cal:
-        bound = f"calibrated ({cal['form']}) {at} on unseen families"
+        form = "reserved bound + CUDA context" if cal["form"] == "derived" else cal["form"]
+        bound = f"calibrated ({form}) {at} on unseen families"
     else:
         bound = "the head's own (no bound calibration in the model card)"
     return {"in_distribution": not reasons, "reasons": reasons, "bound": bound}

@@ -5,7 +5,8 @@ head (on the frozen encoder's embeddings) is trained on the other folds and scor
 held-out one, so every record gets a (mu, upper) from a head that never saw its family.
 `calibrate_groups` turns those residuals into the card's ``bound_calibration``
 (`predictor.calibration.fit_group` per group: ``cpu/allocated``, ``gpu/allocated``,
-``gpu/reserved``, ``gpu/device_total``). Records whose answer is exact (CPU allocated
+``gpu/reserved``, ``gpu/device_total``; the device total may take the reserved bound plus
+the CUDA context as its bound, the ``derived`` form). Records whose answer is exact (CPU allocated
 bytes of a one-path graph: `predictor.trust.exact_reason`) are answered by the sweep
 with no bound of the model's, so they are left out of their group.
 
@@ -23,7 +24,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from memgnn.predictor.calibration import MIN_RESIDUALS, fit_group, group_key, served_bound_log
+from memgnn.predictor.calibration import (
+    MIN_RESIDUALS,
+    derived_log,
+    fit_group,
+    group_key,
+    served_bound_log,
+)
 from memgnn.predictor.gnn import MemoryGNN, memory_loss
 from memgnn.predictor.vocab import METRICS
 from memgnn.training.data import Dataset
@@ -31,6 +38,7 @@ from memgnn.training.fit import GraphSet, _embeddings, predict_log, summarize
 from memgnn.training.fit_config import FitConfig
 
 log = logging.getLogger(__name__)
+RESERVED, TOTAL = group_key(True, "reserved"), group_key(True, "device_total")
 
 __all__ = ["calibrate_groups", "calibrated", "cross_fit", "evaluate", "fell_back", "groups_of"]
 
@@ -104,7 +112,8 @@ def calibrate_groups(
     """The card's ``bound_calibration`` from cross-fitted (mu, upper) of `rows`."""
     groups = groups_of(data)[rows]
     out: dict[str, Any] = {}
-    for key in sorted({g for g in groups.ravel() if g}):
+    keys = sorted({g for g in groups.ravel() if g}, key=lambda k: (k == TOTAL, k))
+    for key in keys:  # the device total last: its bound may derive from the reserved one
         ys, ms, us = [], [], []
         for m in range(len(METRICS)):
             sel = groups[:, m] == key
@@ -116,7 +125,13 @@ def calibrate_groups(
             log.info("bound calibration: %s has %d residuals, keeping the head's bound", key,
                      len(y))  # fmt: skip
             continue
-        fitted = out[key] = fit_group(y, mm, uu, target_miss)
+        derived = None
+        sel = groups[:, 2] == key
+        if key == TOTAL and RESERVED in out and (groups[sel, 1] == RESERVED).all():
+            _, res_bound, _ = served_bound_log(mu[sel, 1], upper[sel, 1], out[RESERVED])
+            an = data.analytic[rows[sel]]
+            derived = derived_log(an[:, 1], an[:, 2], res_bound)
+        fitted = out[key] = fit_group(y, mm, uu, target_miss, derived)
         log.info("bound calibration %s: %s q=%.4f over %d (median margin %.2f%%)", key,
                  fitted["form"], fitted["q"], len(y), 100 * fitted["median_margin"])  # fmt: skip
     return out
@@ -131,8 +146,15 @@ def _served(data: Dataset, idx: np.ndarray, mu: np.ndarray, upper: np.ndarray,
     for m in range(len(METRICS)):
         for key in {g for g in groups[:, m] if g}:
             sel = groups[:, m] == key
+            derived = None
+            if (cal.get(key) or {}).get("form") == "derived":  # reserved (m=1) came first
+                if not (groups[sel, 1] == RESERVED).all():
+                    raise ValueError(f"{key}: a bound derived from the reserved one needs "
+                                     "reserved estimates for the same records")  # fmt: skip
+                an = data.analytic[idx[sel]]
+                derived = derived_log(an[:, 1], an[:, 2], bound[sel, 1])
             value[sel, m], bound[sel, m], fell[sel, m] = served_bound_log(
-                mu[sel, m], upper[sel, m], cal.get(key)
+                mu[sel, m], upper[sel, m], cal.get(key), None, derived
             )
     return value, bound, fell
 

@@ -169,3 +169,39 @@ def test_served_model_falls_back_and_says_so_out_of_distribution(tmp_path):
     )[0]
     assert a.breakdown["trust"]["bound"].startswith("the head's own")
     assert a.breakdown["trust"]["in_distribution"] is False  # the clip is said
+
+
+def test_device_total_bound_is_the_reserved_bound_plus_the_context(tmp_path):
+    import torch
+    from memgnn.predictor.capture import CaptureConfig, capture
+    from memgnn.predictor.devices import get_profile
+    from memgnn.predictor.features import graph_inputs
+    from memgnn.predictor.gnn import GNNConfig, MemoryGNN
+    from memgnn.predictor.onnx_model import OnnxMemoryModel
+    from memgnn.predictor.predict import Query
+    from memgnn.predictor.spec import TrainSpec
+    from memgnn.training.export import export_onnx, write_card
+    from tiny_models import tiny_gpt_bundle
+
+    graph = capture(tiny_gpt_bundle(), TrainSpec(), CaptureConfig(target="cuda"))
+    torch.manual_seed(0)
+    net = MemoryGNN(GNNConfig(hidden=16, layers=2, head_hidden=32)).eval()
+    info = export_onnx(net, graph_inputs(graph), tmp_path)
+    wide = [-10.0, 10.0]
+    cal = {"gpu/reserved": {"form": "plain", "q": 0.7, "target_miss": 0.02,
+                            "correction_range": wide, "fallback": {"form": "analytic", "q": 1}},
+           "gpu/device_total": {"form": "derived", "q": 0.0, "target_miss": 0.02,
+                                "correction_range": wide,
+                                "fallback": {"form": "analytic", "q": 1}}}  # fmt: skip
+    write_card(tmp_path, {"model_version": "gnn-dt", "onnx": info, "metrics": {},
+                          "bound_calibration": cal})  # fmt: skip
+    model = OnnxMemoryModel.load(tmp_path)
+    sizes = {"B": 64, "S": 32}
+    res, tot = model.predict(graph, [Query(sizes=sizes, device="a100-80gb", metric=m)
+                                     for m in ("reserved", "device_total")])  # fmt: skip
+    ctx = get_profile("a100-80gb").context_bytes
+    res_bound = res.breakdown["analytic_bytes"] * res.breakdown["correction"] * np.exp(0.7)
+    assert res_bound < 16 * res.breakdown["analytic_bytes"]  # not clipped here
+    want = np.ceil(max(res_bound + ctx, tot.predicted_peak_bytes))
+    assert tot.upper_bound_bytes == pytest.approx(want, rel=1e-9)
+    assert "reserved bound + CUDA context" in tot.breakdown["trust"]["bound"]

@@ -85,3 +85,21 @@ def test_cross_fit_scores_every_record(data):
     assert sorted(rows.tolist()) == idx.tolist()  # two families: the model's head scores
     assert mu.shape == upper.shape == (len(data), 3)
     assert np.all(upper >= mu) and np.all(upper - mu < 5.0)
+
+
+def test_device_total_may_derive_from_the_reserved_bound(data, monkeypatch):
+    import memgnn.training.calibrate as cal
+
+    monkeypatch.setattr(cal, "MIN_RESIDUALS", 2)
+    gpu = np.flatnonzero([s != "cpu" for s in data.source])
+    # the head's device-total numbers are shuffled labels (in range, uninformative), its
+    # reserved ones the labels: the device total's tightest bound is then the reserved
+    # bound plus the context
+    rng = np.random.default_rng(0)
+    mu = np.column_stack([data.y[gpu, 0], data.y[gpu, 1], rng.permutation(data.y[gpu, 2])])
+    out = cal.calibrate_groups(data, gpu, mu, mu + 0.01, 0.02)
+    assert out["gpu/device_total"]["form"] == "derived"
+    pred, bound = cal.calibrated(data, gpu, mu, mu + 0.01, out)
+    want = bound[:, 1] + (data.analytic[gpu, 2] - data.analytic[gpu, 1])  # + the context
+    np.testing.assert_allclose(bound[:, 2], np.maximum(want * np.exp(out["gpu/device_total"]["q"]),
+                                                       pred[:, 2]), rtol=1e-6)  # fmt: skip
