@@ -174,8 +174,9 @@ def served_bound_log(
     """(log correction, log bound, fell back) as served: records out of distribution
     (`ood`, or a correction outside ``correction_range``) get the correction clipped into
     that range and the network-free ``fallback`` bound, never below the correction;
-    the others `bound_log` (`derived`: for a ``derived`` form). Without a calibration (or
-    a fallback in it) the head's bound stays and nothing falls back."""
+    the others `bound_log` (`derived`: for a ``derived`` form; its fallback is the derived
+    bound itself, `derived` then being made from the reserved fallback). Without a
+    calibration (or a fallback in it) the head's bound stays and nothing falls back."""
     mu, upper = np.asarray(mu, dtype=np.float64), np.asarray(upper, dtype=np.float64)
     out = outside_range(mu, cal)
     if ood is not None:
@@ -186,5 +187,8 @@ def served_bound_log(
         return mu, bound, np.zeros(mu.shape, dtype=bool)
     lo, hi = cal.get("correction_range") or (-np.inf, np.inf)
     value = np.where(out, np.clip(mu, lo, hi), mu)
-    safe = np.maximum(_bound(fallback["form"], float(fallback["q"]), value, value), value)
+    if cal.get("form") == "derived" and derived is not None:  # from the reserved fallback
+        safe = np.maximum(_bound("derived", float(cal["q"]), value, value, derived), value)
+    else:
+        safe = np.maximum(_bound(fallback["form"], float(fallback["q"]), value, value), value)
     return value, np.where(out, safe, bound), out

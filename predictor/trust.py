@@ -176,7 +176,9 @@ def trust_fields(
         )
     miss = (cal or {}).get("target_miss")
     at = f"at {miss:.0%} miss" if miss is not None else "at an unrecorded miss rate"
-    if fell_back:
+    if fell_back and cal and cal.get("form") == "derived":
+        bound = f"network-free fallback: the reserved one + CUDA context (calibrated {at})"
+    elif fell_back:
         q = float(cal["fallback"]["q"])  # type: ignore[index]
         bound = (
             f"network-free fallback: analytic x {math.exp(q):.4g} (calibrated {at} on "

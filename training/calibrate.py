@@ -29,6 +29,7 @@ from memgnn.predictor.calibration import (
     derived_log,
     fit_group,
     group_key,
+    outside_range,
     served_bound_log,
 )
 from memgnn.predictor.gnn import MemoryGNN, memory_loss
@@ -151,8 +152,10 @@ def _served(data: Dataset, idx: np.ndarray, mu: np.ndarray, upper: np.ndarray,
                 if not (groups[sel, 1] == RESERVED).all():
                     raise ValueError(f"{key}: a bound derived from the reserved one needs "
                                      "reserved estimates for the same records")  # fmt: skip
-                an = data.analytic[idx[sel]]
-                derived = derived_log(an[:, 1], an[:, 2], bound[sel, 1])
+                an = data.analytic[idx[sel]]  # reserved falls back where the total does
+                ood = outside_range(mu[sel, m], cal[key])
+                res = served_bound_log(mu[sel, 1], upper[sel, 1], cal.get(RESERVED), ood)[1]
+                derived = derived_log(an[:, 1], an[:, 2], res)
             value[sel, m], bound[sel, m], fell[sel, m] = served_bound_log(
                 mu[sel, m], upper[sel, m], cal.get(key), None, derived
             )

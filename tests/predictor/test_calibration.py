@@ -205,3 +205,17 @@ def test_device_total_bound_is_the_reserved_bound_plus_the_context(tmp_path):
     want = np.ceil(max(res_bound + ctx, tot.predicted_peak_bytes))
     assert tot.upper_bound_bytes == pytest.approx(want, rel=1e-9)
     assert "reserved bound + CUDA context" in tot.breakdown["trust"]["bound"]
+
+
+def test_a_derived_bound_falls_back_to_the_derived_one_not_a_constant():
+    # device total = reserved + context: out of range, its bound is the (network-free)
+    # reserved fallback plus the context, not the total's own analytic x e^q
+    cal = {"form": "derived", "q": 0.0, "fallback": {"form": "analytic", "q": 2.0},
+           "correction_range": [0.0, 0.4]}  # fmt: skip
+    mu, derived = np.array([0.1, 5.0]), np.array([0.3, 0.35])
+    value, bound, fell = served_bound_log(mu, mu + 0.1, cal, None, derived)
+    assert fell.tolist() == [False, True]
+    np.testing.assert_allclose(value, [0.1, 0.4])
+    np.testing.assert_allclose(bound, [0.3, 0.4])  # derived + q, never below the value
+    with pytest.raises(ValueError, match="derive"):
+        bound_log(mu, mu, cal)
