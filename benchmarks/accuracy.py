@@ -141,6 +141,26 @@ def _old_bound(data, rows, r_mu, r_up, cfg, mu, upper) -> np.ndarray:
     return mu + np.maximum(upper - mu + shift, 0.0)
 
 
+def reserved_slack(data: Dataset) -> dict[str, Any]:
+    """On the sim-gpu labels: reserved / allocated, and reserved over the query features'
+    caching-allocator-shaped estimate (`query_features`: small blocks in 2 MiB segments,
+    1-10 MiB ones in 20 MiB segments, larger ones rounded to 2 MiB, at the schedule's max),
+    min / median / p98 / max: how much of the reserved slack size classes explain."""
+    from memgnn.predictor.features import QUERY_COLUMNS
+
+    col = {n: k for k, n in enumerate(QUERY_COLUMNS)}
+    gpu = (np.array(data.source) == "sim-gpu") & ~np.isnan(data.measured[:, 1])
+    q = data.q[gpu].astype(np.float64)
+    ws = 2.0 ** (q[:, col["log_workspace"]] * 30) - 1
+    seg = (data.analytic[gpu, 0] - ws) * 2.0 ** q[:, col["seg_estimate"]]
+    res = data.measured[gpu, 1]
+    out = {}
+    for name, ratio in (("reserved/allocated", res / data.measured[gpu, 0]),
+                        ("reserved/segment_estimate", res / seg)):  # fmt: skip
+        out[name] = [float(np.quantile(ratio, p)) for p in (0.0, 0.5, 0.98, 1.0)]
+    return out
+
+
 def with_live_samples(
     data: Dataset, pred: np.ndarray, upper: np.ndarray, k: int, seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -401,7 +421,7 @@ def main(argv: list[str] | None = None) -> None:
         "command": "python benchmarks/accuracy.py " + " ".join(argv or sys.argv[1:]),
         "gnn_config": gnn, "target_miss": a.target_miss, "accuracy": summarize(data, preds),
         "per_family": per_family(data, learned[0], base["analytic"]),
-        "bound_calibration": cv["calibration"],
+        "bound_calibration": cv["calibration"], "reserved_slack": reserved_slack(data),
         "fell_back": {f"{src}/{metric}": int(cv["fell_back"][np.array(data.source) == src, m].sum())
                       for src in sorted(set(data.source)) for m, metric in enumerate(METRICS)},
     }  # fmt: skip

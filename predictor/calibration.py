@@ -15,16 +15,16 @@ wanted miss rate, by their median margin over the residuals:
 - ``scaled``: ``mu + q * s``, q that of ``(y - mu) / s`` (larger where the head is unsure);
 - ``plain``: ``mu + q``, q that of ``y - mu``;
 - ``analytic``: ``q``, q that of ``y`` itself: the analytic sweep times a constant, no
-  network in it. On unseen families this is often the tightest (corpus-v1, 4 leave-family-
-  out folds at 2% miss: sim-gpu allocated median margin 1.9% vs 3.8% for the head's
-  forms, reserved 34% vs 38%: `benchmarks/results/accuracy_bound.md`), since the head's
-  spread learned on some families does not transfer to others.
+  network in it. On unseen families it is often the tightest (corpus-v1, 4 leave-family-
+  out folds at 2% miss: chosen for gpu/allocated in 3 of 4 folds, held-out median margin
+  2.0% vs 3.8% with the head's forms only: `benchmarks/results/accuracy_bound.md`), since
+  the head's spread learned on some families does not transfer to others.
 
 A group may also be given a bound derived from another's (``derived``: the device total
 is the reserved bytes plus the profile's CUDA context, so its bound is the reserved bound
 plus the context, `derived_log`); that candidate, ``derived + q``, competes like the
-others (corpus-v1 at 2% miss: sim-gpu device_total median margin ... vs ... for its own
-forms).
+others (corpus-v1 at 2% miss: sim-gpu device_total median margin 23.8% vs 43.1% for the
+head's forms, `benchmarks/results/accuracy_bound.md`).
 
 Every group also keeps that network-free bound as its ``fallback`` and the range of the
 measured log corrections ``y`` over the calibration records (``correction_range``: how far
