@@ -30,7 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from memgnn.predictor.calibration import bound_log, group_key
+from memgnn.predictor.calibration import (
+    derived_log,
+    group_key,
+    outside_range,
+    served_bound_log,
+)
 from memgnn.predictor.features import (
     FEATURE_SCHEMA_VERSION,
     NUM_NODE_FEATURES,
@@ -46,7 +51,13 @@ from memgnn.predictor.predict import (
     check_guards,
 )
 from memgnn.predictor.query_features import PathContext
-from memgnn.predictor.trust import batch_cap, exact_reason, extrapolation_notes, floors
+from memgnn.predictor.trust import (
+    batch_cap,
+    exact_reason,
+    extrapolation_notes,
+    floors,
+    trust_fields,
+)
 from memgnn.predictor.vocab import METRICS
 
 log = logging.getLogger(__name__)
@@ -222,30 +233,46 @@ class OnnxMemoryModel:
             raw = out[qi, :, [m, 3 + m]]  # [2, paths] log corrections: value, upper bound
             log_corr = np.clip(raw, -MAX_LOG_CORRECTION, MAX_LOG_CORRECTION)
             exact = exact_reason(graph, device.is_gpu, METRICS[m])
+            notes = [extrapolation_notes(queries[qi].sizes, graph.symbols, rng, s.features)
+                     for s in seen[qi]]  # fmt: skip
+            cal = (self.card.get("bound_calibration") or {}).get(
+                group_key(device.is_gpu, METRICS[m])
+            )
+            outside = outside_range(log_corr[0], cal) | (raw[0] != log_corr[0])
+            fell = np.zeros(n_paths, dtype=bool)
             if exact is not None:  # the sweep is the label: nothing learned may move it
                 log_corr[:] = 0.0
                 value = upper = floor
-            else:
-                value = np.maximum(np.round(analytic * np.exp(log_corr[0])), floor)
-                cal = (self.card.get("bound_calibration") or {}).get(
-                    group_key(device.is_gpu, METRICS[m])
+            else:  # out of distribution: the network-free bound (predictor.trust)
+                ood = np.array([bool(n) or bool(unknown) for n in notes]) | outside
+                derived = None
+                if (cal or {}).get("form") == "derived":  # device total = reserved + context
+                    res = np.clip(out[qi, :, [1, 4]], -MAX_LOG_CORRECTION, MAX_LOG_CORRECTION)
+                    res_cal = self.card["bound_calibration"].get(group_key(True, "reserved"))
+                    res_bound = served_bound_log(res[0], res[1], res_cal, ood)[1]
+                    derived = derived_log([r.analytic[1] for r in per], analytic, res_bound)
+                log_corr[0], log_bound, fell = served_bound_log(
+                    log_corr[0], log_corr[1], cal, ood, derived
                 )
-                log_bound = np.minimum(bound_log(log_corr[0], log_corr[1], cal),
-                                       MAX_LOG_CORRECTION)  # fmt: skip
+                value = np.maximum(np.round(analytic * np.exp(log_corr[0])), floor)
+                log_bound = np.minimum(log_bound, MAX_LOG_CORRECTION)
                 upper = np.ceil(np.maximum(analytic * np.exp(log_bound), value))
             worst = int(np.argmax(value))
             breakdown = dict(per[worst].breakdown)
             extra = breakdown["workspace_bytes"] + (breakdown["context_bytes"] if m == 2 else 0)
-            notes = extrapolation_notes(queries[qi].sizes, graph.symbols, rng,
-                                        seen[qi][worst].features)  # fmt: skip
-            if exact is None and np.any(raw != log_corr):
+            notes = notes[worst]
+            if exact is None and np.any(raw != np.clip(raw, -MAX_LOG_CORRECTION,
+                                                       MAX_LOG_CORRECTION)):  # fmt: skip
                 notes.append(f"the network's correction (x{np.exp(raw.max()):.3g} / "
                              f"x{np.exp(raw.min()):.3g}) is outside x{MAX_CORRECTION:g}"
                              "^(+-1): clipped there (onnx_model.MAX_CORRECTION)")  # fmt: skip
+            trust = trust_fields(exact=exact, notes=notes, unknown_ops=unknown, cal=cal,
+                                 fell_back=bool(fell.any()),
+                                 correction_outside=bool(outside[worst]))  # fmt: skip
             breakdown.update(workspace_and_context_bytes=extra, analytic_bytes=int(analytic[worst]),
                              correction=float(np.exp(log_corr[0, worst])),
                              floor_bytes=int(floor[worst]), extrapolated=notes,
-                             unknown_ops=unknown, exact=exact)  # fmt: skip
+                             unknown_ops=unknown, exact=exact, trust=trust)  # fmt: skip
             paths = [
                 {"conditions": c.graph.paths[c.path].conditions,
                  "predicted_peak_bytes": int(v), "upper_bound_bytes": int(u)}
