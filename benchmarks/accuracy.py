@@ -60,6 +60,13 @@ from results_io import write_results  # noqa: E402
 log = logging.getLogger("benchmarks.accuracy")
 
 
+def _shown(path: str) -> str:
+    """A corpus path as the results show it: relative to the repository when inside it."""
+    repo = Path(__file__).resolve().parents[1]
+    p = Path(path).resolve()
+    return str(p.relative_to(repo)) if p.is_relative_to(repo) else path
+
+
 def random_split(data: Dataset, seed: int, test_fraction: float = 0.2, val_fraction=0.15):
     """Records dealt at random: test, validation, train (every family in each)."""
     order = np.random.default_rng(seed).permutation(len(data))
@@ -414,7 +421,7 @@ def main(argv: list[str] | None = None) -> None:
         rp = replay_records(data, a.corpus)
         preds = {"replay": (rp["pred"], rp["pred"]), **preds}
     res = {
-        "corpus": a.corpus, "records": len(data), "families": sorted(set(data.family)),
+        "corpus": _shown(a.corpus), "records": len(data), "families": sorted(set(data.family)),
         "split": a.split, "folds": a.folds if a.split == "family" else 1,
         "fold_info": cv["folds"], "data_hash": data.data_hash,
         "command": "python benchmarks/accuracy.py " + " ".join(argv or sys.argv[1:]),
