@@ -8,8 +8,10 @@
 Accuracy: leave-family-out cross-validation. The corpus families are dealt into `--folds`
 groups; for each, a model is trained (same pipeline as `memgnn train`, without mlflow) on
 the other families (bound calibrated per (target kind, metric) by family cross-fitting on
-them: `training.calibrate`; "gnn (old bound)" rows: the former one shift per metric from
-the same residuals), and every record of the held-out families predicted. So each
+them: `training.calibrate`; "gnn (head forms only)" rows: that calibration restricted to
+the head's own forms, without the network-free and derived forms and the out-of-range
+fallback; "gnn (old bound)" rows: the former one shift per metric from the same
+residuals), and every record of the held-out families predicted. So each
 record is scored by a model that never saw its family. Per label source (sim-gpu:
 allocator simulation on GPU profiles; cpu: real CPU runs) and metric: median / p90 /
 p95 / max relative error, the upper-bound miss rate and the median bound margin
@@ -39,7 +41,6 @@ Writes benchmarks/results/<--out-name>.json and .md (default accuracy).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import statistics
 import sys
@@ -54,9 +55,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from memgnn.predictor.vocab import METRICS  # noqa: E402
 from memgnn.training.data import Dataset, error_summary, load_dataset, split  # noqa: E402
+from results_io import write_results  # noqa: E402
 
 log = logging.getLogger("benchmarks.accuracy")
-RESULTS = Path(__file__).parent / "results"
+
+
+def _shown(path: str) -> str:
+    """A corpus path as the results show it: relative to the repository when inside it."""
+    repo = Path(__file__).resolve().parents[1]
+    p = Path(path).resolve()
+    return str(p.relative_to(repo)) if p.is_relative_to(repo) else path
 
 
 def random_split(data: Dataset, seed: int, test_fraction: float = 0.2, val_fraction=0.15):
@@ -74,13 +82,15 @@ def cross_validate(
     target_miss: float = 0.01,
 ) -> dict[str, Any]:  # fmt: skip
     from memgnn.predictor.gnn import GNNConfig
-    from memgnn.training.calibrate import calibrate_groups, calibrated, cross_fit
+    from memgnn.training.calibrate import calibrate_groups, calibrated, cross_fit, fell_back
     from memgnn.training.fit import FitConfig, fit, predict_log
 
     families = sorted(set(data.family))
     groups = [families[k::folds] for k in range(folds)] if how == "family" else [["(random)"]]
     mu, upper = np.full((len(data), 3), np.nan), np.full((len(data), 3), np.nan)
     pred, bound, old = (np.full((len(data), 3), np.nan) for _ in range(3))
+    fell = np.zeros((len(data), 3), dtype=bool)
+    prev = np.full((len(data), 3), np.nan)
     info, cals = [], []
     for k, held in enumerate(groups):
         t0 = time.perf_counter()
@@ -95,6 +105,9 @@ def cross_validate(
         mu[sp.test], upper[sp.test] = predict_log(model, data, sp.test)  # head bound, no shift
         pred[sp.test], bound[sp.test] = calibrated(data, sp.test, mu[sp.test], upper[sp.test],
                                                    cals[-1])  # fmt: skip
+        fell[sp.test] = fell_back(data, sp.test, mu[sp.test], upper[sp.test], cals[-1])
+        prev[sp.test] = calibrated(data, sp.test, mu[sp.test], upper[sp.test],
+                                   _head_forms_only(cals[-1]))[1]  # fmt: skip
         old[sp.test] = data.analytic[sp.test] * np.exp(
             _old_bound(data, rows, r_mu, r_up, cfg, mu[sp.test], upper[sp.test])
         )
@@ -103,7 +116,20 @@ def cross_validate(
         log.info("fold %d/%d (%s): %d epochs, %.0fs", k + 1, folds, held, len(history),
                  time.perf_counter() - t0)  # fmt: skip
     return {"mu": mu, "upper": upper, "pred": pred, "bound": bound, "old_bound": old,
-            "folds": info, "calibration": cals}  # fmt: skip
+            "folds": info, "calibration": cals, "fell_back": fell,
+            "head_forms_bound": prev}  # fmt: skip
+
+
+def _head_forms_only(cal: dict[str, Any]) -> dict[str, Any]:
+    """The per-group calibration as it was before the network-free and derived forms and
+    the out-of-range fallback: the tightest of the head's own forms (shift, scaled, plain)
+    from the same candidates, for comparison on the same folds."""
+    out = {}
+    for key, c in cal.items():
+        cands = {f: v for f, v in c["candidates"].items() if f in ("shift", "scaled", "plain")}
+        best = min(cands, key=lambda f: cands[f]["median_margin"])
+        out[key] = {"form": best, "q": cands[best]["q"], "target_miss": c["target_miss"]}
+    return out
 
 
 def _old_bound(data, rows, r_mu, r_up, cfg, mu, upper) -> np.ndarray:
@@ -119,6 +145,26 @@ def _old_bound(data, rows, r_mu, r_up, cfg, mu, upper) -> np.ndarray:
         if ok.sum() >= 5:
             shift[m] = conformal_quantile(data.y[rows[ok], m] - r_up[ok, m], cfg.target_miss)
     return mu + np.maximum(upper - mu + shift, 0.0)
+
+
+def reserved_slack(data: Dataset) -> dict[str, Any]:
+    """On the sim-gpu labels: reserved / allocated, and reserved over the query features'
+    caching-allocator-shaped estimate (`query_features`: small blocks in 2 MiB segments,
+    1-10 MiB ones in 20 MiB segments, larger ones rounded to 2 MiB, at the schedule's max),
+    min / median / p98 / max: how much of the reserved slack size classes explain."""
+    from memgnn.predictor.features import QUERY_COLUMNS
+
+    col = {n: k for k, n in enumerate(QUERY_COLUMNS)}
+    gpu = (np.array(data.source) == "sim-gpu") & ~np.isnan(data.measured[:, 1])
+    q = data.q[gpu].astype(np.float64)
+    ws = 2.0 ** (q[:, col["log_workspace"]] * 30) - 1
+    seg = (data.analytic[gpu, 0] - ws) * 2.0 ** q[:, col["seg_estimate"]]
+    res = data.measured[gpu, 1]
+    out = {}
+    for name, ratio in (("reserved/allocated", res / data.measured[gpu, 0]),
+                        ("reserved/segment_estimate", res / seg)):  # fmt: skip
+        out[name] = [float(np.quantile(ratio, p)) for p in (0.0, 0.5, 0.98, 1.0)]
+    return out
 
 
 def with_live_samples(
@@ -364,21 +410,26 @@ def main(argv: list[str] | None = None) -> None:
     base = {k: np.where(untested[:, None] if v.ndim == 2 else untested, np.nan, v)
             for k, v in base.items()}  # fmt: skip
     live = {f"gnn + {k} live": with_live_samples(data, *learned, k, a.seed) for k in (1, 3)}
-    preds = {"gnn": learned, "gnn (old bound)": (learned[0], np.maximum(cv["old_bound"],
-             learned[0])), **live, **{k: (v, v) for k, v in base.items()}}  # fmt: skip
+    head_only = np.maximum(cv["head_forms_bound"], learned[0])
+    old = np.maximum(cv["old_bound"], learned[0])
+    preds = {"gnn": learned, "gnn (head forms only)": (learned[0], head_only),
+             "gnn (old bound)": (learned[0], old), **live,
+             **{k: (v, v) for k, v in base.items()}}  # fmt: skip
     if a.paths:
         from benchmarks.paths import replay_records
 
         rp = replay_records(data, a.corpus)
         preds = {"replay": (rp["pred"], rp["pred"]), **preds}
     res = {
-        "corpus": a.corpus, "records": len(data), "families": sorted(set(data.family)),
+        "corpus": _shown(a.corpus), "records": len(data), "families": sorted(set(data.family)),
         "split": a.split, "folds": a.folds if a.split == "family" else 1,
         "fold_info": cv["folds"], "data_hash": data.data_hash,
         "command": "python benchmarks/accuracy.py " + " ".join(argv or sys.argv[1:]),
         "gnn_config": gnn, "target_miss": a.target_miss, "accuracy": summarize(data, preds),
         "per_family": per_family(data, learned[0], base["analytic"]),
-        "bound_calibration": cv["calibration"],
+        "bound_calibration": cv["calibration"], "reserved_slack": reserved_slack(data),
+        "fell_back": {f"{src}/{metric}": int(cv["fell_back"][np.array(data.source) == src, m].sum())
+                      for src in sorted(set(data.source)) for m, metric in enumerate(METRICS)},
     }  # fmt: skip
     if a.paths:
         from benchmarks.paths import latency_per_path
@@ -390,9 +441,7 @@ def main(argv: list[str] | None = None) -> None:
             res["path_latency"] = latency_per_path(data, a.corpus, Path(a.model_dir))
     if not a.skip_latency and (Path(a.model_dir) / "model_card.json").is_file():
         res["latency"] = latency(Path(a.model_dir), Path(a.cache))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{a.out_name}.json").write_text(json.dumps(res, indent=2))
-    (RESULTS / f"{a.out_name}.md").write_text(markdown(res))
+    write_results(a.out_name, res, markdown(res))
     print(markdown(res))
 
 

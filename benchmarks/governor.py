@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import statistics
 import sys
@@ -81,8 +80,8 @@ from memgnn.serving.governor import (  # noqa: E402
 from memgnn.serving.governor.batching import LengthBuckets, TokenBatcher, pad_collate  # noqa: E402
 from memgnn.serving.governor.demo import long_tail_samples, tiny_varlen_bundle  # noqa: E402
 from memgnn.serving.governor.runtime import CheckpointToggles  # noqa: E402
+from results_io import write_results  # noqa: E402
 
-OUT = ROOT / "benchmarks" / "results"
 CACHE = Path(tempfile.gettempdir()) / "memgnn-governor-bench"
 MiB, GiB = 1 << 20, 1 << 30
 MAX_LEN = 512
@@ -510,9 +509,7 @@ def main() -> int:
     }
     print(markdown(report))
     if not args.no_write:
-        OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / f"{w.stem}.json").write_text(json.dumps(report, indent=2, default=str))
-        (OUT / f"{w.stem}.md").write_text(markdown(report))
+        write_results(w.stem, report, markdown(report), default=str)
     return 0
 
 

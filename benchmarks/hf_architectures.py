@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-OUT = Path(__file__).parent / "results"
+from results_io import RESULTS, write_results
+
 TASK_MAPS = (  # task -> transformers' name table for it, in the order tried
     ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
     ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
@@ -265,10 +266,10 @@ def main() -> int:
         archs = [a for a in archs if a[0] in wanted]
     t0 = time.perf_counter()
     name = "hf_architectures"
-    OUT.mkdir(exist_ok=True)
+    RESULTS.mkdir(exist_ok=True)
     earlier: dict[str, Any] = {}
     if args.only:  # rerun some: their rows replace the ones of the last full sweep
-        earlier = json.loads((OUT / f"{name}.json").read_text())
+        earlier = json.loads((RESULTS / f"{name}.json").read_text())
 
     def write(rows: list[dict[str, Any]], done: bool = False) -> None:
         if earlier:
@@ -281,8 +282,7 @@ def main() -> int:
                 "reran": sorted(set(earlier["meta"].get("reran", [])) | set(reran)),
                 "reran_seconds": time.perf_counter() - t0,
             }
-            (OUT / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-            (OUT / f"{name}.md").write_text(_markdown(rows, meta))
+            write_results(name, {"meta": meta, "rows": rows}, _markdown(rows, meta), indent=1)
             return
         meta = {
             "transformers": transformers.__version__,
@@ -293,8 +293,7 @@ def main() -> int:
             "complete": done,
             "architectures": len(archs),
         }
-        (OUT / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-        (OUT / f"{name}.md").write_text(_markdown(rows, meta))
+        write_results(name, {"meta": meta, "rows": rows}, _markdown(rows, meta), indent=1)
 
     write(sweep(archs, args.workers, args.timeout, on_row=write), done=True)
     return 0

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import json
 import os
 import pickle
 import random
@@ -42,8 +41,8 @@ from memgnn.predictor.devices import get_profile
 from memgnn.predictor.onnx_model import load_default_model
 from memgnn.predictor.predict import Query, capture_cached
 from memgnn.predictor.spec import TrainSpec
+from results_io import write_results
 
-OUT = Path(__file__).parent / "results"
 DEVICE = get_profile("a100-80gb")
 CASES = {
     "gpt2-small": (
@@ -352,9 +351,7 @@ def main() -> None:
         "warmup": warmup(),
         "predict": predict_speed(graphs, args.skip_profile),
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "replay_speed.json").write_text(json.dumps(result, indent=2) + "\n")
-    (OUT / "replay_speed.md").write_text(markdown(result))
+    write_results("replay_speed", result, markdown(result))
     print(markdown(result))
 
 

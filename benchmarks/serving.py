@@ -34,18 +34,13 @@ import time
 from pathlib import Path
 
 import httpx
+from memgnn.serving.client import free_port
+from results_io import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = Path(__file__).parent / "results"
 CONFIGS = [
     {"sizes": {"B": b, "S": 512}, "device": "h100-80gb"} for b in (1, 2, 4, 8, 16, 32, 64, 128)
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_server(state: Path, workers: int, model: str) -> tuple[subprocess.Popen, str]:
@@ -331,9 +326,7 @@ def main() -> None:
         "predict_p50_ms<=5": result["predict_latency"]["raw_socket"]["p50_ms"] <= 5,
         "throughput_rps>=300": result["throughput"]["requests_per_s"] >= 300,
     }
-    OUT.mkdir(exist_ok=True)
-    (OUT / "serving.json").write_text(json.dumps(result, indent=2) + "\n")
-    (OUT / "serving.md").write_text(markdown(result))
+    write_results("serving", result, markdown(result))
     sys.stdout.write(markdown(result))
 
 

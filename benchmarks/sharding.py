@@ -19,7 +19,6 @@ import json
 import logging
 import math
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from memgnn.predictor.predict import AnalyticModel, Query
 from memgnn.predictor.spec import TrainSpec, default_blocks
 from memgnn.predictor.step import TrainingStep, build_optimizer
 from memgnn.predictor.vocab import CATEGORIES
+from memgnn.serving.client import free_port
 
 OUT = Path(__file__).parent / "results"
 SMALL = ("llama", {"layers": "4", "hidden": "128", "ffn": "344", "vocab": "2048"})
@@ -123,9 +123,7 @@ def _real_rank(rank: int, world: int, port: int, spec, args, sharding: str, size
 
 
 def real_peak(spec, args, sharding: str, sizes, world: int = 2) -> list[int]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
             _real_rank,

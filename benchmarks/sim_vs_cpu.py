@@ -10,17 +10,14 @@ peak from torch.profiler, for reference.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import sys
 import time
-from pathlib import Path
 
 from memgnn.dataset.profile import ProfileConfig, profile
 from memgnn.dataset.zoo import make_bundle
 from memgnn.predictor.spec import TrainSpec
-
-OUT = Path(__file__).parent / "results"
+from results_io import write_results
 
 # (zoo name, hparam overrides, sizes)
 MODELS = [
@@ -117,9 +114,7 @@ def markdown(result: dict) -> str:
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     result = run()
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "sim_vs_cpu.json").write_text(json.dumps(result, indent=2) + "\n")
-    (OUT / "sim_vs_cpu.md").write_text(markdown(result))
+    write_results("sim_vs_cpu", result, markdown(result))
     print(markdown(result))
 
 

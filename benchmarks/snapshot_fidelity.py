@@ -20,7 +20,6 @@ other ``PYTORCH_CUDA_ALLOC_CONF`` settings.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import platform
 import sys
@@ -38,8 +37,8 @@ from memgnn.dataset.snapshot.replay import (
 )
 from memgnn.dataset.snapshot.state import initial_state
 from memgnn.dataset.snapshot.whatif import ALTERNATIVES
+from results_io import RESULTS, write_results
 
-OUT = Path(__file__).parent / "results"
 _ROOT = Path(__file__).resolve().parents[1]
 _CANDIDATES = [p / "shared" / "reference" / "cuda-snapshots" for p in _ROOT.parents[:2]]
 DEFAULT_DIR = next((p for p in _CANDIDATES if p.is_dir()), _CANDIDATES[0])
@@ -227,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     files = sorted(p for p in args.dir.iterdir() if ".pickle" in p.name)
@@ -238,10 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in files:
         rows.append(one(path, args.repeat))
         print(f"{path.name}: done", file=sys.stderr)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "snapshot_fidelity.json").write_text(json.dumps(rows, indent=2) + "\n")
-    (args.out / "snapshot_fidelity.md").write_text(_md(rows, args.dir))
-    print((args.out / "snapshot_fidelity.md").read_text())
+    print(write_results("snapshot_fidelity", rows, _md(rows, args.dir), out=args.out).read_text())
     return 0
 
 

@@ -97,6 +97,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# A one-shot CLI answer: the compiled replay core's load from numba's on-disk cache
+# (2.19 s, benchmarks/results/replay_speed.md "JIT warm-up") fits, its compile (67.59 s) does
+# not; the server keeps its per-request 250 ms (`ServeConfig.replay_budget_ms`).
+CLI_REPLAY_BUDGET_MS = 5000.0
+
 BUDGET_HELP = (
     "memory budget: bytes with a unit (24GiB, 68GB) or >= 1024 without (8e9), or a fraction "
     "of the device: 50%% or 0.5; a bare small integer such as 1 is refused as ambiguous"
@@ -189,6 +194,7 @@ def train_spec(args: argparse.Namespace) -> TrainSpec:
 
 
 __all__ = [
+    "CLI_REPLAY_BUDGET_MS",
     "add_cache_arg",
     "add_limit_args",
     "add_model_args",

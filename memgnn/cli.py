@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from memgnn.args import (
+    CLI_REPLAY_BUDGET_MS,
     add_cache_arg,
     add_limit_args,
     add_model_args,
@@ -81,7 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--method", choices=("auto", "replay", "gnn", "analytic"), default="auto",
         help="replay: the simulator's exact bytes; auto: replay within --replay-budget-ms",
     )  # fmt: skip
-    p.add_argument("--replay-budget-ms", type=float, default=250.0)
+    p.add_argument(
+        "--replay-budget-ms", type=float, default=None,
+        help=f"auto's per-request budget (default {CLI_REPLAY_BUDGET_MS:g}: one answer per "
+        "process, so loading the compiled core from numba's cache fits and compiling it does "
+        "not; with --url the server's own default)",
+    )  # fmt: skip
     add_limit_args(p, "a fits / does not fit verdict on the upper bound")
     p.add_argument("--json", action="store_true")
     add_cache_arg(p)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memgnn.args import memory_limit, model_args, parse_sizes, train_spec
+from memgnn.args import CLI_REPLAY_BUDGET_MS, memory_limit, model_args, parse_sizes, train_spec
 from memgnn.display import fmt_bytes, model_line, print_table
 
 
@@ -259,6 +259,8 @@ def _model_info(graph, bundle, train, target: str) -> dict[str, Any]:
         from memgnn.predictor.model_info import describe_bundle
 
         info = describe_bundle(bundle, train, target).to_dict()
+    if bundle.origin:  # how the user named it, not what a cached graph was captured as
+        info = info | {"kind": bundle.origin}
     return info
 
 
@@ -305,7 +307,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
     query.resolved_metric(device.is_gpu)
     graph = _graph_for(bundle, device, sizes, not args.no_cache, args.scenario)(train)
     info = _model_info(graph, bundle, train, "cuda" if device.is_gpu else "cpu")
-    exact = ExactConfig(budget_s=args.replay_budget_ms / 1e3)
+    budget_ms = CLI_REPLAY_BUDGET_MS if args.replay_budget_ms is None else args.replay_budget_ms
+    exact = ExactConfig(budget_s=budget_ms / 1e3)
     learned = load_default_model() if choose_method(args.method, graph, exact) == "gnn" else None
     t0 = time.perf_counter()
     pred = predict_with(args.method, graph, [query], learned=learned, config=exact)[0]
@@ -341,6 +344,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
         + (f", per rank (rank 0 of {par['world_size']}, {par['sharding']})" if par else "")
     )
     print(model_line(info))
+    if route := pred.breakdown.get("route"):
+        print(f"path: {route['method']} ({route['reason']})")
     if limit is not None:
         print(verdict_line(out["verdict"], f"upper bound {pred.metric}"))
     return 0

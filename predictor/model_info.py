@@ -118,7 +118,7 @@ def describe(model: nn.Module, bundle: ModelBundle, train: TrainSpec) -> ModelIn
     autocast = train.autocast_dtype
     info = ModelInfo(
         spec=bundle.name,
-        kind=spec_kind(bundle.name),
+        kind=bundle.origin or spec_kind(bundle.name),
         family=bundle.family,
         module_class=_class_name(model, train),
         parameters=sum(numel.values()),

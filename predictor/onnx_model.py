@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -32,7 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from memgnn.predictor.calibration import bound_log, group_key
+from memgnn.predictor.calibration import (
+    derived_log,
+    group_key,
+    outside_range,
+    served_bound_log,
+)
 from memgnn.predictor.features import (
     FEATURE_SCHEMA_VERSION,
     NUM_NODE_FEATURES,
@@ -48,7 +52,13 @@ from memgnn.predictor.predict import (
     check_guards,
 )
 from memgnn.predictor.query_features import PathContext
-from memgnn.predictor.trust import batch_cap, exact_reason, extrapolation_notes, floors
+from memgnn.predictor.trust import (
+    batch_cap,
+    exact_reason,
+    extrapolation_notes,
+    floors,
+    trust_fields,
+)
 from memgnn.predictor.vocab import METRICS
 
 log = logging.getLogger(__name__)
@@ -229,31 +239,54 @@ class OnnxMemoryModel:
         out = self.head(emb, feats).astype(np.float64).reshape(len(queries), n_paths, 6)
         unknown = self._get(self._unknown, self.graph_id(graph)) or []
         preds = []
-        one = len(queries) <= FEW_QUERIES and n_paths == 1
         for qi, per in enumerate(results):
             m, device = metrics[qi], devices[qi]
+            analytic = np.array([r.analytic[m] for r in per])
+            floor = np.array([floors(r.breakdown["tensor_peak_bytes"], device.is_gpu,
+                                     r.breakdown["context_bytes"])[m] for r in per])  # fmt: skip
+            raw = out[qi, :, [m, 3 + m]]  # [2, paths] log corrections: value, upper bound
+            log_corr = np.clip(raw, -MAX_LOG_CORRECTION, MAX_LOG_CORRECTION)
             exact = exact_reason(graph, device.is_gpu, METRICS[m])
+            notes = [extrapolation_notes(queries[qi].sizes, graph.symbols, rng, s.features)
+                     for s in seen[qi]]  # fmt: skip
             cal = (self.card.get("bound_calibration") or {}).get(
                 group_key(device.is_gpu, METRICS[m])
             )
-            if one:  # the same operations on Python floats (numpy's exp)
-                got = _one_path(per[0], out[qi, 0].tolist(), m, device.is_gpu, exact, cal)
-            else:
-                got = _paths(per, out[qi], m, device.is_gpu, exact, cal)
-            analytic, floor, value, upper, lc0, raw, lc = got
-            worst = value.index(max(value))
+            outside = outside_range(log_corr[0], cal) | (raw[0] != log_corr[0])
+            fell = np.zeros(n_paths, dtype=bool)
+            if exact is not None:  # the sweep is the label: nothing learned may move it
+                log_corr[:] = 0.0
+                value = upper = floor
+            else:  # out of distribution: the network-free bound (predictor.trust)
+                ood = np.array([bool(n) or bool(unknown) for n in notes]) | outside
+                derived = None
+                if (cal or {}).get("form") == "derived":  # device total = reserved + context
+                    res = np.clip(out[qi, :, [1, 4]], -MAX_LOG_CORRECTION, MAX_LOG_CORRECTION)
+                    res_cal = self.card["bound_calibration"].get(group_key(True, "reserved"))
+                    res_bound = served_bound_log(res[0], res[1], res_cal, ood)[1]
+                    derived = derived_log([r.analytic[1] for r in per], analytic, res_bound)
+                log_corr[0], log_bound, fell = served_bound_log(
+                    log_corr[0], log_corr[1], cal, ood, derived
+                )
+                value = np.maximum(np.round(analytic * np.exp(log_corr[0])), floor)
+                log_bound = np.minimum(log_bound, MAX_LOG_CORRECTION)
+                upper = np.ceil(np.maximum(analytic * np.exp(log_bound), value))
+            worst = int(np.argmax(value))
             breakdown = dict(per[worst].breakdown)
             extra = breakdown["workspace_bytes"] + (breakdown["context_bytes"] if m == 2 else 0)
-            notes = extrapolation_notes(queries[qi].sizes, graph.symbols, rng,
-                                        seen[qi][worst].features)  # fmt: skip
-            if exact is None and raw != lc:
-                notes.append(f"the network's correction (x{np.exp(max(raw)):.3g} / "
-                             f"x{np.exp(min(raw)):.3g}) is outside x{MAX_CORRECTION:g}"
+            notes = notes[worst]
+            if exact is None and np.any(raw != np.clip(raw, -MAX_LOG_CORRECTION,
+                                                       MAX_LOG_CORRECTION)):  # fmt: skip
+                notes.append(f"the network's correction (x{np.exp(raw.max()):.3g} / "
+                             f"x{np.exp(raw.min()):.3g}) is outside x{MAX_CORRECTION:g}"
                              "^(+-1): clipped there (onnx_model.MAX_CORRECTION)")  # fmt: skip
+            trust = trust_fields(exact=exact, notes=notes, unknown_ops=unknown, cal=cal,
+                                 fell_back=bool(fell.any()),
+                                 correction_outside=bool(outside[worst]))  # fmt: skip
             breakdown.update(workspace_and_context_bytes=extra, analytic_bytes=int(analytic[worst]),
-                             correction=float(np.exp(lc0[worst])),
+                             correction=float(np.exp(log_corr[0, worst])),
                              floor_bytes=int(floor[worst]), extrapolated=notes,
-                             unknown_ops=unknown, exact=exact)  # fmt: skip
+                             unknown_ops=unknown, exact=exact, trust=trust)  # fmt: skip
             paths = [
                 {"conditions": c.graph.paths[c.path].conditions,
                  "predicted_peak_bytes": int(v), "upper_bound_bytes": int(u)}
@@ -262,7 +295,7 @@ class OnnxMemoryModel:
             preds.append(
                 Prediction(
                     predicted_peak_bytes=int(value[worst]),
-                    upper_bound_bytes=int(max(upper)),
+                    upper_bound_bytes=int(upper.max()),
                     metric=METRICS[m],
                     breakdown=breakdown,
                     model_version=self.version,
@@ -271,41 +304,6 @@ class OnnxMemoryModel:
                 )
             )
         return preds
-
-
-def _paths(per: list, rows: np.ndarray, m: int, gpu: bool, exact: str | None, cal: Any):
-    """Per path of one query (lists): analytic estimate, floor, value and upper bound; the
-    clipped log correction of the value; the head's raw outputs and the clipped ones."""
-    analytic = np.array([r.analytic[m] for r in per])
-    floor = np.array([floors(r.breakdown["tensor_peak_bytes"], gpu, r.breakdown["context_bytes"])[m]
-                      for r in per])  # fmt: skip
-    raw = rows[:, [m, 3 + m]].T  # [2, paths] log corrections: value, upper bound
-    log_corr = np.clip(raw, -MAX_LOG_CORRECTION, MAX_LOG_CORRECTION)
-    if exact is not None:  # the sweep is the label: nothing learned may move it
-        log_corr[:] = 0.0
-        value = upper = floor
-    else:
-        value = np.maximum(np.round(analytic * np.exp(log_corr[0])), floor)
-        log_bound = np.minimum(bound_log(log_corr[0], log_corr[1], cal), MAX_LOG_CORRECTION)
-        upper = np.ceil(np.maximum(analytic * np.exp(log_bound), value))
-    return (analytic.tolist(), floor.tolist(), value.tolist(), upper.tolist(),
-            log_corr[0].tolist(), raw.ravel().tolist(), log_corr.ravel().tolist())  # fmt: skip
-
-
-def _one_path(r: Any, row: list[float], m: int, gpu: bool, exact: str | None, cal: Any):
-    """`_paths` for a query of a one-path graph, on Python floats."""
-    analytic = float(r.analytic[m])
-    floor = float(floors(r.breakdown["tensor_peak_bytes"], gpu, r.breakdown["context_bytes"])[m])
-    raw = [row[m], row[3 + m]]
-    lc = [min(max(x, -MAX_LOG_CORRECTION), MAX_LOG_CORRECTION) for x in raw]  # np.clip
-    if exact is not None:
-        lc = [0.0, 0.0]
-        value = upper = floor
-    else:
-        value = max(float(round(analytic * np.exp(lc[0]))), floor)  # round: half to even
-        log_bound = min(float(bound_log(lc[0], lc[1], cal)), MAX_LOG_CORRECTION)
-        upper = float(math.ceil(max(analytic * np.exp(log_bound), value)))
-    return [analytic], [floor], [value], [upper], [lc[0]], raw, lc
 
 
 def _query(contexts: list[PathContext], asks: list) -> list[list[Any]]:

@@ -216,8 +216,12 @@ class ModelBundle:
     # Everything that decides the model besides name and hparams, when the bundle knows it
     # (an hf: config's contents); else the capture cache keys on the built model itself.
     fingerprint: str = ""
+    # How the user named it: "zoo", "hf" or "py" (set by the resolver; "" = from the name).
+    origin: str = ""
 
     def __post_init__(self) -> None:
+        if self.origin not in ("", "zoo", "hf", "py"):
+            raise ValueError(f"model {self.name!r}: unknown origin {self.origin!r}")
         if not self.dims:
             raise ValueError(f"model {self.name!r} declares no input dims")
         unknown = set(self.static_dims) - set(self.dims)

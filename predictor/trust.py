@@ -26,6 +26,13 @@ honest far from that corpus:
   profile no metric is exact from the sweep (kernel scratch, workspaces and the caching
   allocator's segments): the exact answer there is the allocator replay
   (`dataset.replay.exact.ReplayModel`).
+- **Out of distribution, said and bounded without the network.** A query outside the
+  training range, a graph with ops outside the vocabulary, or a head correction outside
+  the corrections measured in the calibration corpus (`calibration.outside_range`) gets
+  the group's network-free fallback bound (the analytic sweep times a calibrated constant:
+  `calibration.served_bound_log`) instead of the network's, and `breakdown["trust"]`
+  (`trust_fields`) says whether the answer is in distribution, why not, and which bound
+  it carries.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ __all__ = [
     "extrapolation_notes",
     "floors",
     "training_range",
+    "trust_fields",
 ]
 
 SEGMENT = 2 << 20  # every caching-allocator segment is a multiple of 2 MiB
@@ -140,3 +148,45 @@ def extrapolation_notes(
         if names:
             notes.append(f"query features outside the training range: {', '.join(names)}")
     return notes
+
+
+def trust_fields(
+    *,
+    exact: str | None,
+    notes: list[str],
+    unknown_ops: list[str],
+    cal: Mapping[str, Any] | None,
+    fell_back: bool,
+    correction_outside: bool,
+) -> dict[str, Any]:
+    """`breakdown["trust"]`: {in_distribution, reasons, bound} for one answer. `notes` are
+    its `extrapolation_notes`, `correction_outside` whether the head's correction was
+    outside the calibration's `correction_range`, `fell_back` whether the bound is the
+    network-free fallback."""
+    if exact is not None:
+        return {"in_distribution": True, "reasons": [], "bound": "exact (the sweep)"}
+    reasons = list(notes)
+    if unknown_ops:
+        reasons.append(f"ops outside the model's vocabulary: {', '.join(unknown_ops)}")
+    if correction_outside and cal and cal.get("correction_range"):
+        lo, hi = cal["correction_range"]
+        reasons.append(
+            f"the network's correction is outside the x{math.exp(lo):.3g}..x{math.exp(hi):.3g} "
+            "measured / analytic seen in calibration: clipped into it"
+        )
+    miss = (cal or {}).get("target_miss")
+    at = f"at {miss:.0%} miss" if miss is not None else "at an unrecorded miss rate"
+    if fell_back and cal and cal.get("form") == "derived":
+        bound = f"network-free fallback: the reserved one + CUDA context (calibrated {at})"
+    elif fell_back:
+        q = float(cal["fallback"]["q"])  # type: ignore[index]
+        bound = (
+            f"network-free fallback: analytic x {math.exp(q):.4g} (calibrated {at} on "
+            "unseen families)"
+        )
+    elif cal:
+        form = "reserved bound + CUDA context" if cal["form"] == "derived" else cal["form"]
+        bound = f"calibrated ({form}) {at} on unseen families"
+    else:
+        bound = "the head's own (no bound calibration in the model card)"
+    return {"in_distribution": not reasons, "reasons": reasons, "bound": bound}

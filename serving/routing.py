@@ -15,6 +15,11 @@ served meanwhile. The decision while it warms:
   the request fails with 503 and says the replay is still compiling): the caller wants
   the exact bytes, not a fast guess.
 
+Without a warm-up (``Route.warmup`` None), ``auto`` counts the JIT's first call in its
+estimate (`dataset.replay.exact.decide`), so a cold process answers by the model rather
+than blow the budget on a compile. Every answer's ``breakdown["route"]`` says which path
+ran and why, with the estimate it was decided on.
+
 `/healthz` reports the warm-up's state (``cold``, ``warming``, ``warm``, ``failed``).
 """
 
@@ -27,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from memgnn.dataset.replay.exact import ExactConfig, ReplayModel, choose_method, estimated_seconds
+from memgnn.dataset.replay.exact import Choice, ExactConfig, ReplayModel, decide, with_route
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.predict import AnalyticModel, Query
 from memgnn.serving.checks import check_sizes
@@ -37,7 +42,15 @@ from memgnn.serving.store import Correction
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ReplayWarmup", "Route", "choose", "plan_exact", "predict_routed", "warm_replay"]
+__all__ = [
+    "ReplayWarmup",
+    "Route",
+    "choose",
+    "plan_exact",
+    "predict_routed",
+    "skipped",
+    "warm_replay",
+]
 
 STATES = ("cold", "warming", "warm", "failed")
 
@@ -120,16 +133,18 @@ class Route:
         return ExactConfig(budget_s=self.budget_ms / 1e3)
 
 
-def choose(route: Route, entry: GraphEntry) -> tuple[str, str | None]:
-    """(method to use, why the replay was skipped or None) for a graph."""
-    chosen = choose_method(route.method, entry.graph, route.exact_config)
-    if route.method == "auto" and chosen == "gnn":
-        cost = estimated_seconds(entry.graph, route.exact_config) * 1e3
-        return "gnn", f"replay estimated {cost:.0f} ms, over the {route.budget_ms:g} ms budget"
-    if chosen != "replay" or route.warmup is None or route.warmup.warm:
-        return chosen, None
-    if route.method == "auto":
-        return "gnn", f"replay JIT {route.warmup.state} (see /healthz): answered by the model"
+def choose(route: Route, entry: GraphEntry) -> Choice:
+    """The path for a graph's queries, and why (`skipped` tells an ``auto`` that did not
+    replay)."""
+    choice = decide(route.method, entry.graph, route.exact_config)
+    if route.warmup is None or route.warmup.warm:
+        return choice
+    warm_fits = choice.cost.replay_seconds <= choice.budget_s  # the JIT is all that is over
+    if route.method == "auto" and (choice.method == "replay" or warm_fits):
+        why = f"replay JIT {route.warmup.state} (see /healthz): answered by the model"
+        return replace(choice, method="gnn", reason=why)
+    if choice.method != "replay":
+        return choice
     if not route.warmup.wait(route.wait_s):
         raise RequestError(
             f"the exact replay is not ready (JIT {route.warmup.state}"
@@ -138,19 +153,22 @@ def choose(route: Route, entry: GraphEntry) -> tuple[str, str | None]:
             status=503,
             loc=("body", "method"),
         )
-    return "replay", None
+    return choice
+
+
+def skipped(choice: Choice) -> str | None:
+    """Why an ``auto`` request was not replayed (None where it was, or was not ``auto``)."""
+    return choice.reason if choice.asked == "auto" and choice.method != "replay" else None
 
 
 def predict_routed(engine: Engine, entry: GraphEntry, queries: Sequence[Query], route: Route,
                    *, correct: bool) -> list[Served]:  # fmt: skip
     """Answer one graph's queries by the chosen path; exact answers are not corrected."""
-    method, skipped = choose(route, entry)
+    choice = choose(route, entry)
+    method = choice.method
     if method == "gnn":
-        served = engine.predict(entry, queries, correct=correct)
-        if skipped is None:
-            return served
-        return [_noted(s, skipped) for s in served]
-    model = ReplayModel() if method == "replay" else AnalyticModel()
+        return [_noted(s, choice) for s in engine.predict(entry, queries, correct=correct)]
+    model = ReplayModel(config=route.exact_config) if method == "replay" else AnalyticModel()
     check_sizes(entry.graph, queries)  # as the engine checks them for the model
     preds = []
     for i, q in enumerate(queries):  # one at a time: an error names its config
@@ -166,12 +184,16 @@ def predict_routed(engine: Engine, entry: GraphEntry, queries: Sequence[Query], 
         preds.append(p)
     if method == "analytic":
         preds = [replace(p, method="analytic") for p in preds]
+    preds = [with_route(p, choice) for p in preds]
     return [Served(prediction=p, raw=p, correction=Correction()) for p in preds]
 
 
-def _noted(s: Served, why: str) -> Served:
+def _noted(s: Served, choice: Choice) -> Served:
+    why = skipped(choice)
+
     def note(p):
-        return replace(p, breakdown={**p.breakdown, "replay_skipped": why})
+        p = with_route(p, choice)
+        return p if why is None else replace(p, breakdown={**p.breakdown, "replay_skipped": why})
 
     return Served(prediction=note(s.prediction), raw=note(s.raw), correction=s.correction)
 
@@ -186,5 +208,6 @@ def plan_exact(route: Route, entry: GraphEntry, is_gpu: bool) -> tuple[Any, str,
         return None, route.method, None
     if not is_gpu:
         return None, "gnn", "cpu target: no allocator to replay"
-    method, skipped = choose(route, entry)
-    return (ReplayModel() if method == "replay" else None), method, skipped
+    choice = choose(route, entry)
+    exact = ReplayModel(config=route.exact_config) if choice.method == "replay" else None
+    return exact, choice.method, skipped(choice)

@@ -156,23 +156,46 @@ def _seq_bundle(name: str, build) -> ModelBundle:
     )
 
 
+def tiny_gpt2_config(*, layers: int = 1, vocab: int = 128, positions: int = 64, **extra):
+    """A 32-wide, 2-head GPT-2 as a transformers.GPT2Config (needs transformers)."""
+    import transformers
+
+    return transformers.GPT2Config(n_layer=layers, n_embd=32, n_head=2, vocab_size=vocab,
+                                   n_positions=positions, bos_token_id=0, eos_token_id=0,
+                                   **extra)  # fmt: skip
+
+
+def write_tiny_gpt2_config(path, **kw):
+    """`tiny_gpt2_config(**kw)` as the config.json at `path` (an `hf:PATH` spec); `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tiny_gpt2_config(**kw).to_json_file(str(path))
+    return path
+
+
 # A tiny Llama as a published config.json (hf:PATH): 4 query heads, 2 key/value heads.
 LLAMA_HIDDEN, LLAMA_KV, LLAMA_LAYERS, LLAMA_VOCAB, LLAMA_MLP = 64, 32, 2, 256, 128
+LLAMA_HEADS = 4
 
 
-def tiny_hf_llama_bundle(directory) -> ModelBundle:
-    """The tiny Llama above, its config.json written in `directory` (needs transformers)."""
+def tiny_llama_config(max_positions: int = 64):
+    """The tiny Llama above as a transformers.LlamaConfig (needs transformers)."""
     import transformers
-    from memgnn.dataset import zoo
 
-    path = directory / "config.json"
-    transformers.LlamaConfig(
+    return transformers.LlamaConfig(
         hidden_size=LLAMA_HIDDEN,
         intermediate_size=LLAMA_MLP,
         num_hidden_layers=LLAMA_LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=LLAMA_HEADS,
+        num_key_value_heads=LLAMA_HEADS * LLAMA_KV // LLAMA_HIDDEN,
         vocab_size=LLAMA_VOCAB,
-        max_position_embeddings=64,
-    ).to_json_file(str(path))
+        max_position_embeddings=max_positions,
+    )
+
+
+def tiny_hf_llama_bundle(directory, max_positions: int = 64) -> ModelBundle:
+    """The tiny Llama above, its config.json written in `directory` (needs transformers)."""
+    from memgnn.dataset import zoo
+
+    path = directory / "config.json"
+    tiny_llama_config(max_positions).to_json_file(str(path))
     return zoo.resolve(f"hf:{path}")

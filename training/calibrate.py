@@ -5,12 +5,15 @@ head (on the frozen encoder's embeddings) is trained on the other folds and scor
 held-out one, so every record gets a (mu, upper) from a head that never saw its family.
 `calibrate_groups` turns those residuals into the card's ``bound_calibration``
 (`predictor.calibration.fit_group` per group: ``cpu/allocated``, ``gpu/allocated``,
-``gpu/reserved``, ``gpu/device_total``). Records whose answer is exact (CPU allocated
+``gpu/reserved``, ``gpu/device_total``; the device total may take the reserved bound plus
+the CUDA context as its bound, the ``derived`` form). Records whose answer is exact (CPU allocated
 bytes of a one-path graph: `predictor.trust.exact_reason`) are answered by the sweep
 with no bound of the model's, so they are left out of their group.
 
 `calibrated` applies a card's calibration to (mu, upper) arrays of a Dataset's records:
-what `OnnxMemoryModel` answers, for evaluations in training and the benchmarks.
+what `OnnxMemoryModel` answers, for evaluations in training and the benchmarks (a
+correction outside the group's calibrated range falls back to the network-free bound,
+as served: `predictor.calibration.served_bound_log`; `fell_back` says which did).
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from memgnn.predictor.calibration import MIN_RESIDUALS, bound_log, fit_group, group_key
+from memgnn.predictor.calibration import (
+    MIN_RESIDUALS,
+    derived_log,
+    fit_group,
+    group_key,
+    outside_range,
+    served_bound_log,
+)
 from memgnn.predictor.gnn import MemoryGNN, memory_loss
 from memgnn.predictor.vocab import METRICS
 from memgnn.training.data import Dataset
@@ -29,8 +39,9 @@ from memgnn.training.fit import GraphSet, _embeddings, predict_log, summarize
 from memgnn.training.fit_config import FitConfig
 
 log = logging.getLogger(__name__)
+RESERVED, TOTAL = group_key(True, "reserved"), group_key(True, "device_total")
 
-__all__ = ["calibrate_groups", "calibrated", "cross_fit", "evaluate", "groups_of"]
+__all__ = ["calibrate_groups", "calibrated", "cross_fit", "evaluate", "fell_back", "groups_of"]
 
 
 def groups_of(data: Dataset) -> np.ndarray:
@@ -102,7 +113,8 @@ def calibrate_groups(
     """The card's ``bound_calibration`` from cross-fitted (mu, upper) of `rows`."""
     groups = groups_of(data)[rows]
     out: dict[str, Any] = {}
-    for key in sorted({g for g in groups.ravel() if g}):
+    keys = sorted({g for g in groups.ravel() if g}, key=lambda k: (k == TOTAL, k))
+    for key in keys:  # the device total last: its bound may derive from the reserved one
         ys, ms, us = [], [], []
         for m in range(len(METRICS)):
             sel = groups[:, m] == key
@@ -114,30 +126,63 @@ def calibrate_groups(
             log.info("bound calibration: %s has %d residuals, keeping the head's bound", key,
                      len(y))  # fmt: skip
             continue
-        fitted = out[key] = fit_group(y, mm, uu, target_miss)
+        derived = None
+        sel = groups[:, 2] == key
+        if key == TOTAL and RESERVED in out and (groups[sel, 1] == RESERVED).all():
+            _, res_bound, _ = served_bound_log(mu[sel, 1], upper[sel, 1], out[RESERVED])
+            an = data.analytic[rows[sel]]
+            derived = derived_log(an[:, 1], an[:, 2], res_bound)
+        fitted = out[key] = fit_group(y, mm, uu, target_miss, derived)
         log.info("bound calibration %s: %s q=%.4f over %d (median margin %.2f%%)", key,
                  fitted["form"], fitted["q"], len(y), 100 * fitted["median_margin"])  # fmt: skip
     return out
+
+
+def _served(data: Dataset, idx: np.ndarray, mu: np.ndarray, upper: np.ndarray,
+            cal: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """(log corrections, log bounds, fell back) [len(idx), 3] per record's group."""
+    groups = groups_of(data)[idx]
+    value, bound = np.array(mu, dtype=np.float64), np.array(upper, dtype=np.float64)
+    fell = np.zeros(value.shape, dtype=bool)
+    for m in range(len(METRICS)):
+        for key in {g for g in groups[:, m] if g}:
+            sel = groups[:, m] == key
+            derived = None
+            if (cal.get(key) or {}).get("form") == "derived":  # reserved (m=1) came first
+                if not (groups[sel, 1] == RESERVED).all():
+                    raise ValueError(f"{key}: a bound derived from the reserved one needs "
+                                     "reserved estimates for the same records")  # fmt: skip
+                an = data.analytic[idx[sel]]  # reserved falls back where the total does
+                ood = outside_range(mu[sel, m], cal[key])
+                res = served_bound_log(mu[sel, 1], upper[sel, 1], cal.get(RESERVED), ood)[1]
+                derived = derived_log(an[:, 1], an[:, 2], res)
+            value[sel, m], bound[sel, m], fell[sel, m] = served_bound_log(
+                mu[sel, m], upper[sel, m], cal.get(key), None, derived
+            )
+    return value, bound, fell
 
 
 def calibrated(
     data: Dataset, idx: np.ndarray, mu: np.ndarray, upper: np.ndarray, cal: dict[str, Any]
 ) -> tuple[np.ndarray, np.ndarray]:
     """(predicted bytes, bound bytes) [len(idx), 3] as the served model answers them:
-    analytic x exp(mu) and the group's calibrated bound, never below the prediction;
-    records answered exactly get the analytic estimate for both (allocated)."""
-    groups = groups_of(data)[idx]
+    analytic x exp(correction) and the group's calibrated bound, never below the
+    prediction; records answered exactly get the analytic estimate for both (allocated)."""
+    value, log_bound, _ = _served(data, idx, mu, upper, cal)
     an = data.analytic[idx]
-    pred = an * np.exp(mu)
-    bound = an * np.exp(upper)
-    for m in range(len(METRICS)):
-        for key in {g for g in groups[:, m] if g}:
-            sel = groups[:, m] == key
-            bound[sel, m] = an[sel, m] * np.exp(bound_log(mu[sel, m], upper[sel, m], cal.get(key)))
+    pred, bound = an * np.exp(value), an * np.exp(log_bound)
     if data.exact is not None:
         ex = data.exact[idx]
         pred[ex, 0] = bound[ex, 0] = an[ex, 0]
     return pred, np.maximum(bound, pred)
+
+
+def fell_back(
+    data: Dataset, idx: np.ndarray, mu: np.ndarray, upper: np.ndarray, cal: dict[str, Any]
+) -> np.ndarray:
+    """[len(idx), 3]: the record's correction was outside its group's calibrated range, so
+    its bound is the network-free fallback (`calibrated`)."""
+    return _served(data, idx, mu, upper, cal)[2]
 
 
 def evaluate(model: MemoryGNN, data: Dataset, idx: np.ndarray, cal: dict[str, Any]) -> dict:

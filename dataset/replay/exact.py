@@ -8,9 +8,13 @@ step would need (the same trace replayed without a device limit) and the breakdo
 ``would_oom`` with the simulator's message. A CPU target has no allocator to replay: the
 simulator's label there is the liveness sweep, and the prediction says ``analytic``.
 
-`choose_method` / `predict_with` route a query: ``auto`` takes the replay where its
-estimated cost fits the per-request budget, else the learned model. This module sits
-outside `predictor` (the base layer) because it needs the simulator in `dataset`.
+`decide` / `predict_with` route a query: ``auto`` takes the replay where its estimated
+cost fits the per-request budget, else the learned model. The estimate is the fixed
+constants' (``overhead_s + seconds_per_event x events``) times the factor this process
+measured on its own warm replays, plus the JIT's first-call cost where the compiled core
+is not loaded yet (`dataset.replay.cost`). Every answer's ``breakdown["route"]`` says
+which path ran and why. This module sits outside `predictor` (the base layer) because it
+needs the simulator in `dataset`.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from memgnn.dataset.allocator import AllocatorConfig
+from memgnn.dataset.replay.cost import REPLAY_COST, CostEstimate, ReplayCost, jit_state
 from memgnn.dataset.replay.trace import replay_trace_fast
 from memgnn.dataset.sim import simulate
 from memgnn.predictor.devices import get_profile
@@ -31,7 +36,17 @@ from memgnn.predictor.predict import AnalyticModel, MemoryModel, Prediction, Que
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ExactConfig", "ReplayModel", "choose_method", "estimate_events", "predict_with"]
+__all__ = [
+    "Choice",
+    "ExactConfig",
+    "ReplayModel",
+    "choose_method",
+    "decide",
+    "estimate_cost",
+    "estimate_events",
+    "predict_with",
+    "with_route",
+]
 
 METHOD_CHOICES = ("auto", "replay", "gnn", "analytic")
 
@@ -40,13 +55,18 @@ METHOD_CHOICES = ("auto", "replay", "gnn", "analytic")
 class ExactConfig:
     """How `auto` chooses: replay when its estimated seconds fit ``budget_s``.
 
-    The estimate is ``overhead_s + seconds_per_event x events`` (events estimated from
-    the graph's storage and node counts); the defaults are measured by
-    ``benchmarks/replay_speed.py`` (build the trace, encode it, replay it)."""
+    The prior estimate is ``overhead_s + seconds_per_event x events`` (events estimated
+    from the graph's storage and node counts; the defaults measured by
+    ``benchmarks/replay_speed.py``: build the trace, encode it, replay it), scaled by the
+    factor measured on this process's warm replays, plus ``jit_load_s`` (machine code in
+    numba's on-disk cache) or ``jit_compile_s`` (none) while the compiled core is not
+    loaded in this process (both measured by the same benchmark, "JIT warm-up")."""
 
     budget_s: float = 0.25
     seconds_per_event: float = 3e-6
     overhead_s: float = 0.002
+    jit_load_s: float = 2.19
+    jit_compile_s: float = 67.59
     allocator: AllocatorConfig | None = None  # default: the device's usable bytes
 
     def __post_init__(self) -> None:
@@ -54,6 +74,8 @@ class ExactConfig:
             raise ValueError(f"budget_s must be >= 0, got {self.budget_s}")
         if not self.seconds_per_event > 0 or not self.overhead_s >= 0:
             raise ValueError("seconds_per_event must be > 0 and overhead_s >= 0")
+        if not self.jit_load_s >= 0 or not self.jit_compile_s >= 0:
+            raise ValueError("jit_load_s and jit_compile_s must be >= 0")
 
 
 def estimate_events(graph: StepGraph) -> int:
@@ -63,7 +85,18 @@ def estimate_events(graph: StepGraph) -> int:
 
 
 def estimated_seconds(graph: StepGraph, config: ExactConfig) -> float:
+    """The prior estimate of one warm replay of `graph`: the fixed constants only."""
     return config.overhead_s + config.seconds_per_event * estimate_events(graph)
+
+
+def estimate_cost(graph: StepGraph, config: ExactConfig, *, cost: ReplayCost | None = None,
+                  jit: str | None = None) -> CostEstimate:  # fmt: skip
+    """One replay of `graph` now: the prior times the measured factor, plus the JIT's
+    first call in state `jit` (default: this process's, `jit_state()`)."""
+    return (cost or REPLAY_COST).estimate(
+        estimated_seconds(graph, config), jit=jit or jit_state(),
+        jit_load_s=config.jit_load_s, jit_compile_s=config.jit_compile_s,
+    )  # fmt: skip
 
 
 class ReplayModel:
@@ -71,8 +104,16 @@ class ReplayModel:
 
     version = "replay-1"
 
-    def __init__(self, allocator: AllocatorConfig | None = None) -> None:
+    def __init__(
+        self,
+        allocator: AllocatorConfig | None = None,
+        *,
+        config: ExactConfig | None = None,
+        cost: ReplayCost | None = None,
+    ) -> None:
         self.allocator = allocator
+        self.config = config or ExactConfig()  # the prior the measured factor scales
+        self.cost = cost or REPLAY_COST
 
     def predict(self, graph: StepGraph, queries: Sequence[Query]) -> list[Prediction]:
         return [self._one(graph, q) for q in queries]
@@ -80,6 +121,7 @@ class ReplayModel:
     def _one(self, graph: StepGraph, q: Query) -> Prediction:
         device = get_profile(q.device)
         metric = q.resolved_metric(device.is_gpu)
+        warm = jit_state() == "warm"  # a replay that loads or compiles the JIT is not timed
         t0 = time.perf_counter()
         res = simulate(
             graph, q.sizes, device, scenario=q.scenario, allocator=self.allocator,
@@ -108,7 +150,11 @@ class ReplayModel:
             "reserved": res.peak_reserved_bytes,
             "device_total": res.device_total_bytes,
         }[metric]
-        breakdown["replay_seconds"] = round(time.perf_counter() - t0, 6)
+        seconds = time.perf_counter() - t0
+        breakdown["replay_seconds"] = round(seconds, 6)
+        if warm and device.is_gpu:  # an OOM replays twice
+            runs = 2 if breakdown["would_oom"] else 1
+            self.cost.observe(runs * estimated_seconds(graph, self.config), seconds)
         paths = [
             {
                 "conditions": p["conditions"],
@@ -139,17 +185,53 @@ def _unlimited(cfg: AllocatorConfig | None) -> AllocatorConfig:
     return AllocatorConfig(**fields)
 
 
-def choose_method(method: str, graph: StepGraph, config: ExactConfig) -> str:
-    """The path a query takes: ``auto`` is replay when it fits the budget, else gnn."""
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The path a query takes, and why (`to_dict` is the answer's ``breakdown["route"]``)."""
+
+    asked: str
+    method: str
+    reason: str
+    budget_s: float
+    cost: CostEstimate
+
+    def to_dict(self) -> dict[str, object]:
+        return {"asked": self.asked, "method": self.method, "reason": self.reason,
+                "budget_ms": round(self.budget_s * 1e3, 3), **self.cost.to_dict()}  # fmt: skip
+
+
+def decide(method: str, graph: StepGraph, config: ExactConfig, *,
+           cost: ReplayCost | None = None, jit: str | None = None) -> Choice:  # fmt: skip
+    """``auto`` is replay when one replay's estimate (JIT included) fits the budget, else
+    gnn; another method is taken as asked, the reason saying what a replay costs now."""
     if method not in METHOD_CHOICES:
         raise ValueError(f"unknown method {method!r}; expected one of {METHOD_CHOICES}")
+    est = estimate_cost(graph, config, cost=cost, jit=jit)
+    budget = f"the {config.budget_s * 1e3:g} ms budget"
+    measured = (f"x{est.factor:.2f} from {est.samples} measured replays" if est.samples
+                else "no replay measured yet")  # fmt: skip
+    first = "loads it from numba's cache" if est.jit == "cached" else "compiles it"
+    jit_why = f"JIT {est.jit}: this process's first replay {first} (~{est.jit_seconds:.1f} s)"
     if method != "auto":
-        return method
-    cost = estimated_seconds(graph, config)
-    chosen = "replay" if cost <= config.budget_s else "gnn"
-    log.info("auto: replay estimated %.1f ms, budget %.1f ms -> %s",
-             cost * 1e3, config.budget_s * 1e3, chosen)  # fmt: skip
-    return chosen
+        chosen, why = method, "asked for by name"
+        if method == "replay" and est.jit != "warm":
+            why += f"; {jit_why}"
+    elif est.jit != "warm" and est.replay_seconds <= config.budget_s < est.seconds:
+        chosen, why = "gnn", f"replay {jit_why}, over {budget}"
+    else:
+        chosen = "replay" if est.seconds <= config.budget_s else "gnn"
+        jit_part = "" if est.jit == "warm" else f"; {jit_why}"
+        within = "within" if chosen == "replay" else "over"
+        why = (
+            f"replay estimated {est.seconds * 1e3:.1f} ms ({measured}{jit_part}), {within} {budget}"
+        )
+    log.info("%s: %s -> %s", method, why, chosen)
+    return Choice(asked=method, method=chosen, reason=why, budget_s=config.budget_s, cost=est)
+
+
+def choose_method(method: str, graph: StepGraph, config: ExactConfig) -> str:
+    """The path a query takes (`decide`'s method)."""
+    return decide(method, graph, config).method
 
 
 def predict_with(
@@ -165,15 +247,22 @@ def predict_with(
     The learned model falls back to the analytic baseline where no model ships; the
     answer's ``method`` then says ``analytic``."""
     config = config or ExactConfig()
-    chosen = choose_method(method, graph, config)
-    if chosen == "replay":
-        return ReplayModel(config.allocator).predict(graph, queries)
-    if chosen == "analytic":
-        return AnalyticModel().predict(graph, queries)
-    model = learned or load_default_model()
-    preds = model.predict(graph, queries)
-    if isinstance(model, AnalyticModel):
-        preds = [replace(p, method="analytic") for p in preds]
-    for p in preds:  # a sharded step: one rank's peak, and which (predictor.parallel)
-        annotate(p.breakdown, graph.train)
-    return preds
+    choice = decide(method, graph, config)
+    if choice.method == "replay":
+        preds = ReplayModel(config.allocator, config=config).predict(graph, queries)
+    elif choice.method == "analytic":
+        preds = AnalyticModel().predict(graph, queries)
+    else:
+        model = learned or load_default_model()
+        preds = model.predict(graph, queries)
+        if isinstance(model, AnalyticModel):
+            preds = [replace(p, method="analytic") for p in preds]
+        for p in preds:  # a sharded step: one rank's peak, and which (predictor.parallel)
+            annotate(p.breakdown, graph.train)
+    return [with_route(p, choice) for p in preds]
+
+
+def with_route(p: Prediction, choice: Choice) -> Prediction:
+    """`p` with ``breakdown["route"]``: the path that ran (`p.method`) and why."""
+    route = choice.to_dict() | {"method": p.method}
+    return replace(p, breakdown={**p.breakdown, "route": route})

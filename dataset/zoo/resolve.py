@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from memgnn.predictor.errors import UserError
@@ -105,7 +106,7 @@ def _from_python(spec: str, model_args: Mapping[str, str]) -> ModelBundle:
     if not isinstance(bundle, ModelBundle):
         raise UserError(f"{spec}: factory returned {type(bundle).__name__}, expected a ModelBundle")
     logger.debug("resolved %s to bundle %s", spec, bundle.name)
-    return bundle
+    return replace(bundle, origin="py")
 
 
 def _signature(fn: Any) -> str:

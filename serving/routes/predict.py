@@ -65,7 +65,7 @@ async def predict(
         and req.method in ("auto", "gnn")
         and eng.thread_safe
         and eng.is_warm(req.graph_id, _pairs(req))
-        and choose(route, eng.entry(req.graph_id))[0] == "gnn"
+        and choose(route, eng.entry(req.graph_id)).method == "gnn"
     ):
         # all in memory, no lock to wait for, no replay: cheaper inline than a thread hop
         return run_predict(eng, req, max_nodes=config.max_nodes, route=route)

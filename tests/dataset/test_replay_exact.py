@@ -178,3 +178,29 @@ def test_cli_replay_equals_profile_sim(capsys):
         assert out["predicted_peak_bytes"] == prof[f"peak_{metric}_bytes"]
     assert main(["predict", *common, "--method", "analytic", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["method"] == "analytic"
+
+
+def test_demo_corpus_sim_labels_are_the_replay_s_bytes():
+    """Every sim row of dataset/data/demo-corpus: the replay of its stored graph at its
+    sizes gives its labels to the byte (a row whose graph or label older code made fails)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from memgnn.dataset.corpus import Corpus
+
+    demo = Corpus(Path(__file__).resolve().parents[2] / "dataset" / "data" / "demo-corpus")
+    rows = [r for r in demo.records() if r["backend"] == "sim"]
+    assert len(rows) == 40
+    model, graphs, off = ReplayModel(), {}, []
+    for r in rows:
+        g = graphs.get(r["graph_id"]) or graphs.setdefault(r["graph_id"], demo.graph(r["graph_id"]))
+        scenario = r["stats"].get("scenario") or "balanced"
+        q = Query(sizes={s: v for s, v in r["sizes"].items() if s in g.symbols},
+                  device=r["device"], scenario=scenario)  # fmt: skip
+        for metric, label in (("allocated", "peak_allocated_bytes"),
+                              ("reserved", "peak_reserved_bytes"),
+                              ("device_total", "device_total_bytes")):  # fmt: skip
+            got = model.predict(g, [replace(q, metric=metric)])[0].predicted_peak_bytes
+            if got != r[label]:
+                off.append((r["job_id"][:10], r["family"], r["sizes"], metric, got - r[label]))
+    assert off == []

@@ -16,6 +16,7 @@ import sympy
 import torch
 from memgnn.dataset import zoo
 from memgnn.predictor.spec import ModelBundle
+from tiny_models import write_tiny_gpt2_config
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
@@ -251,26 +252,9 @@ def test_resolve_errors() -> None:
         zoo.resolve("gpt2", task="translation")
 
 
-def _tiny_gpt2_config(tmp_path: Path) -> Path:
-    from transformers import GPT2Config
-
-    path = tmp_path / "gpt2" / "config.json"
-    path.parent.mkdir()
-    GPT2Config(
-        n_layer=1,
-        n_embd=32,
-        n_head=2,
-        vocab_size=128,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    ).to_json_file(str(path))
-    return path
-
-
 @pytest.mark.parametrize("task", ["causal-lm", "seq-cls"])
 def test_resolve_hf_config(tmp_path: Path, task: str) -> None:
-    path = _tiny_gpt2_config(tmp_path)
+    path = write_tiny_gpt2_config(tmp_path / "gpt2" / "config.json")
     bundle = zoo.resolve(f"hf:{path}", {"n_layer": "2"}, task=task)
     assert bundle.dims == {"B": 4, "S": 64}
     model = bundle.build()
@@ -284,7 +268,7 @@ def test_resolve_hf_errors(tmp_path: Path) -> None:
     missing = tmp_path / "nope" / "config.json"
     with pytest.raises(ValueError, match=str(missing)):
         zoo.resolve(f"hf:{missing}", task="causal-lm")
-    path = _tiny_gpt2_config(tmp_path)
+    path = write_tiny_gpt2_config(tmp_path / "gpt2" / "config.json")
     with pytest.raises(ValueError, match="task"):
         zoo.resolve(f"hf:{path}", task="object-detection")
     with pytest.raises(ValueError, match="no_such_field"):
@@ -308,6 +292,8 @@ def test_resolve_python_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.syspath_prepend(str(tmp_path))
     bundle = zoo.resolve("py:zoo_user_models:factory", {"hidden": "24"})
     assert isinstance(bundle, ModelBundle) and bundle.hparams["hidden"] == 24
+    # the user's own model, though its factory built it from a zoo family
+    assert bundle.origin == "py" and zoo.resolve("mlp").origin == ""
     with pytest.raises(ValueError, match="returned dict"):
         zoo.resolve("py:zoo_user_models:not_a_bundle")
     with pytest.raises(ValueError, match="no callable"):

@@ -10,6 +10,7 @@ import torch
 from memgnn.dataset import zoo
 from memgnn.predictor.spec import TrainSpec
 from memgnn.predictor.step import TrainingStep
+from tiny_models import write_tiny_gpt2_config
 
 pytest.importorskip("transformers")
 
@@ -18,19 +19,7 @@ CPU = torch.device("cpu")
 
 def _hub_style_config(tmp_path: Path, **extra) -> Path:
     """A tiny GPT-2 config.json written with a dtype, as every Hub config is."""
-    from transformers import GPT2Config
-
-    path = tmp_path / "cfg" / "config.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    GPT2Config(
-        n_layer=1,
-        n_embd=32,
-        n_head=2,
-        vocab_size=128,
-        n_positions=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    ).to_json_file(str(path))
+    path = write_tiny_gpt2_config(tmp_path / "cfg" / "config.json")
     data = json.loads(path.read_text()) | extra
     path.write_text(json.dumps(data))
     return path

@@ -6,8 +6,8 @@ import json
 import textwrap
 
 import pytest
-
-from memgnn.cli import main
+from clirun import run_cli
+from tiny_models import tiny_gpt2_config
 
 GUARDED = """
 import torch
@@ -53,12 +53,6 @@ def guarded(tmp_path, monkeypatch):
     return "py:guarded_model:factory"
 
 
-def _run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize(
     "argv",
     [
@@ -75,44 +69,35 @@ def test_answers_never_build_real_weights_and_name_the_model(capsys, monkeypatch
     monkeypatch.setattr(
         memgnn.predictor.onnx_model, "load_default_model", memgnn.predictor.predict.AnalyticModel
     )
-    code, out, err = _run(capsys, *argv, "--model", guarded, "--device", "a100-80gb", "--json")
+    code, out, err = run_cli(capsys, *argv, "--model", guarded, "--device", "a100-80gb", "--json")
     assert code == 0, err
     model = json.loads(out)["model"]
     assert model["spec"] == guarded and model["module_class"] == "Sequential"
     assert model["parameters"] == PARAMS and model["param_dtype"] == "float32"
     assert model["blocks"] == 3 and model["kind"] == "py"
-    code, out, err = _run(capsys, *argv, "--model", guarded, "--device", "a100-80gb")
+    code, out, err = run_cli(capsys, *argv, "--model", guarded, "--device", "a100-80gb")
     assert code == 0, err
     assert f"{PARAMS:,}" in out and "Sequential" in out and "float32" in out
 
 
 def test_zoo_answer_says_it_is_a_small_zoo_config(capsys):
-    code, out, _ = _run(capsys, "predict", "--model", "gpt2", "--batch", "2", "--seq", "16")
+    code, out, _ = run_cli(capsys, "predict", "--model", "gpt2", "--batch", "2", "--seq", "16")
     assert code == 0
     assert "zoo config" in out and "2 layers" in out and "hidden 64" in out
 
 
 def test_hub_config_dtype_does_not_decide_master_weights(capsys, tmp_path):
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     folder = tmp_path / "hub"
-    config = transformers.GPT2Config(
-        n_layer=1,
-        n_embd=32,
-        n_head=2,
-        vocab_size=64,
-        n_positions=32,
-        bos_token_id=0,
-        eos_token_id=0,
-        torch_dtype="float16",
-    )
+    config = tiny_gpt2_config(vocab=64, positions=32, torch_dtype="float16")
     config.save_pretrained(str(folder))
     assert "float16" in (folder / "config.json").read_text()
     argv = ["predict", "--model", f"hf:{folder}", "--batch", "2", "--seq", "16", "--json"]
-    code, out, err = _run(capsys, *argv, "--precision", "amp-bf16", "--no-cache")
+    code, out, err = run_cli(capsys, *argv, "--precision", "amp-bf16", "--no-cache")
     assert code == 0, err
     answer = json.loads(out)
     model = answer["model"]
     assert model["param_dtype"] == "float32" and model["compute_dtype"] == "bfloat16"
     assert model["parameter_bytes"] == 4 * model["parameters"]
-    code, out, err = _run(capsys, *argv, "--precision", "bf16", "--no-cache")
+    code, out, err = run_cli(capsys, *argv, "--precision", "bf16", "--no-cache")
     assert json.loads(out)["model"]["param_dtype"] == "bfloat16"

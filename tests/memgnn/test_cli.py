@@ -1,25 +1,20 @@
 import json
 
 import pytest
+from clirun import run_cli
 
 from memgnn.cli import main
 
 
-def _run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_capture_and_graph_info_roundtrip(tmp_path, capsys):
     out = tmp_path / "mlp.json.gz"
-    code, text, _ = _run(capsys, "capture", "--model", "mlp", "--batch", "4", "-o", str(out))
+    code, text, _ = run_cli(capsys, "capture", "--model", "mlp", "--batch", "4", "-o", str(out))
     assert code == 0 and out.exists() and "graph id" in text
-    code, text, _ = _run(capsys, "graph-info", str(out), "--json")
+    code, text, _ = run_cli(capsys, "graph-info", str(out), "--json")
     info = json.loads(text)
     assert code == 0 and info["paths"][0]["nodes"] > 10
     assert "B" in info["paths"][0]["bytes_by_category"]["activation"]
-    code, text, _ = _run(capsys, "graph-info", str(out))
+    code, text, _ = run_cli(capsys, "graph-info", str(out))
     assert code == 0 and "optimizer_state" in text
 
 
@@ -54,7 +49,7 @@ def test_capture_and_graph_info_roundtrip(tmp_path, capsys):
     ],
 )
 def test_bad_input_exits_nonzero_with_one_line(capsys, argv, message):
-    code, _, err = _run(capsys, *argv)
+    code, _, err = run_cli(capsys, *argv)
     assert code == 2
     lines = [ln for ln in err.strip().splitlines() if ln.startswith("memgnn")]
     assert len(lines) == 1 and message in lines[0], err
@@ -68,7 +63,7 @@ def test_unknown_optimizer_is_rejected_by_argparse(capsys):
 
 
 def test_profile_json_has_contract_fields(capsys):
-    code, text, _ = _run(
+    code, text, _ = run_cli(
         capsys, "profile", "--model", "mlp", "--batch", "8", "--device", "a100-80gb", "--json"
     )
     rec = json.loads(text)
@@ -84,7 +79,7 @@ def test_profile_json_has_contract_fields(capsys):
         assert key in rec
     assert rec["peak_reserved_bytes"] >= rec["peak_allocated_bytes"] > 0
     assert rec["device_total_bytes"] > rec["peak_reserved_bytes"]
-    code, text, _ = _run(capsys, "profile", "--model", "mlp", "--backend", "cpu", "--json")
+    code, text, _ = run_cli(capsys, "profile", "--model", "mlp", "--backend", "cpu", "--json")
     rec = json.loads(text)
     assert rec["peak_reserved_bytes"] is None and rec["device"] == "cpu"
 
@@ -95,7 +90,7 @@ def test_predict_through_a_running_service(tmp_path, capsys):
 
     cfg = ServeConfig(model="analytic", state_dir=tmp_path)
     with local_server(cfg) as url:
-        code, text, err = _run(
+        code, text, err = run_cli(
             capsys,
             "predict",
             "--url",
@@ -109,7 +104,7 @@ def test_predict_through_a_running_service(tmp_path, capsys):
         )
     assert code == 0, err
     remote = json.loads(text)
-    code, text, _ = _run(
+    code, text, _ = run_cli(
         capsys, "predict", "--model", "mlp", "--batch", "8", "--device", "a100-80gb", "--json"
     )
     local = json.loads(text)
@@ -132,13 +127,31 @@ def test_models_lists_catalog_counts_and_checks_them(capsys):
 def test_predict_qlora_with_8bit_adamw(capsys):
     argv = ["predict", "--model", "mlp", "--peft", "lora", "--lora-targets", "linear"]
     argv += ["--optimizer", "adamw8bit", "--device", "a10g-24gb", "--json"]
-    code, text, _ = _run(capsys, *argv, "--quantize-base", "nf4")
+    code, text, _ = run_cli(capsys, *argv, "--quantize-base", "nf4")
     assert code == 0
     nf4 = json.loads(text)
-    code, text, _ = _run(capsys, *argv)
+    code, text, _ = run_cli(capsys, *argv)
     plain = json.loads(text)
     assert nf4["model"]["module_class"] == "MLP + LoRA r=8 on nf4"
     assert nf4["model"]["parameters"] == plain["model"]["parameters"]
     cats = nf4["breakdown"]["categories"], plain["breakdown"]["categories"]
     assert cats[0]["parameter"] < cats[1]["parameter"]  # 4-bit base weights
     assert cats[0]["optimizer_state"] == cats[1]["optimizer_state"]  # same adapters
+
+
+def test_one_shot_predict_replays_through_a_cached_jit_load(capsys, monkeypatch):
+    """A CLI answer pays the compiled core's load from numba's cache (it is one answer per
+    process); the server's per-request 250 ms does not, and a compile does not either."""
+    import memgnn.dataset.replay.exact as exact
+
+    argv = ["predict", "--model", "mlp", "--batch", "8", "--device", "a100-80gb", "--json"]
+    for state, budget, method in [
+        ("cached", [], "replay"),
+        ("cached", ["--replay-budget-ms", "250"], "gnn"),
+        ("cold", [], "gnn"),
+    ]:
+        monkeypatch.setattr(exact, "jit_state", lambda state=state: state)
+        code, out, err = run_cli(capsys, *argv, *budget)
+        assert code == 0, err
+        route = json.loads(out)["breakdown"]["route"]
+        assert route["method"] == method and route["jit"] == state, route

@@ -9,8 +9,9 @@ import sys
 import textwrap
 
 import pytest
+from clirun import run_cli
 
-from memgnn.cli import build_parser, main
+from memgnn.cli import build_parser
 
 USER_MODEL = textwrap.dedent(
     """
@@ -56,12 +57,6 @@ def user_dir(tmp_path, monkeypatch):
     sys.modules.pop("my_user_model", None)
 
 
-def _run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def _one_error_line(err: str) -> str:
     lines = [ln for ln in err.strip().splitlines() if ln.startswith("memgnn")]
     assert len(lines) == 1, err
@@ -70,16 +65,23 @@ def _one_error_line(err: str) -> str:
 
 
 def test_py_factory_found_in_the_current_directory(user_dir, capsys):
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "predict", "--model", "py:my_user_model:make", "--model-arg", "width=64",
         "--batch", "16", "--device", "cpu", "--json",
     )  # fmt: skip
     assert code == 0, err
-    assert json.loads(out)["predicted_peak_bytes"] > 0
+    answer = json.loads(out)
+    assert answer["predicted_peak_bytes"] > 0
+    assert answer["model"]["kind"] == "py"  # the bundle's name looks like a zoo config's
+    code, out, err = _run(
+        capsys, "predict", "--model", "py:my_user_model:make", "--model-arg", "width=64",
+        "--batch", "16", "--device", "cpu",
+    )  # fmt: skip
+    assert code == 0 and "zoo config" not in out, out
 
 
 def test_unknown_model_arg_of_a_py_factory_is_a_user_error(user_dir, capsys):
-    code, _, err = _run(
+    code, _, err = run_cli(
         capsys, "predict", "--model", "py:my_user_model:make", "--model-arg", "foo=1",
         "--device", "cpu",
     )  # fmt: skip
@@ -88,14 +90,14 @@ def test_unknown_model_arg_of_a_py_factory_is_a_user_error(user_dir, capsys):
 
 
 def test_size_that_never_reaches_the_graph_is_warned(user_dir, capsys):
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "predict", "--model", "py:my_user_model:fixed", "--batch", "100000",
         "--device", "cpu", "--json",
     )  # fmt: skip
     assert code == 0, err
     warnings = json.loads(out)["warnings"]
     assert any("B" in w for w in warnings) and "B" in err and "warning" in err.lower()
-    code, out, _ = _run(
+    code, out, _ = run_cli(
         capsys, "predict", "--model", "py:my_user_model:make", "--batch", "64",
         "--device", "cpu", "--json",
     )  # fmt: skip
@@ -112,13 +114,13 @@ def test_size_that_never_reaches_the_graph_is_warned(user_dir, capsys):
     ],
 )
 def test_bad_budgets_are_user_errors(user_dir, capsys, budget, message):
-    code, _, err = _run(capsys, "plan", "--model", "py:my_user_model:make", "--budget", budget)
+    code, _, err = run_cli(capsys, "plan", "--model", "py:my_user_model:make", "--budget", budget)
     assert code == 2
     assert message in _one_error_line(err)
 
 
 def test_plan_batch_flag_is_rejected_not_ignored(user_dir, capsys):
-    code, _, err = _run(
+    code, _, err = run_cli(
         capsys, "plan", "--model", "py:my_user_model:make", "--budget", "8GiB", "--batch", "4"
     )
     assert code == 2 and "--max-batch" in _one_error_line(err)
@@ -127,19 +129,19 @@ def test_plan_batch_flag_is_rejected_not_ignored(user_dir, capsys):
 def test_plan_mode_binsearch_finds_any_batch_and_power_contradicts_any_batch(user_dir, capsys):
     base = ("plan", "--model", "py:my_user_model:make", "--budget", "1MiB", "--device", "cpu",
             "--checkpointing-choices", "none", "--json")  # fmt: skip
-    code, out, err = _run(capsys, *base, "--mode", "binsearch")
+    code, out, err = run_cli(capsys, *base, "--mode", "binsearch")
     assert code == 0, err
     bisected = json.loads(out)["batch_size"]
-    code, out, _ = _run(capsys, *base)
+    code, out, _ = run_cli(capsys, *base)
     powered = json.loads(out)["batch_size"]
     assert powered & (powered - 1) == 0 and bisected >= powered
     assert bisected & (bisected - 1) != 0  # bisection lands between powers of two
-    code, _, err = _run(capsys, *base, "--mode", "power", "--any-batch")
+    code, _, err = run_cli(capsys, *base, "--mode", "power", "--any-batch")
     assert code == 2 and "--any-batch" in _one_error_line(err)
 
 
 def test_plan_that_finds_nothing_names_the_bound_and_the_closest(user_dir, capsys):
-    code, _, err = _run(
+    code, _, err = run_cli(
         capsys, "plan", "--model", "py:my_user_model:make", "--budget", "1KiB", "--device", "cpu",
         "--checkpointing-choices", "none",
     )  # fmt: skip
@@ -150,10 +152,10 @@ def test_plan_that_finds_nothing_names_the_bound_and_the_closest(user_dir, capsy
 def test_fractional_budget_is_explicit(user_dir, capsys):
     base = ("plan", "--model", "py:my_user_model:make", "--device", "a100-80gb",
             "--checkpointing-choices", "none", "--max-batch", "8", "--json")  # fmt: skip
-    code, out, err = _run(capsys, *base, "--budget", "50%")
+    code, out, err = run_cli(capsys, *base, "--budget", "50%")
     assert code == 0, err
     assert json.loads(out)["budget_bytes"] == 40 * 10**9 or json.loads(out)["budget_bytes"] > 0
-    code, out2, _ = _run(capsys, *base, "--budget", "0.5")
+    code, out2, _ = run_cli(capsys, *base, "--budget", "0.5")
     assert json.loads(out2)["budget_bytes"] == json.loads(out)["budget_bytes"]
 
 
@@ -171,7 +173,7 @@ def test_capture_progress_goes_to_stderr(user_dir, capsys, caplog, monkeypatch):
 
     monkeypatch.setattr(Progress, "first", 0.0)  # this capture is quicker than 2 s
     caplog.set_level(logging.INFO, logger="predictor.progress")
-    code, _, err = _run(
+    code, _, err = run_cli(
         capsys, "predict", "--model", "py:my_user_model:make", "--model-arg", "width=48",
         "--device", "cpu",
     )  # fmt: skip
@@ -216,7 +218,9 @@ POSITIONS_MODEL = textwrap.dedent(
 def test_sequence_past_the_position_table_is_refused(user_dir, capsys, command):
     (user_dir / "my_positions.py").write_text(POSITIONS_MODEL)
     extra = ["--backend", "cpu"] if command == "profile" else ["--device", "cpu"]
-    code, _, err = _run(capsys, command, "--model", "py:my_positions:make", "--seq", "64", *extra)
+    code, _, err = run_cli(
+        capsys, command, "--model", "py:my_positions:make", "--seq", "64", *extra
+    )
     sys.modules.pop("my_positions", None)
     assert code == 2
     assert "32 rows" in _one_error_line(err)

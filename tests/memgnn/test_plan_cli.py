@@ -6,28 +6,19 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from memgnn.cli import main
+from clirun import run_cli
 
 BASE = ("plan", "--model", "mlp", "--device", "cpu", "--budget", "2MiB",
         "--checkpointing-choices", "none", "--max-batch", "4096")  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEMGNN_CACHE", str(tmp_path / "cache"))
-
-
-def _run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+pytestmark = pytest.mark.usefixtures("fresh_cache")
 
 
 def test_plan_json_carries_the_decision_and_the_graph_count(capsys):
     argv = (*BASE, "--optimizer-impl-choices", "foreach,fused,for-loop",
             "--accum-choices", "1,2,4", "--json")  # fmt: skip
-    code, out, err = _run(capsys, *argv)
+    code, out, err = run_cli(capsys, *argv)
     assert code == 0, err
     got = json.loads(out)
     assert got["variants"] == 9 and got["graphs"] == 6 and len(got["graph_seconds"]) == 6
@@ -48,7 +39,7 @@ def test_plan_json_carries_the_decision_and_the_graph_count(capsys):
 
 
 def test_plan_prints_state_per_sample_and_the_choice(capsys):
-    code, out, err = _run(capsys, *BASE)
+    code, out, err = run_cli(capsys, *BASE)
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("limit 2.00 MiB (100% of 2.00 MiB)")
@@ -69,5 +60,5 @@ def test_plan_prints_state_per_sample_and_the_choice(capsys):
     ],
 )
 def test_bad_search_choices_exit_2(capsys, extra, message):
-    code, _, err = _run(capsys, *BASE, *extra)
+    code, _, err = run_cli(capsys, *BASE, *extra)
     assert code == 2 and message in err

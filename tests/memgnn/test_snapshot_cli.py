@@ -2,25 +2,19 @@
 
 import json
 
-from memgnn.cli import main
+from clirun import run_cli
 
 MiB = 1 << 20
-
-
-def _run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_export_replay_post_mortem_and_plots(tmp_path, capsys):
     snap = tmp_path / "mlp.pickle.gz"
     common = ["--model", "mlp", "--batch", "8192", "--device", "a100-80gb"]
-    code, out, _ = _run(capsys, "profile", "--backend", "sim", *common, "--snapshot", str(snap),
+    code, out, _ = run_cli(capsys, "profile", "--backend", "sim", *common, "--snapshot", str(snap),
                         "--json")  # fmt: skip
     assert code == 0
     record = json.loads(out)
-    code, out, _ = _run(capsys, "snapshot", "replay", str(snap), "--json")
+    code, out, _ = run_cli(capsys, "snapshot", "replay", str(snap), "--json")
     r = json.loads(out)
     assert code == 0
     assert r["recorded_peak_reserved_bytes"] == r["simulated_peak_reserved_bytes"]
@@ -28,29 +22,29 @@ def test_export_replay_post_mortem_and_plots(tmp_path, capsys):
     assert r["simulated_peak_allocated_bytes"] == record["peak_allocated_bytes"]
     assert r["segment_allocs_matched"] == r["recorded_segment_allocs"]
     # 40 MiB cannot hold the B=8192 step; a smaller batch of the exported model can.
-    code, out, _ = _run(capsys, "snapshot", "replay", str(snap), "--capacity", "40MiB", "--json")
+    code, out, _ = run_cli(capsys, "snapshot", "replay", str(snap), "--capacity", "40MiB", "--json")
     r = json.loads(out)
     assert r["would_oom"] is True
     small = r["oom"]["smaller_batch"]
     assert small["was"] == 8192 and 1 <= small["batch"] < 8192
     assert small["simulated_peak_reserved_bytes"] <= 40 * MiB
-    code, out, _ = _run(capsys, "snapshot", "replay", str(snap), "--capacity", "40MiB")
+    code, out, _ = run_cli(capsys, "snapshot", "replay", str(snap), "--capacity", "40MiB")
     assert code == 0 and f"avoided by batch {small['batch']} (was 8192)" in out
     png = tmp_path / "t.png"
-    code, out, _ = _run(capsys, "snapshot", "plot", str(snap), "-o", str(png), "--capacity",
+    code, out, _ = run_cli(capsys, "snapshot", "plot", str(snap), "-o", str(png), "--capacity",
                         "40MiB", "--alloc-conf", "expandable_segments:True")  # fmt: skip
     assert code == 0 and png.read_bytes()[:4] == b"\x89PNG"
     svg = tmp_path / "p.svg"
-    code, out, err = _run(capsys, "predict", *common, "--plot", str(svg), "--json")
+    code, out, err = run_cli(capsys, "predict", *common, "--plot", str(svg), "--json")
     assert code == 0 and "predicted_peak_bytes" in json.loads(out) and "<svg" in svg.read_text()
 
 
 def test_bad_snapshot_and_conf_are_one_line_errors(tmp_path, capsys):
     bad = tmp_path / "x.pickle"
     bad.write_bytes(b"nope")
-    code, _, err = _run(capsys, "snapshot", "replay", str(bad))
+    code, _, err = run_cli(capsys, "snapshot", "replay", str(bad))
     assert code == 2 and "not a readable pickle" in err
-    code, _, err = _run(capsys, "snapshot", "replay", str(tmp_path / "none.pickle"))
+    code, _, err = run_cli(capsys, "snapshot", "replay", str(tmp_path / "none.pickle"))
     assert code == 2 and "cannot read snapshot" in err
-    code, _, err = _run(capsys, "snapshot", "plot", str(bad), "-o", str(tmp_path / "x.gif"))
+    code, _, err = run_cli(capsys, "snapshot", "plot", str(bad), "-o", str(tmp_path / "x.gif"))
     assert code == 2

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from memgnn.predictor.capture import CaptureConfig, capture
 from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.spec import ModelBundle, TrainSpec
+from tiny_models import tiny_hf_llama_bundle
 
 
 @pytest.fixture(scope="module")
@@ -14,3 +15,10 @@ def gpt_graph() -> StepGraph:
     from tests.conftest import tiny_gpt_bundle
 
     return capture(tiny_gpt_bundle(), TrainSpec(), CaptureConfig(target="cuda"))
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory) -> ModelBundle:
+    """tests/tiny_models' tiny Llama as `hf:config.json`, one per test module (needs
+    transformers: the modules using it skip without)."""
+    return tiny_hf_llama_bundle(tmp_path_factory.mktemp("llama"))

@@ -4,7 +4,6 @@ and errors that name the option."""
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,28 +16,12 @@ from memgnn.predictor.model_info import fake_step
 from memgnn.predictor.spec import ModelBundle, TrainSpec
 from memgnn.predictor.step import TrainingStep
 from memgnn.predictor.vocab import PHASES
-
-from tests.tiny_models import tiny_gpt_bundle
+from tiny_models import LLAMA_HEADS, LLAMA_LAYERS, tiny_gpt_bundle
 
 transformers = pytest.importorskip("transformers")
 
-LAYERS, HEADS = 2, 4
+LAYERS, HEADS = LLAMA_LAYERS, LLAMA_HEADS
 SIZES = {"B": 2, "S": 64}
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory) -> ModelBundle:
-    path: Path = tmp_path_factory.mktemp("llama") / "config.json"
-    transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=HEADS,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=64,
-    ).to_json_file(str(path))
-    return zoo.resolve(f"hf:{path}")
 
 
 def saved_for_backward(bundle: ModelBundle, train: TrainSpec, target: str) -> Counter:

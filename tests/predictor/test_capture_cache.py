@@ -13,6 +13,7 @@ import pytest
 from memgnn.predictor.capture import CaptureConfig, capture
 from memgnn.predictor.predict import AnalyticModel, Query, capture_cached
 from memgnn.predictor.spec import TrainSpec
+from tiny_models import write_tiny_gpt2_config
 
 TRAIN = TrainSpec(steps="first")
 SIZES = {"B": 2, "S": 8}
@@ -60,30 +61,15 @@ def _peak(graph, sizes) -> int:
     return AnalyticModel().predict(graph, [query])[0].predicted_peak_bytes
 
 
-def _gpt2_config(path: Path, layers: int) -> None:
-    from transformers import GPT2Config
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    GPT2Config(
-        n_layer=layers,
-        n_embd=32,
-        n_head=2,
-        vocab_size=64,
-        n_positions=32,
-        bos_token_id=0,
-        eos_token_id=0,
-    ).to_json_file(str(path))
-
-
 def test_hf_config_edited_in_place_is_captured_anew(tmp_path):
     pytest.importorskip("transformers")
     from memgnn.dataset.zoo import resolve
 
     path = tmp_path / "model" / "config.json"
-    _gpt2_config(path, layers=1)
+    write_tiny_gpt2_config(path, layers=1, vocab=64, positions=32)
     cache = tmp_path / "cache"
     small = capture_cached(resolve(f"hf:{path}"), TRAIN, target="cpu", directory=cache)
-    _gpt2_config(path, layers=3)  # same path, other contents
+    write_tiny_gpt2_config(path, layers=3, vocab=64, positions=32)  # same path, other contents
     bundle = resolve(f"hf:{path}")
     cached = capture_cached(bundle, TRAIN, target="cpu", directory=cache)
     fresh = capture(bundle, TRAIN, CaptureConfig(target="cpu"))

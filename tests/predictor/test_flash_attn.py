@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from memgnn.dataset import zoo
 from memgnn.predictor.capture import CaptureConfig, capture
 from memgnn.predictor.flash_attn import (
     flash_attn_func,
@@ -16,6 +15,7 @@ from memgnn.predictor.flash_attn import (
 )
 from memgnn.predictor.recorder import StepRecorder
 from memgnn.predictor.spec import TrainSpec
+from tiny_models import LLAMA_HEADS, LLAMA_LAYERS, tiny_hf_llama_bundle
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 transformers = pytest.importorskip("transformers")
@@ -98,18 +98,8 @@ def test_hf_flash_kernels_restores_transformers_state():
 
 
 def test_an_hf_llama_captures_through_transformers_flash_path(tmp_path: Path):
-    path = tmp_path / "config.json"
-    heads, kv, layers = 4, 2, 2
-    transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv,
-        vocab_size=256,
-        max_position_embeddings=256,
-    ).to_json_file(str(path))
-    bundle = zoo.resolve(f"hf:{path}")
+    heads, layers = LLAMA_HEADS, LLAMA_LAYERS
+    bundle = tiny_hf_llama_bundle(tmp_path, max_positions=256)
     train = TrainSpec(attention="flash", precision="bf16", steps="first")
     graph = capture(bundle, train, CaptureConfig(target="cuda", sizes={"B": 2, "S": 130}))
     p = graph.paths[0]

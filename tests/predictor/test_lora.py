@@ -6,7 +6,7 @@ import pytest
 import torch
 from memgnn.dataset.profile import ProfileConfig, profile
 from memgnn.predictor.model_info import describe
-from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.spec import TrainSpec
 from memgnn.predictor.step import TrainingStep
 from tiny_models import (
     LLAMA_HIDDEN,
@@ -14,7 +14,6 @@ from tiny_models import (
     LLAMA_LAYERS,
     LLAMA_MLP,
     LLAMA_VOCAB,
-    tiny_hf_llama_bundle,
 )
 
 pytest.importorskip("peft")
@@ -22,11 +21,6 @@ transformers = pytest.importorskip("transformers")
 
 CPU = torch.device("cpu")
 HIDDEN, KV, LAYERS, VOCAB, MLP = LLAMA_HIDDEN, LLAMA_KV, LLAMA_LAYERS, LLAMA_VOCAB, LLAMA_MLP
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory) -> ModelBundle:
-    return tiny_hf_llama_bundle(tmp_path_factory.mktemp("llama"))
 
 
 def _adapter_params(r: int, targets: list[str]) -> int:

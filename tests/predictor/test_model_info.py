@@ -1,3 +1,4 @@
+import pytest
 import torch
 from memgnn.predictor.model_info import describe, describe_bundle, structure
 from memgnn.predictor.spec import ModelBundle, TrainSpec
@@ -40,3 +41,19 @@ def test_structure_sees_settings_that_are_not_shapes():
     assert plain["parameters"] == strided["parameters"] and plain != strided
     tied = {name: tie for name, *_, tie in plain["parameters"]}
     assert tied["head.weight"] == "emb.weight"
+
+
+def test_kind_follows_how_the_user_named_the_model():
+    from dataclasses import replace
+
+    from memgnn.display import model_line
+
+    # a py: factory may name its bundle anything (here a zoo-like name)
+    bundle = replace(_bundle(), name="classifier-16", origin="py")
+    info = describe(Tied(), bundle, TrainSpec())
+    assert info.kind == "py"
+    assert "zoo config" not in model_line(info.to_dict())
+    zoo_like = describe(Tied(), replace(bundle, origin=""), TrainSpec())
+    assert zoo_like.kind == "zoo" and "zoo config" in model_line(zoo_like.to_dict())
+    with pytest.raises(ValueError, match="origin"):
+        replace(bundle, origin="pip")

@@ -8,6 +8,7 @@ from memgnn.predictor.analytic import sweep
 from memgnn.predictor.capture import CaptureConfig, capture
 from memgnn.predictor.optim8bit import AdamW8bit, adamw8bit_state_bytes
 from memgnn.predictor.spec import TrainSpec
+from tiny_models import LLAMA_HIDDEN, LLAMA_KV, LLAMA_LAYERS, tiny_hf_llama_bundle
 from torch import nn
 
 
@@ -57,21 +58,9 @@ def test_bad_arguments_are_rejected():
 
 def test_a_lora_capture_holds_exactly_the_8bit_state(tmp_path):
     pytest.importorskip("peft")
-    transformers = pytest.importorskip("transformers")
-    from memgnn.dataset import zoo
-
-    hidden, kv, layers = 64, 32, 2
-    path = tmp_path / "config.json"
-    transformers.LlamaConfig(
-        hidden_size=hidden,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=64,
-    ).to_json_file(str(path))
-    bundle = zoo.resolve(f"hf:{path}")
+    pytest.importorskip("transformers")
+    hidden, kv, layers = LLAMA_HIDDEN, LLAMA_KV, LLAMA_LAYERS
+    bundle = tiny_hf_llama_bundle(tmp_path)
     train = TrainSpec(
         peft="lora", lora_r=64, lora_targets="q_proj,v_proj", optimizer="adamw8bit", steps="steady"
     )

@@ -7,7 +7,7 @@ import torch
 from memgnn.predictor.model_info import describe
 from memgnn.predictor.quant import Linear4bitSim, Linear8bitSim, quantize_model
 from memgnn.predictor.recorder import StepRecorder
-from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.spec import TrainSpec
 from memgnn.predictor.step import TrainingStep
 from tiny_models import (
     LLAMA_HIDDEN,
@@ -15,7 +15,6 @@ from tiny_models import (
     LLAMA_LAYERS,
     LLAMA_MLP,
     LLAMA_VOCAB,
-    tiny_hf_llama_bundle,
 )
 from torch import nn
 
@@ -34,11 +33,6 @@ LAYER_LINEARS = {
     "up_proj": (MLP, HIDDEN),
     "down_proj": (HIDDEN, MLP),
 }
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory) -> ModelBundle:
-    return tiny_hf_llama_bundle(tmp_path_factory.mktemp("llama"))
 
 
 def _hand_bytes(n_out: int, n_in: int, kind: str) -> int:

@@ -7,6 +7,7 @@ import torch
 from memgnn.predictor.quant import Linear4bitSim, Linear8bitSim
 from memgnn.predictor.quant_lora import QuantLoraLinear, register_quant_layers
 from memgnn.predictor.recorder import StepRecorder
+from tiny_models import tiny_llama_config
 from torch import nn
 
 peft = pytest.importorskip("peft")
@@ -158,15 +159,7 @@ def test_a_real_bitsandbytes_qlora_llama_step_on_cpu_matches():
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
     from transformers.quantizers.base import get_keys_to_not_convert
 
-    config = transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=64,
-    )
+    config = tiny_llama_config()
 
     def base() -> nn.Module:
         torch.manual_seed(0)

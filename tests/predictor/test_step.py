@@ -3,8 +3,6 @@ storage for storage against memgnn's `full` wrapper and against a real CPU step.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from memgnn.dataset import zoo
@@ -13,28 +11,18 @@ from memgnn.predictor.capture import CaptureConfig, capture
 from memgnn.predictor.model_info import fake_step
 from memgnn.predictor.spec import TrainSpec
 from memgnn.predictor.step import TrainingStep
-
-from tests.tiny_models import tiny_gpt_bundle
+from tiny_models import LLAMA_LAYERS, tiny_gpt_bundle
 
 transformers = pytest.importorskip("transformers")
 
-LAYERS = 2
+LAYERS = LLAMA_LAYERS
 SIZES = {"B": 2, "S": 64}
 
 
 @pytest.fixture(scope="module")
-def llama_config(tmp_path_factory) -> Path:
-    path: Path = tmp_path_factory.mktemp("llama") / "config.json"
-    transformers.LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        max_position_embeddings=64,
-    ).to_json_file(str(path))
-    return path
+def llama_config(tiny_llama) -> str:
+    """The tiny Llama's config.json: each test resolves its own bundle from it."""
+    return tiny_llama.hparams["config"]
 
 
 def _schedule(bundle, checkpointing: str) -> dict:

@@ -105,3 +105,23 @@ def test_exact_only_where_the_sweep_is_the_label(cpu_mlp, mlp_graph):
     assert exact_reason(branchy, False, "allocated") is None
     data_dep = replace(graph, data_symbols={"u0": {"lo": "0", "balanced": "1", "hi": "2"}})
     assert exact_reason(data_dep, False, "allocated") is None
+
+
+def test_trust_fields_say_why_and_which_bound():
+    from memgnn.predictor.trust import trust_fields
+
+    cal = {"form": "plain", "q": 0.1, "target_miss": 0.02, "correction_range": [0.0, 0.4],
+           "fallback": {"form": "analytic", "q": 0.3}}  # fmt: skip
+    inside = trust_fields(exact=None, notes=[], unknown_ops=[], cal=cal, fell_back=False,
+                          correction_outside=False)  # fmt: skip
+    assert inside == {"in_distribution": True, "reasons": [],
+                      "bound": "calibrated (plain) at 2% miss on unseen families"}  # fmt: skip
+    out = trust_fields(exact=None, notes=["B=9 is beyond"], unknown_ops=["aten.foo"], cal=cal,
+                       fell_back=True, correction_outside=True)  # fmt: skip
+    assert out["in_distribution"] is False
+    assert out["reasons"][0] == "B=9 is beyond" and "aten.foo" in out["reasons"][1]
+    assert "x1..x1.49" in out["reasons"][2]
+    assert out["bound"].startswith("network-free fallback: analytic x 1.35")
+    exact = trust_fields(exact="cpu allocated", notes=["x"], unknown_ops=[], cal=None,
+                         fell_back=False, correction_outside=False)  # fmt: skip
+    assert exact["in_distribution"] and exact["bound"] == "exact (the sweep)"

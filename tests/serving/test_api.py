@@ -130,6 +130,8 @@ def test_predict_by_id_matches_the_model(client, graph, gid):
         assert got["predicted_peak_bytes"] == want.predicted_peak_bytes
         assert got["upper_bound_bytes"] == want.upper_bound_bytes
         assert got["metric"] == want.metric
+        route = got["breakdown"].pop("route")  # which path ran and why
+        assert route["asked"] == "gnn" and route["reason"] == "asked for by name"
         assert got["breakdown"] == json.loads(json.dumps(want.breakdown))
         assert got["model_version"] == "analytic-1"
         assert got["method"] == "analytic"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,16 +13,11 @@ import httpx
 import pytest
 from memgnn.predictor.capture import capture
 from memgnn.predictor.spec import TrainSpec
+from memgnn.serving.client import free_port
 from tiny_models import tiny_mlp_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "durable"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(db: Path, port: int) -> subprocess.Popen:

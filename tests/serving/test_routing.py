@@ -8,7 +8,9 @@ from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
-from memgnn.dataset.replay.exact import ReplayModel
+from memgnn.dataset.replay import exact
+from memgnn.dataset.replay.cost import ReplayCost
+from memgnn.dataset.replay.exact import ExactConfig, ReplayModel, estimated_seconds
 from memgnn.predictor.capture import CaptureConfig, capture
 from memgnn.predictor.predict import AnalyticModel, Query
 from memgnn.predictor.spec import TrainSpec
@@ -121,6 +123,30 @@ def test_budget_and_forced_methods(served, graph):
     assert body["predictions"][0]["predicted_peak_bytes"] == want.predicted_peak_bytes
     status, body = _predict(c, gid, method="exactly")
     assert status == 422
+
+
+def test_measured_slow_replays_send_auto_to_the_model_and_every_answer_says_why(
+    served, graph, monkeypatch
+):
+    c, gid, gate, warmup = served
+    gate.go.set()
+    assert warmup.wait(120)
+    cost = ReplayCost()
+    monkeypatch.setattr(exact, "REPLAY_COST", cost)
+    _, body = _predict(c, gid)
+    p = body["predictions"][0]
+    assert p["method"] == "replay" and p["breakdown"]["route"]["method"] == "replay"
+    assert cost.samples == 1  # the server's own replay, measured warm
+    route = p["breakdown"]["route"]
+    assert route["jit"] == "warm" and "within the 250 ms budget" in route["reason"]
+    # the machine gets loaded: replays measured 1000x the prior estimate
+    prior = estimated_seconds(graph, ExactConfig())
+    for _ in range(20):
+        cost.observe(prior, 1000 * prior)
+    _, body = _predict(c, gid)
+    p = body["predictions"][0]
+    assert p["method"] == "gnn" and "over the 250 ms budget" in p["breakdown"]["replay_skipped"]
+    assert p["breakdown"]["route"]["factor"] > 100 and p["breakdown"]["route"]["method"] == "gnn"
 
 
 def test_exact_answers_ignore_live_samples(served):

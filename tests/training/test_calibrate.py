@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from memgnn.predictor.calibration import FORMS
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,28 @@ def test_groups_need_enough_residuals(data, monkeypatch):
     out = cal.calibrate_groups(data, idx, mu, mu + 0.1, 0.02)
     assert set(out) == {"gpu/allocated", "gpu/reserved", "gpu/device_total"}
     for g in out.values():
-        assert g["form"] in ("shift", "scaled", "plain") and g["n"] >= 2
+        assert g["form"] in FORMS and g["n"] >= 2
+        lo, hi = g["correction_range"]  # the measured corrections, for the served guard
+        assert lo <= hi and g["fallback"]["form"] == "analytic"
+
+
+def test_out_of_range_corrections_get_the_network_free_bound(data):
+    from memgnn.training.calibrate import calibrated, fell_back
+
+    gpu = np.flatnonzero([s != "cpu" for s in data.source])
+    mu = np.full((len(gpu), 3), 0.05)
+    mu[0, 1] = 9.0  # a wild network correction on reserved (x8103)
+    cal = {"gpu/reserved": {"form": "plain", "q": 0.2, "target_miss": 0.02,
+                            "fallback": {"form": "analytic", "q": 0.6},
+                            "correction_range": [0.0, 0.5]}}  # fmt: skip
+    pred, bound = calibrated(data, gpu, mu, mu + 0.1, cal)
+    an = data.analytic[gpu, 1]
+    np.testing.assert_allclose(bound[0, 1], an[0] * np.exp(0.6))  # not x e^9.2
+    np.testing.assert_allclose(pred[0, 1], an[0] * np.exp(0.5))  # clipped into the range
+    np.testing.assert_allclose(bound[1:, 1], an[1:] * np.exp(0.25))  # in range: plain q
+    fell = fell_back(data, gpu, mu, mu + 0.1, cal)
+    assert fell[:, 1].tolist() == [True] + [False] * (len(gpu) - 1)
+    assert not fell[:, [0, 2]].any()  # groups without a calibration never fall back
 
 
 def test_cross_fit_scores_every_record(data):
@@ -63,3 +85,21 @@ def test_cross_fit_scores_every_record(data):
     assert sorted(rows.tolist()) == idx.tolist()  # two families: the model's head scores
     assert mu.shape == upper.shape == (len(data), 3)
     assert np.all(upper >= mu) and np.all(upper - mu < 5.0)
+
+
+def test_device_total_may_derive_from_the_reserved_bound(data, monkeypatch):
+    import memgnn.training.calibrate as cal
+
+    monkeypatch.setattr(cal, "MIN_RESIDUALS", 2)
+    gpu = np.flatnonzero([s != "cpu" for s in data.source])
+    # the head's device-total numbers are shuffled labels (in range, uninformative), its
+    # reserved ones the labels: the device total's tightest bound is then the reserved
+    # bound plus the context
+    rng = np.random.default_rng(0)
+    mu = np.column_stack([data.y[gpu, 0], data.y[gpu, 1], rng.permutation(data.y[gpu, 2])])
+    out = cal.calibrate_groups(data, gpu, mu, mu + 0.01, 0.02)
+    assert out["gpu/device_total"]["form"] == "derived"
+    pred, bound = cal.calibrated(data, gpu, mu, mu + 0.01, out)
+    want = bound[:, 1] + (data.analytic[gpu, 2] - data.analytic[gpu, 1])  # + the context
+    np.testing.assert_allclose(bound[:, 2], np.maximum(want * np.exp(out["gpu/device_total"]["q"]),
+                                                       pred[:, 2]), rtol=1e-6)  # fmt: skip

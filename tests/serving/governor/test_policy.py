@@ -11,57 +11,22 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from memgnn.predictor.predict import Prediction
 from memgnn.predictor.spec import TrainSpec
 from memgnn.serving.governor.correction import GovernedPredictor
 from memgnn.serving.governor.policy import Policy, PolicyConfig
+from stub_policy import BASE, StubGraph, StubModel, stub_policy
 
 CAPACITY = 100_000
-BASE = 10_000
-PER_TOKEN = {"none": 100, "full": 25}
 S = 10
 
 
-class StubGraph:
-    def __init__(self, train: TrainSpec) -> None:
-        self.train = train
-
-
-class StubModel:
-    version = "stub"
-
-    def predict(self, graph, queries):
-        per = PER_TOKEN[graph.train.checkpointing]
-        out = []
-        for q in queries:
-            peak = BASE + per * q.sizes["B"] * q.sizes.get("S", 1)
-            out.append(
-                Prediction(
-                    predicted_peak_bytes=peak,
-                    upper_bound_bytes=peak,
-                    metric="allocated",
-                    breakdown={},
-                    model_version="stub",
-                )
-            )
-        return out  # fmt: skip
-
-
 def policy(**cfg) -> Policy:
-    graphs: dict[tuple, StubGraph] = {}
-
-    def graph_for(train: TrainSpec) -> StubGraph:
-        key = (train.checkpointing, train.precision, train.grad_accum)
-        return graphs.setdefault(key, StubGraph(train))
-
     cfg.setdefault("threshold", 0.5)
     cfg.setdefault("checkpointing", ["none"])
     if cfg.get("mode") != "binsearch":  # the rules below with power-of-two sizes, unless told
         cfg.setdefault("mode", "power")
         cfg.setdefault("power_of_two", True)
-    predictor = GovernedPredictor(StubModel(), device="cpu", metric="allocated")
-    return Policy(predictor, graph_for, TrainSpec(), PolicyConfig(**cfg), capacity=CAPACITY,
-                  device="cpu", metric="allocated", n_blocks=2)  # fmt: skip
+    return stub_policy(CAPACITY, PolicyConfig(**cfg))
 
 
 def test_limit_is_threshold_times_capacity():

@@ -5,55 +5,21 @@ S bytes; at threshold 0.5 a rank with 100,000 bytes fits B = 40, one with 60,000
 from __future__ import annotations
 
 import multiprocessing as mp
-import socket
 
 import pytest
 import torch.distributed as dist
-from memgnn.predictor.predict import Prediction
-from memgnn.predictor.spec import TrainSpec
-from memgnn.serving.governor.correction import GovernedPredictor
+from memgnn.serving.client import free_port
 from memgnn.serving.governor.policy import Policy, PolicyConfig
 from memgnn.serving.governor.world import World, WorldChoice, agree, resolve_world
+from stub_policy import stub_policy
 
 S = 10
 
 
-class StubGraph:
-    def __init__(self, train: TrainSpec) -> None:
-        self.train = train
-
-
-class StubModel:
-    version = "stub"
-
-    def predict(self, graph, queries):
-        per = {"none": 100, "full": 25}[graph.train.checkpointing]
-        out = []
-        for q in queries:
-            peak = 10_000 + per * q.sizes["B"] * q.sizes.get("S", 1)
-            out.append(
-                Prediction(
-                    predicted_peak_bytes=peak,
-                    upper_bound_bytes=peak,
-                    metric="allocated",
-                    breakdown={},
-                    model_version="stub",
-                )
-            )
-        return out
-
-
 def make_policy(capacity: int, world: World | None = None, **cfg) -> Policy:
-    graphs: dict[tuple, StubGraph] = {}
-
-    def graph_for(train: TrainSpec) -> StubGraph:
-        return graphs.setdefault((train.checkpointing, train.grad_accum), StubGraph(train))
-
     config = PolicyConfig(threshold=0.5, checkpointing=["none"], mode="binsearch",
                           power_of_two=False, **cfg)  # fmt: skip
-    predictor = GovernedPredictor(StubModel(), device="cpu", metric="allocated")
-    return Policy(predictor, graph_for, TrainSpec(), config, capacity=capacity, device="cpu",
-                  metric="allocated", n_blocks=2, world=world)  # fmt: skip
+    return stub_policy(capacity, config, world=world)
 
 
 def _rank(rank: int, port: int, capacities: list[int], n: int | None, out) -> None:
@@ -69,9 +35,7 @@ def _rank(rank: int, port: int, capacities: list[int], n: int | None, out) -> No
 
 
 def _run_ranks(capacities: list[int], n: int | None = None) -> dict[int, tuple]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [ctx.Process(target=_rank, args=(r, port, capacities, n, out))
