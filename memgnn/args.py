@@ -8,6 +8,7 @@ import argparse
 
 from memgnn.predictor.spec import (
     ATTENTIONS,
+    LORA_DTYPES,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PEFT_METHODS,
@@ -71,6 +72,12 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-alpha", type=float, default=16.0)
     g.add_argument("--lora-dropout", type=float, default=0.0)
     g.add_argument("--lora-targets", default="", help="q_proj,v_proj,...; default: peft's")
+    g.add_argument(
+        "--lora-dtype",
+        choices=LORA_DTYPES,
+        default="fp32",
+        help="adapters in fp32 (peft's default upcast) or in the model's dtype (LitGPT's LoRA)",
+    )
     g.add_argument("--gpus", type=int, default=1, help="world size; the answer is one rank's")
     g.add_argument("--sharding", choices=SHARDINGS, default="none", help="how ranks split")
     g.add_argument(
@@ -179,6 +186,7 @@ def train_spec(args: argparse.Namespace) -> TrainSpec:
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         lora_targets=args.lora_targets,
+        lora_dtype=args.lora_dtype,
         gpus=args.gpus,
         sharding=args.sharding,
         fsdp_reshard_after_forward=args.fsdp_reshard_after_forward,

@@ -20,6 +20,10 @@ PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
 TORCH_OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")  # torch.optim's
 OPTIMIZERS = (*TORCH_OPTIMIZERS, "adamw8bit")  # + bitsandbytes' AdamW8bit (predictor/optim8bit.py)
 PEFT_METHODS = ("none", "lora")
+# LoRA adapters' dtype: fp32 = peft's default (get_peft_model(autocast_adapter_dtype=True)
+# upcasts bf16/fp16 adapters to fp32 and each adapted input with them); model = the base
+# model's dtype (autocast_adapter_dtype=False; LitGPT's own LoRA under bf16-true)
+LORA_DTYPES = ("fp32", "model")
 # bitsandbytes-quantised frozen base (QLoRA): see predictor/quant.py
 QUANTIZE_BASES = ("none", "nf4", "nf4-dq", "int8")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
@@ -53,6 +57,7 @@ class TrainSpec:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0  # peft's LoraConfig default
     lora_targets: str = ""  # comma-separated module names; "" = peft's default for the model
+    lora_dtype: str = "fp32"  # fp32 (peft's default) | model (adapters in the model's dtype)
     # data/model parallelism (predictor/parallel.py): the answer is one rank's peak
     gpus: int = 1  # world size
     sharding: str = "none"  # none | ddp | fsdp | hsdp | zero1 | zero2 | zero3
@@ -74,6 +79,12 @@ class TrainSpec:
             raise ValueError(f"--lora-alpha must be > 0, got {self.lora_alpha}")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ValueError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.lora_dtype not in LORA_DTYPES:
+            raise ValueError(
+                f"unknown --lora-dtype {self.lora_dtype!r}; expected one of {LORA_DTYPES}"
+            )
+        if self.lora_dtype != "fp32" and self.peft != "lora":
+            raise ValueError(f"--lora-dtype {self.lora_dtype} applies to --peft lora only")
         if self.quantize_base not in QUANTIZE_BASES:
             raise ValueError(
                 f"unknown --quantize-base {self.quantize_base!r}; expected one of {QUANTIZE_BASES}"

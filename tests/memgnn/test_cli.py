@@ -142,3 +142,17 @@ def test_predict_qlora_with_8bit_adamw(capsys):
     cats = nf4["breakdown"]["categories"], plain["breakdown"]["categories"]
     assert cats[0]["parameter"] < cats[1]["parameter"]  # 4-bit base weights
     assert cats[0]["optimizer_state"] == cats[1]["optimizer_state"]  # same adapters
+
+
+def test_predict_lora_dtype_model_keeps_adapters_in_the_model_dtype(capsys):
+    argv = ["predict", "--model", "mlp", "--peft", "lora", "--lora-targets", "linear"]
+    argv += ["--precision", "bf16", "--device", "cpu", "--json"]
+    code, text, _ = _run(capsys, *argv)
+    assert code == 0
+    fp32 = json.loads(text)["breakdown"]["categories"]
+    code, text, _ = _run(capsys, *argv, "--lora-dtype", "model")
+    assert code == 0
+    model = json.loads(text)["breakdown"]["categories"]
+    assert model["parameter"] < fp32["parameter"]  # bf16 adapters, not fp32
+    code, _, err = _run(capsys, "predict", "--model", "mlp", "--lora-dtype", "model")
+    assert code == 2 and "--lora-dtype model applies to --peft lora" in err
