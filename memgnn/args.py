@@ -8,6 +8,7 @@ import argparse
 
 from memgnn.predictor.spec import (
     ATTENTIONS,
+    GRAD_SYNCS,
     LORA_DTYPES,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
@@ -88,6 +89,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         help="fsdp/hsdp: free all-gathered parameters after forward (default true)",
     )
     g.add_argument("--hsdp-shard-size", type=int, default=0, help="hsdp: ranks per shard group")
+    g.add_argument(
+        "--grad-sync",
+        choices=GRAD_SYNCS,
+        default="every",
+        help="with --grad-accum on several GPUs: sync gradients every micro-step, or the last "
+        "only (DDP/FSDP no_sync: unsharded gradients kept until then)",
+    )
     g.add_argument(
         "--quantize-base",
         choices=QUANTIZE_BASES,
@@ -191,6 +199,7 @@ def train_spec(args: argparse.Namespace) -> TrainSpec:
         sharding=args.sharding,
         fsdp_reshard_after_forward=args.fsdp_reshard_after_forward,
         hsdp_shard_size=args.hsdp_shard_size,
+        grad_sync=args.grad_sync,
         quantize_base=args.quantize_base,
         attention=args.attention,
     )

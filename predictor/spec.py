@@ -26,6 +26,10 @@ PEFT_METHODS = ("none", "lora")
 LORA_DTYPES = ("fp32", "model")
 # bitsandbytes-quantised frozen base (QLoRA): see predictor/quant.py
 QUANTIZE_BASES = ("none", "nf4", "nf4-dq", "int8")
+# gradient sync under accumulation on several GPUs (predictor/parallel.py): every micro-step
+# (the default), or the last only: DDP no_sync(), FSDP2 set_requires_gradient_sync(False),
+# FSDP1 no_sync() (Lightning's no_backward_sync), which keep unsharded gradients until then
+GRAD_SYNCS = ("every", "last")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
 STEP_KINDS = ("first", "steady", "both")
 # HF's attn_implementation: auto = the model class's default (sdpa where it supports it)
@@ -63,6 +67,7 @@ class TrainSpec:
     sharding: str = "none"  # none | ddp | fsdp | hsdp | zero1 | zero2 | zero3
     fsdp_reshard_after_forward: bool = True  # fully_shard(reshard_after_forward=...)
     hsdp_shard_size: int = 0  # hsdp: ranks per shard group; 0 = the default (see below)
+    grad_sync: str = "every"  # every | last (accumulate unsynced, sync on the last micro-step)
     # the frozen base's Linear layers in bitsandbytes storage (CUDA targets, with peft lora):
     # nf4 = Linear4bit NF4 (BitsAndBytesConfig's default, LitGPT's bnb.nf4), nf4-dq = with
     # double quantisation (bnb_4bit_use_double_quant, LitGPT's bnb.nf4-dq), int8 = LLM.int8()
@@ -147,6 +152,14 @@ class TrainSpec:
             raise ValueError(
                 "--fsdp-reshard-after-forward false applies to --sharding fsdp or hsdp, "
                 f"not {self.sharding} (zero3 always reshards; zero2 keeps parameters whole)"
+            )
+        if self.grad_sync not in GRAD_SYNCS:
+            raise ValueError(
+                f"unknown --grad-sync {self.grad_sync!r}; expected one of {GRAD_SYNCS}"
+            )
+        if self.grad_sync != "every" and self.sharding == "none":
+            raise ValueError(
+                f"--grad-sync {self.grad_sync} applies to several GPUs (--gpus N --sharding ...)"
             )
         if self.hsdp_shard_size < 0:
             raise ValueError(f"--hsdp-shard-size must be >= 0, got {self.hsdp_shard_size}")

@@ -13,6 +13,7 @@ from memgnn.dataset.zoo import TASKS
 from memgnn.predictor.devices import PROFILES
 from memgnn.predictor.spec import (
     ATTENTIONS,
+    GRAD_SYNCS,
     LORA_DTYPES,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
@@ -82,6 +83,7 @@ class TrainIn(Strict):
     sharding: Sharding = "none"
     fsdp_reshard_after_forward: bool = True
     hsdp_shard_size: int = Field(default=0, ge=0, le=65_536)
+    grad_sync: Literal[GRAD_SYNCS] = "every"  # type: ignore[valid-type]
     quantize_base: Literal[QUANTIZE_BASES] = "none"  # type: ignore[valid-type]
     attention: Literal[ATTENTIONS] = "auto"  # type: ignore[valid-type]
 
