@@ -33,6 +33,7 @@ from typing import Any
 from litgpt_hand import full_ft_peak, llama_shape
 from memgnn.predictor.devices import get_profile
 from memgnn.predictor.spec import TrainSpec
+from public_analysis import analyses
 from public_rows import BY_ID, DIFFERENCES, PROBES, Row
 
 log = logging.getLogger("public_measurements")
@@ -88,10 +89,14 @@ def predict_args(row: Row) -> list[str]:
         args += ["--peft", row.peft, "--lora-r", str(row.lora_r)]
         args += ["--lora-alpha", str(row.lora_alpha), "--lora-dropout", str(row.lora_dropout)]
         args += ["--lora-targets", row.lora_targets]
+        if row.lora_dtype != "fp32":
+            args += ["--lora-dtype", row.lora_dtype]
     if row.quantize_base:
         args += ["--quantize-base", row.quantize_base]
     if row.gpus > 1:
         args += ["--gpus", str(row.gpus), "--sharding", row.sharding]
+        if row.grad_sync != "every":
+            args += ["--grad-sync", row.grad_sync]
     return args
 
 
@@ -264,6 +269,7 @@ def write_md(results: dict[str, dict], order: list[str], path: Path) -> None:
         if "command" in r:
             lines.append(f"  `{r['command']}` ({r.get('seconds', '-')} s)")
     lines += tinyllama_analysis(results)
+    lines += analyses(results)
     path.write_text("\n".join(lines) + "\n")
 
 
