@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from litgpt_hand import full_ft_peak, llama_shape
 from memgnn.predictor.devices import get_profile
 from memgnn.predictor.spec import TrainSpec
+from public_analysis import analyses, tinyllama_analysis
 from public_rows import BY_ID, DIFFERENCES, PROBES, Row
 
 log = logging.getLogger("public_measurements")
@@ -88,10 +88,14 @@ def predict_args(row: Row) -> list[str]:
         args += ["--peft", row.peft, "--lora-r", str(row.lora_r)]
         args += ["--lora-alpha", str(row.lora_alpha), "--lora-dropout", str(row.lora_dropout)]
         args += ["--lora-targets", row.lora_targets]
+        if row.lora_dtype != "fp32":
+            args += ["--lora-dtype", row.lora_dtype]
     if row.quantize_base:
         args += ["--quantize-base", row.quantize_base]
     if row.gpus > 1:
         args += ["--gpus", str(row.gpus), "--sharding", row.sharding]
+        if row.grad_sync != "every":
+            args += ["--grad-sync", row.grad_sync]
     return args
 
 
@@ -225,6 +229,8 @@ def write_md(results: dict[str, dict], order: list[str], path: Path) -> None:
         f"- OOM rows: memgnn's verdict right on {s['oom_verdicts_right']} of "
         f"{s['oom_verdicts']} predicted",
         f"- multi-GPU rows: {s['multi_gpu_rows']}, predicted: {s['multi_gpu_done']}",
+        f"- rows run with older settings than public_rows.py's (rerun them): "
+        f"{', '.join(r['id'] for r in results.values() if stale(r)) or 'none'}",
         "",
         "| id | model | metric | measured | predicted | error | method | status / why |",
         "|---|---|---|---|---|---|---|---|",
@@ -245,6 +251,8 @@ def write_md(results: dict[str, dict], order: list[str], path: Path) -> None:
             pred, err = _gb(r["predicted_bytes"]), f"{100 * r['rel_error']:+.1f}%"
             why = "approximate figure" if r["settings"]["approximate"] else ""
             why = "suspect figure (see its notes)" if r["settings"].get("suspect") else why
+        if stale(r):
+            why = "; ".join(filter(None, [why, "ran with older settings: rerun it (--only)"]))
         meas = "OOM" if r["measured_oom"] else _gb(r["measured_bytes"])
         metric = r.get("metric") or (
             r["settings"]["metric"] if r["status"] != "not expressible" else "-"
@@ -264,51 +272,14 @@ def write_md(results: dict[str, dict], order: list[str], path: Path) -> None:
         if "command" in r:
             lines.append(f"  `{r['command']}` ({r.get('seconds', '-')} s)")
     lines += tinyllama_analysis(results)
+    lines += analyses(results)
     path.write_text("\n".join(lines) + "\n")
 
 
-def tinyllama_analysis(results: dict[str, dict]) -> list[str]:
-    """litgpt22 (LitGPT TinyLlama full fine-tune): memgnn without and with the yaml's
-    gradient accumulation, and the hand formula for LitGPT's and HF's model code."""
-    from memgnn.dataset.zoo.hub import resolve_config_file
-
-    row, probe = results.get("litgpt22"), results.get("litgpt22-G1")
-    if not row or row["status"] != "done":
-        return []
-    shape = llama_shape(resolve_config_file("TinyLlama/TinyLlama-1.1B-Chat-v1.0"))
-    meas, params = row["measured_bytes"], row["parameters"]
-    err = lambda b: f"{100 * (b - meas) / meas:+.1f}%"  # noqa: E731
-    out = ["", "## litgpt22: LitGPT TinyLlama full fine-tune, B=4, S=512, bf16-true", ""]
-    out.append(f"Measured {meas:,} B (14.10 GB, max_memory_allocated).")
-    if probe and probe["status"] == "done":
-        out.append(
-            f"- memgnn, no gradient accumulation ({probe['method']}): "
-            f"{probe['predicted_bytes']:,} B ({err(probe['predicted_bytes'])})"
-        )
-    out.append(
-        f"- memgnn, accumulation 8 as full.yaml runs it (global_batch_size 32 / "
-        f"micro_batch_size 4; the gradients stay live through every micro-step's forward "
-        f"and backward) ({row['method']}): {row['predicted_bytes']:,} B "
-        f"({err(row['predicted_bytes'])})"
-    )
-    for impl in ("hf", "litgpt"):
-        h = full_ft_peak(params, shape, 4, 512, impl)
-        out.append(
-            f"- hand formula, {impl} model code (benchmarks/litgpt_hand.py): state "
-            f"{h['state']:,} + activations {h['per_layer']:,} x {shape['L']} layers + head "
-            f"{h['head']:,} = {h['peak']:,} B ({err(h['peak'])})"
-        )
-    out += [
-        "",
-        "So the -19.4% was the missing accumulation (2.2 GB of bf16 gradients held through "
-        "the forward); what is left is LitGPT's model code, which memgnn does not capture: "
-        "its RMSNorm keeps an fp32 normalized copy, it repeats K/V to all 32 heads before "
-        "flash attention, and its chunked bf16 cross entropy replaces HF's fp32 logits "
-        "(net: LitGPT's layers hold more, its head less). Not a cause: fp32 optimizer "
-        "states (bf16-true keeps them bf16; fp32 states would add 4.4 GB), a longer "
-        "max_seq_length (512 cap), upcast logits (LitGPT's are bf16).",
-    ]
-    return out
+def stale(r: dict) -> bool:
+    """A stored row whose command is not what its settings in public_rows.py run now."""
+    row = BY_ID.get(r["id"])
+    return bool(row and "command" in r and r["command"] != "memgnn " + " ".join(predict_args(row)))
 
 
 def priority(row: Row) -> tuple[int, int]:

@@ -44,23 +44,26 @@ same published config (catalog `hf:ORG/NAME`). Modelled (mapped onto memgnn opti
   +32 x 64 per layer) and A has r rows, not r x #enabled (Phi-3: 2 x 8 x 3072 fewer per
   layer). lora_projection -> o_proj / dense, lora_mlp -> gate/up/down_proj (fc1/fc2,
   gate_up_proj), lora_head -> lm_head. lora_dropout as in the yaml.
+- LoRA adapters' dtype: LitGPT's LoRALinear creates lora_A / lora_B under Fabric's
+  init_module, in the model's dtype (bf16-true), and runs lora_dropout(x) @ A.T @ B.T on
+  the bf16 input -> `--lora-dtype model` (peft with autocast_adapter_dtype=False: no fp32
+  upcast of adapters or of each adapted module's input; peft's default upcasts both).
 - QLoRA `quantize: bnb.nf4` -> `--quantize-base nf4` (bitsandbytes Linear4bit storages and
   their dequantised temporaries); several devices -> `--gpus N --sharding fsdp` (LitGPT's
   FSDPStrategy: FULL_SHARD) with `--checkpointing full` (activation_checkpointing_policy
-  {Block}).
+  {Block}) and `--grad-sync last`: full.py runs every accumulating micro-step under
+  `fabric.no_backward_sync` (FSDP1 `no_sync()`), so each rank keeps the whole model's
+  unsharded gradients until the last micro-step (FSDP2 set_requires_gradient_sync(False),
+  its stated equivalent, is what memgnn captures).
 Not modelled (memgnn captures HF's code):
 - LitGPT's RMSNorm keeps an fp32 x and an fp32 normalized copy (HF: fp32 x, bf16 copy);
   LitGPT repeats K/V heads to all query heads before SDPA (GQA and Falcon's MQA: 71 heads),
   HF passes enable_gqa; Gemma-2's logit softcapping makes LitGPT's attention materialise
   the scores; LitGPT's lm_head output stays bf16 with a 128-row chunked cross entropy (and
   chunks of 128 positions for the LoRA script's lm_head), HF upcasts logits to fp32.
-- LoRA adapters' dtype: peft upcasts the adapter weights to fp32 (get_peft_model's
-  autocast_adapter_dtype=True) and casts each adapted module's input to fp32 for dropout
-  and lora_A, so every adapted module saves an fp32 dropout output and its mask (5 bytes
-  per input element); LitGPT (bf16-true) keeps adapters and their inputs in bf16 (3 bytes)
-  and applies dropout once per fused qkv input (peft: once per q, k, v). With LoRA on every
-  projection (TinyLlama, Gemma-2b, Phi-2, Phi-3 rows) this is the largest difference.
-  LitGPT also zero-pads the fused LoRA output to the qkv width.
+- LoRA's dropout: LitGPT applies it once per fused qkv input, peft once per adapted q, k,
+  v module (each saves its own mask and output); LitGPT also zero-pads the fused LoRA
+  output to the qkv width.
 - Phi-2's HF config asks for gelu_new, which transformers runs as a Python formula (pow,
   mul, add, tanh: several saved T x I intermediates per layer); LitGPT calls the fused
   F.gelu(approximate="tanh"), which saves its input only.
@@ -70,7 +73,10 @@ Not modelled (memgnn captures HF's code):
 - QLoRA: LitGPT's measured QLoRA peaks sit above what its LoRA peaks less the weights'
   savings allow, and above its LoRA peaks for the small models (TinyLlama 16.24 vs
   13.50 GB, Phi-2 14.27 vs 13.98 GB): an overhead of its bitsandbytes 0.42 / Lightning
-  BitsandbytesPrecision path that memgnn's model of bitsandbytes 0.50.2 does not have.
+  BitsandbytesPrecision path that memgnn's model of bitsandbytes 0.50.2 does not have
+  (sized per row pair in "QLoRA rows next to their LoRA rows" below).
+- FSDP1 vs FSDP2: LitGPT wraps each Block in FSDP1 with flat parameters; memgnn captures
+  FSDP2's per-parameter sharding. Not checked beyond the gradient accumulation above.
 - The measured peak is over the whole run: validation passes and the example generation
   (no_grad, KV cache) besides the training steps; memgnn predicts the training step.
 """
@@ -101,9 +107,11 @@ class Row:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0
     lora_targets: str = ""
+    lora_dtype: str = "fp32"  # fp32: peft's default upcast; model: LitGPT's bf16 adapters
     quantize_base: str = ""  # needs TrainSpec.quantize_base (branch qlora)
     gpus: int = 1  # > 1 needs TrainSpec.gpus / sharding (branch fsdp)
     sharding: str = "none"
+    grad_sync: str = "every"  # last: accumulation under no_sync (LitGPT's no_backward_sync)
     device: str = "a10g-24gb"
     metric: str = "allocated"
     unit: str = "GB(1e9)"  # how the measured figure in the CSV is to be read
@@ -116,6 +124,14 @@ class Row:
 
 
 def _lit(id: str, model: str, yaml: str, batch: int, accum: int, **kw) -> Row:
+    """A LitGPT row: bf16-true, padded length 512; its LoRA adapters are LitGPT's own,
+    created in the model's dtype (bf16) under Fabric's init_module: --lora-dtype model; on
+    several GPUs its full.py accumulates under `fabric.no_backward_sync` (FSDP1 `no_sync`,
+    unsharded gradients kept until the last micro-step): --grad-sync last."""
+    if kw.get("peft", "none") != "none":
+        kw.setdefault("lora_dtype", "model")
+    if kw.get("gpus", 1) > 1:  # is_accumulating micro-steps run under fabric.no_backward_sync
+        kw.setdefault("grad_sync", "last")
     return Row(
         id=id, model=model, batch=batch, seq=512, precision="bf16", grad_accum=accum,
         source=LITGPT + yaml, **kw,
@@ -248,7 +264,8 @@ ROWS: list[Row] = [
          notes=LIT_NOTE + LORA_ACCUM.format(2)),
     _lit("litgpt18", "hf:microsoft/Phi-3-mini-4k-instruct", "phi-3/full.yaml", 4, 2, suspect=True,
          notes=LIT_NOTE + "; accumulation 8 / 4 = 2; the CSV flags it: AdamW states alone "
-         "for 3.8B bf16 parameters are 15.3 GB, all state 30.6 GB > 17.01 GB"),
+         "for 3.8B bf16 parameters are 15.3 GB, all state 30.6 GB > 17.01 GB and > the "
+         "A10G's 24 GB (see the litgpt18 section)"),
     _lit("litgpt19", "hf:microsoft/Phi-3-mini-4k-instruct", "phi-3/lora.yaml", 4, 1,
          **_lora(8, 16.0, 0.05, "qkv_proj,o_proj,gate_up_proj,down_proj,lm_head"),
          notes=LIT_NOTE + "; LoRA on HF's fused qkv_proj / gate_up_proj" + LORA_ACCUM.format(2)),

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -79,8 +80,36 @@ def tracker_peak(bundle, train: TrainSpec, sizes) -> int:
     return max(dev["Total"] for dev in peak.values())
 
 
-def _real_rank(rank: int, world: int, port: int, spec, args, sharding: str, sizes, out: str):
-    """One rank of a real gloo job: plain PyTorch wrapping, profiler memory events."""
+def accum_tracker_peak(bundle, train: TrainSpec, sizes) -> int:
+    """FSDPMemTracker over both steps, module stats reset before each micro-step (it takes
+    one forward per module at a time; its peak survives the reset)."""
+    from memgnn.predictor.step import NullObserver
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class Reset(NullObserver):
+        def on_phase(self, phase: str, step: int, micro: int) -> None:
+            if phase == "input":
+                tracker.reset_mod_stats()
+
+    with fake_world(train) as world, FakeTensorMode(allow_non_fake_inputs=True):
+        step = TrainingStep(
+            bundle, train, device=torch.device("cpu"), target="cpu", fake=True, world=world
+        )
+        tracker = FSDPMemTracker(step.model, step.optimizer)
+        with tracker:
+            step.run(sizes, Reset())
+        peak = tracker.get_tracker_snapshot("peak")
+    return max(dev["Total"] for dev in peak.values())
+
+
+def _real_rank(
+    rank: int, world: int, port: int, spec, args, sharding: str, sizes, out: str,
+    accum: int = 1, sync: str = "every",
+):  # fmt: skip
+    """One rank of a real gloo job: plain PyTorch wrapping, profiler memory events. With
+    `accum` > 1, that many micro-steps per step; `sync="last"`: all but the last without
+    gradient sync (DDP `no_sync()`, FSDP2 `set_requires_gradient_sync(False)`)."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -104,11 +133,17 @@ def _real_rank(rank: int, world: int, port: int, spec, args, sharding: str, size
         opt = build_optimizer([p for p in model.parameters() if p.requires_grad], train, "cpu")
         with record_function("steps"):
             for _ in range(2):
-                loss = bundle.loss(
-                    model, bundle.make_inputs(sizes, torch.device("cpu"), torch.float32)
-                )
-                loss.backward()
-                del loss
+                for micro in range(accum):
+                    synced = sync == "every" or micro == accum - 1
+                    if sharding != "ddp":
+                        model.set_requires_gradient_sync(synced)
+                    unsynced = sharding == "ddp" and not synced
+                    with model.no_sync() if unsynced else contextlib.nullcontext():
+                        loss = bundle.loss(
+                            model, bundle.make_inputs(sizes, torch.device("cpu"), torch.float32)
+                        )
+                        (loss / accum).backward()
+                    del loss
                 opt.step()
                 opt.zero_grad(set_to_none=True)
     events = prof.profiler.kineto_results.events()
@@ -122,12 +157,14 @@ def _real_rank(rank: int, world: int, port: int, spec, args, sharding: str, size
     dist.destroy_process_group()
 
 
-def real_peak(spec, args, sharding: str, sizes, world: int = 2) -> list[int]:
+def real_peak(
+    spec, args, sharding: str, sizes, world: int = 2, accum: int = 1, sync: str = "every"
+) -> list[int]:
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(
             _real_rank,
-            args=(world, port, spec, args, sharding, sizes, tmp),
+            args=(world, port, spec, args, sharding, sizes, tmp, accum, sync),
             nprocs=world,
             join=True,
             start_method="spawn",
@@ -167,9 +204,16 @@ def _err(a: int, b: int | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="skip the catalog model")
+    ap.add_argument(
+        "--accum",
+        action="store_true",
+        help="only gradient accumulation without sync -> results/sharding_accum.md",
+    )
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(1)
+    if a.accum:
+        return accum_main()
     rows = []
     spec, args = SMALL
     bundle = resolve(spec, args)
@@ -218,6 +262,47 @@ def main() -> int:
     lines += ["", *hand]
     OUT.mkdir(exist_ok=True)
     (OUT / "sharding.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def accum_main() -> int:
+    """--grad-sync last vs every at G=2 on 2 ranks: memgnn next to FSDPMemTracker (fsdp)
+    and a real gloo run doing the same accumulation."""
+    spec, args = SMALL
+    bundle = resolve(spec, args)
+    n_params = sum(p.numel() for p in bundle.build().parameters())
+    lines = [
+        "# Gradient accumulation without sync, per rank (rank 0, tensor bytes, allocated, cpu)",
+        "",
+        "`python benchmarks/sharding.py --accum` (torch " + torch.__version__ + "). "
+        f"{spec} {args} ({n_params:,} params), sizes {SMALL_SIZES}, AdamW (for-loop), fp32, "
+        "2 steps of G=2 micro-steps on 2 ranks. `last`: the first micro-step of each step "
+        "without gradient sync (DDP no_sync(), FSDP2 set_requires_gradient_sync(False)); "
+        "`every`: both synced. Columns as in sharding.md. By hand, FSDP `last` keeps the "
+        f"whole unsharded gradient: + 4P - 4P/2 = {2 * n_params:,} B over `every`, less "
+        "padding.",
+        "",
+        "| sharding | grad sync | memgnn (fake pg) | FSDPMemTracker | err | memgnn (gloo) "
+        "| real gloo | err | memgnn gradient | capture s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for sharding in ("fsdp", "ddp"):
+        for sync in ("every", "last"):
+            train = TrainSpec(gpus=2, sharding=sharding, grad_accum=2, grad_sync=sync)
+            ours, fake, cats, secs, _ = memgnn_peak(bundle, train, SMALL_SIZES)
+            fsdp = sharding == "fsdp"
+            tracker = accum_tracker_peak(bundle, train, SMALL_SIZES) if fsdp else None
+            shown = "-" if tracker is None else f"{tracker:,}"
+            real = real_peak(spec, args, sharding, SMALL_SIZES, accum=2, sync=sync)[0]
+            lines.append(
+                f"| {sharding} | {sync} | {fake:,} | {shown} | "
+                f"{_err(fake, tracker)} | {ours:,} | {real:,} | {_err(ours, real)} | "
+                f"{cats.get('gradient', 0):,} | {secs:.1f} |"
+            )
+            log.info("%s", lines[-1])
+    OUT.mkdir(exist_ok=True)
+    (OUT / "sharding_accum.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

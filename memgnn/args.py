@@ -8,6 +8,8 @@ import argparse
 
 from memgnn.predictor.spec import (
     ATTENTIONS,
+    GRAD_SYNCS,
+    LORA_DTYPES,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PEFT_METHODS,
@@ -71,6 +73,12 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-alpha", type=float, default=16.0)
     g.add_argument("--lora-dropout", type=float, default=0.0)
     g.add_argument("--lora-targets", default="", help="q_proj,v_proj,...; default: peft's")
+    g.add_argument(
+        "--lora-dtype",
+        choices=LORA_DTYPES,
+        default="fp32",
+        help="adapters in fp32 (peft's default upcast) or in the model's dtype (LitGPT's LoRA)",
+    )
     g.add_argument("--gpus", type=int, default=1, help="world size; the answer is one rank's")
     g.add_argument("--sharding", choices=SHARDINGS, default="none", help="how ranks split")
     g.add_argument(
@@ -81,6 +89,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         help="fsdp/hsdp: free all-gathered parameters after forward (default true)",
     )
     g.add_argument("--hsdp-shard-size", type=int, default=0, help="hsdp: ranks per shard group")
+    g.add_argument(
+        "--grad-sync",
+        choices=GRAD_SYNCS,
+        default="every",
+        help="with --grad-accum on several GPUs: sync gradients every micro-step, or the last "
+        "only (DDP/FSDP no_sync: unsharded gradients kept until then)",
+    )
     g.add_argument(
         "--quantize-base",
         choices=QUANTIZE_BASES,
@@ -184,10 +199,12 @@ def train_spec(args: argparse.Namespace) -> TrainSpec:
         lora_alpha=args.lora_alpha,
         lora_dropout=args.lora_dropout,
         lora_targets=args.lora_targets,
+        lora_dtype=args.lora_dtype,
         gpus=args.gpus,
         sharding=args.sharding,
         fsdp_reshard_after_forward=args.fsdp_reshard_after_forward,
         hsdp_shard_size=args.hsdp_shard_size,
+        grad_sync=args.grad_sync,
         quantize_base=args.quantize_base,
         attention=args.attention,
     )

@@ -1,10 +1,17 @@
 """LoRA through the peft library, applied to a built model as `get_peft_model` does it.
 
 peft freezes every base parameter (no gradient, no optimizer state for it), adds the
-`lora_A`/`lora_B` adapter weights next to each target module (in fp32 when the base is
-bf16/fp16: peft's `autocast_adapter_dtype`), and with `lora_dropout > 0` a dropout on each
-adapter's input, whose masks are saved for backward. The step then trains only what is left
-with `requires_grad` (see `predictor.step.TrainingStep`).
+`lora_A`/`lora_B` adapter weights next to each target module, and with `lora_dropout > 0`
+a dropout on each adapter's input, whose masks are saved for backward. The step then trains
+only what is left with `requires_grad` (see `predictor.step.TrainingStep`).
+
+Adapter dtype (`TrainSpec.lora_dtype`): `fp32`, peft's default, upcasts bf16/fp16 adapters
+to fp32 (`get_peft_model(autocast_adapter_dtype=True)`), and each adapted layer then casts
+its input to fp32 before dropout and `lora_A` (`LoraLayer._cast_input_dtype`): the fp32
+copy, the dropout's fp32 output and mask are saved per adapted module. `model` keeps the
+adapters in the base's dtype (`autocast_adapter_dtype=False`), so no cast happens and
+dropout runs on the input as is: the pattern of LitGPT's own `LoRALinear` under bf16-true
+(`lora_dropout(x) @ lora_A.T @ lora_B.T * scaling`, added to the frozen linear's output).
 
 peft is optional: imported here only when a spec asks for LoRA; a missing install is a
 ValueError telling the user to install memgnn[peft].
@@ -75,7 +82,9 @@ def apply_lora(model: nn.Module, train: TrainSpec) -> nn.Module:
         register_quant_layers(config)
     try:
         with _fake_safe_adapter_moves():
-            wrapped: Any = peft.get_peft_model(model, config)
+            wrapped: Any = peft.get_peft_model(
+                model, config, autocast_adapter_dtype=train.lora_dtype == "fp32"
+            )
     except ValueError as exc:
         hint = ""
         if targets is None:

@@ -26,6 +26,16 @@ FSDP2's prefetching are PyTorch's, recorded node for node by the same `StepRecor
   Per rank that is full parameters + a parameter shard (DeepSpeed ZeRO-2's fp32 master
   partition) + gradient shards + optimizer-state shards.
 
+Gradient accumulation (`TrainSpec.grad_sync`): `every` syncs on every micro-step (FSDP2's
+default: each backward reduce-scatters into the sharded gradients); `last` runs every
+micro-step but the last without sync, as users accumulate without communication: DDP's
+`no_sync()` (gradients accumulate in `.grad`, no all-reduce until the last backward) and
+FSDP2's `set_requires_gradient_sync(False)` ("the equivalence of `no_sync` in FSDP1",
+which is what Lightning's `no_backward_sync` calls under its FSDPStrategy): each group's
+post-backward still reshards its parameters but keeps the unsharded gradient of every
+parameter on the rank (`FSDPParam._unsharded_param.grad`) until the last micro-step
+reduce-scatters the sum. Per rank that is one whole unsharded copy of the gradients.
+
 Under fake tensors two things differ from a real job, neither in bytes: DDP's
 parameter-shape check across ranks is skipped (it reads tensor data) and DDP's one-time
 bucket rebuild after the first iteration is not run (it reads data too); the buckets keep
@@ -57,6 +67,8 @@ __all__ = [
     "rank_note",
     "comm_hooks",
     "fake_world",
+    "gradient_sync",
+    "unsharded_gradients",
     "parallelize",
     "resident_tensors",
     "ShardedObserver",
@@ -176,6 +188,44 @@ def zero_optimizer(params: list[nn.Parameter], make: Callable[..., Any]) -> Any:
     return ZeroRedundancyOptimizer(params, optimizer_class=cls, **flags)
 
 
+def _fsdp_params(model: nn.Module) -> Iterator[Any]:
+    """Every `FSDPParam` of the FSDP2 modules in `model`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            group = module._get_fsdp_state()._fsdp_param_group
+            yield from group.fsdp_params if group is not None else ()
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, train: TrainSpec, last: bool) -> Iterator[None]:
+    """One micro-step's forward and backward, synced or not (see the module docstring):
+    unsynced where `train.grad_sync == "last"` and this is not the last micro-step."""
+    sync = last or train.grad_sync == "every" or train.sharding == "none"
+    if train.sharding in ("ddp", "zero1"):
+        with contextlib.nullcontext() if sync else model.no_sync():
+            yield
+        return
+    if train.sharding != "none" and train.grad_sync != "every":
+        model.set_requires_gradient_sync(sync)
+    yield
+
+
+def unsharded_gradients(model: nn.Module) -> list[torch.Tensor]:
+    """The unsharded gradients FSDP2 keeps between unsynced micro-steps."""
+    out = []
+    for fp in _fsdp_params(model):
+        unsharded = getattr(fp, "_unsharded_param", None)
+        for g in (
+            getattr(fp, "unsharded_accumulated_grad", None),
+            getattr(unsharded, "grad", None),
+        ):
+            if g is not None:
+                out.append(g)
+    return out
+
+
 def resident_tensors(model: nn.Module) -> list[torch.Tensor]:
     """Unsharded FSDP2 parameters still allocated between steps (zero2 keeps them)."""
     from torch.distributed.fsdp import FSDPModule
@@ -246,7 +296,7 @@ class ShardedObserver(RecorderObserver):
 
     def on_backward_end(self, model: nn.Module, step: int, micro: int) -> None:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        self.rec.categorize(grads, "gradient", force=True)
+        self.rec.categorize([*grads, *unsharded_gradients(model)], "gradient", force=True)
 
     def on_optimizer_end(self, optimizer: Any, step: int) -> None:
         super().on_optimizer_end(getattr(optimizer, "optim", optimizer), step)

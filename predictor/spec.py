@@ -20,8 +20,16 @@ PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
 TORCH_OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")  # torch.optim's
 OPTIMIZERS = (*TORCH_OPTIMIZERS, "adamw8bit")  # + bitsandbytes' AdamW8bit (predictor/optim8bit.py)
 PEFT_METHODS = ("none", "lora")
+# LoRA adapters' dtype: fp32 = peft's default (get_peft_model(autocast_adapter_dtype=True)
+# upcasts bf16/fp16 adapters to fp32 and each adapted input with them); model = the base
+# model's dtype (autocast_adapter_dtype=False; LitGPT's own LoRA under bf16-true)
+LORA_DTYPES = ("fp32", "model")
 # bitsandbytes-quantised frozen base (QLoRA): see predictor/quant.py
 QUANTIZE_BASES = ("none", "nf4", "nf4-dq", "int8")
+# gradient sync under accumulation on several GPUs (predictor/parallel.py): every micro-step
+# (the default), or the last only: DDP no_sync(), FSDP2 set_requires_gradient_sync(False),
+# FSDP1 no_sync() (Lightning's no_backward_sync), which keep unsharded gradients until then
+GRAD_SYNCS = ("every", "last")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
 STEP_KINDS = ("first", "steady", "both")
 # HF's attn_implementation: auto = the model class's default (sdpa where it supports it)
@@ -53,11 +61,13 @@ class TrainSpec:
     lora_alpha: float = 16.0
     lora_dropout: float = 0.0  # peft's LoraConfig default
     lora_targets: str = ""  # comma-separated module names; "" = peft's default for the model
+    lora_dtype: str = "fp32"  # fp32 (peft's default) | model (adapters in the model's dtype)
     # data/model parallelism (predictor/parallel.py): the answer is one rank's peak
     gpus: int = 1  # world size
     sharding: str = "none"  # none | ddp | fsdp | hsdp | zero1 | zero2 | zero3
     fsdp_reshard_after_forward: bool = True  # fully_shard(reshard_after_forward=...)
     hsdp_shard_size: int = 0  # hsdp: ranks per shard group; 0 = the default (see below)
+    grad_sync: str = "every"  # every | last (accumulate unsynced, sync on the last micro-step)
     # the frozen base's Linear layers in bitsandbytes storage (CUDA targets, with peft lora):
     # nf4 = Linear4bit NF4 (BitsAndBytesConfig's default, LitGPT's bnb.nf4), nf4-dq = with
     # double quantisation (bnb_4bit_use_double_quant, LitGPT's bnb.nf4-dq), int8 = LLM.int8()
@@ -74,6 +84,12 @@ class TrainSpec:
             raise ValueError(f"--lora-alpha must be > 0, got {self.lora_alpha}")
         if not 0.0 <= self.lora_dropout < 1.0:
             raise ValueError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
+        if self.lora_dtype not in LORA_DTYPES:
+            raise ValueError(
+                f"unknown --lora-dtype {self.lora_dtype!r}; expected one of {LORA_DTYPES}"
+            )
+        if self.lora_dtype != "fp32" and self.peft != "lora":
+            raise ValueError(f"--lora-dtype {self.lora_dtype} applies to --peft lora only")
         if self.quantize_base not in QUANTIZE_BASES:
             raise ValueError(
                 f"unknown --quantize-base {self.quantize_base!r}; expected one of {QUANTIZE_BASES}"
@@ -136,6 +152,14 @@ class TrainSpec:
             raise ValueError(
                 "--fsdp-reshard-after-forward false applies to --sharding fsdp or hsdp, "
                 f"not {self.sharding} (zero3 always reshards; zero2 keeps parameters whole)"
+            )
+        if self.grad_sync not in GRAD_SYNCS:
+            raise ValueError(
+                f"unknown --grad-sync {self.grad_sync!r}; expected one of {GRAD_SYNCS}"
+            )
+        if self.grad_sync != "every" and self.sharding == "none":
+            raise ValueError(
+                f"--grad-sync {self.grad_sync} applies to several GPUs (--gpus N --sharding ...)"
             )
         if self.hsdp_shard_size < 0:
             raise ValueError(f"--hsdp-shard-size must be >= 0, got {self.hsdp_shard_size}")

@@ -21,7 +21,13 @@ import torch
 from memgnn.predictor.attention import apply_attention, check_attention
 from memgnn.predictor.lora import apply_lora
 from memgnn.predictor.optim8bit import AdamW8bit
-from memgnn.predictor.parallel import World, parallelize, resident_tensors, zero_optimizer
+from memgnn.predictor.parallel import (
+    World,
+    gradient_sync,
+    parallelize,
+    resident_tensors,
+    zero_optimizer,
+)
 from memgnn.predictor.quant import quantize_model
 from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
 from torch import nn
@@ -279,13 +285,16 @@ class TrainingStep:
         micro_steps: int | None = None,
     ) -> None:
         """Run the given steps (0 = first, 1 = steady). Micro-steps default to
-        min(grad_accum, 2): micro-steps 2..G repeat micro-step 2 exactly (same live state)."""
+        min(grad_accum, 2): micro-steps 2..G repeat micro-step 2 exactly (same live state).
+        With `grad_sync="last"` every micro-step but the last runs without gradient sync
+        (`parallel.gradient_sync`); micro-steps 2..G-1 of a longer run then hold what the
+        last one holds (the accumulated unsharded gradients), less its collectives."""
         obs = observer or NullObserver()
         g = self.train.grad_accum
         n_micro = micro_steps if micro_steps is not None else min(g, 2)
         for step in steps:
             for micro in range(n_micro):
-                self._micro_step(sizes, obs, step, micro, g)
+                self._micro_step(sizes, obs, step, micro, g, last=micro == n_micro - 1)
             obs.on_phase("optimizer", step, 0)
             if self.scaler is not None:
                 self.scaler.step(self.optimizer)
@@ -296,17 +305,20 @@ class TrainingStep:
             obs.on_phase("zero_grad", step, 0)
             self.optimizer.zero_grad(set_to_none=self.train.set_to_none)
 
-    def _micro_step(self, sizes, obs: StepObserver, step: int, micro: int, g: int) -> None:
+    def _micro_step(
+        self, sizes, obs: StepObserver, step: int, micro: int, g: int, last: bool = True
+    ) -> None:
         obs.on_phase("input", step, micro)
         inputs = self.bundle.make_inputs(sizes, self.device, self.float_dtype())
         obs.on_phase("forward", step, micro)
-        with self._autocast():
-            loss = self.bundle.loss(self.model, inputs)
-            if g > 1:
-                loss = loss / g
-        obs.on_phase("backward", step, micro)
-        if self.scaler is not None:
-            loss = self.scaler.scale(loss)
-        loss.backward()
-        del loss, inputs
+        with gradient_sync(self.model, self.train, last):
+            with self._autocast():
+                loss = self.bundle.loss(self.model, inputs)
+                if g > 1:
+                    loss = loss / g
+            obs.on_phase("backward", step, micro)
+            if self.scaler is not None:
+                loss = self.scaler.scale(loss)
+            loss.backward()
+            del loss, inputs
         obs.on_backward_end(self.model, step, micro)

@@ -13,6 +13,8 @@ from memgnn.dataset.zoo import TASKS
 from memgnn.predictor.devices import PROFILES
 from memgnn.predictor.spec import (
     ATTENTIONS,
+    GRAD_SYNCS,
+    LORA_DTYPES,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PEFT_METHODS,
@@ -76,10 +78,12 @@ class TrainIn(Strict):
     lora_alpha: float = Field(default=16.0, gt=0, le=1e6)
     lora_dropout: float = Field(default=0.0, ge=0, lt=1)
     lora_targets: str = Field(default="", max_length=4096)
+    lora_dtype: Literal[LORA_DTYPES] = "fp32"  # type: ignore[valid-type]
     gpus: int = Field(default=1, ge=1, le=65_536)  # world size; answers are per rank
     sharding: Sharding = "none"
     fsdp_reshard_after_forward: bool = True
     hsdp_shard_size: int = Field(default=0, ge=0, le=65_536)
+    grad_sync: Literal[GRAD_SYNCS] = "every"  # type: ignore[valid-type]
     quantize_base: Literal[QUANTIZE_BASES] = "none"  # type: ignore[valid-type]
     attention: Literal[ATTENTIONS] = "auto"  # type: ignore[valid-type]
 

@@ -155,3 +155,17 @@ def test_one_shot_predict_replays_through_a_cached_jit_load(capsys, monkeypatch)
         assert code == 0, err
         route = json.loads(out)["breakdown"]["route"]
         assert route["method"] == method and route["jit"] == state, route
+
+
+def test_predict_lora_dtype_model_keeps_adapters_in_the_model_dtype(capsys):
+    argv = ["predict", "--model", "mlp", "--peft", "lora", "--lora-targets", "linear"]
+    argv += ["--precision", "bf16", "--device", "cpu", "--json"]
+    code, text, _ = run_cli(capsys, *argv)
+    assert code == 0
+    fp32 = json.loads(text)["breakdown"]["categories"]
+    code, text, _ = run_cli(capsys, *argv, "--lora-dtype", "model")
+    assert code == 0
+    model = json.loads(text)["breakdown"]["categories"]
+    assert model["parameter"] < fp32["parameter"]  # bf16 adapters, not fp32
+    code, _, err = run_cli(capsys, "predict", "--model", "mlp", "--lora-dtype", "model")
+    assert code == 2 and "--lora-dtype model applies to --peft lora" in err

@@ -48,6 +48,14 @@ BASE_PARAMS = (
             lora_targets="q_proj,k_proj,v_proj,o_proj",
             precision="bf16",
         ),
+        TrainSpec(
+            peft="lora",
+            lora_r=4,
+            lora_dropout=0.1,
+            lora_targets="q_proj,k_proj,v_proj,o_proj",
+            precision="bf16",
+            lora_dtype="model",
+        ),
     ],
 )
 def test_lora_sim_equals_a_real_peft_step_on_cpu(tiny_llama, train):
@@ -59,8 +67,30 @@ def test_lora_sim_equals_a_real_peft_step_on_cpu(tiny_llama, train):
     adapters = _adapter_params(train.lora_r, targets)
     base_bytes = BASE_PARAMS * train.param_dtype.itemsize
     rotary = 2 * (HIDDEN // 4 // 2) * 4  # inv_freq and original_inv_freq buffers, fp32
-    # peft keeps adapters in fp32 on a bf16 base (autocast_adapter_dtype)
-    assert sim.breakdown["categories"]["parameter"] == base_bytes + 4 * adapters + rotary
+    # peft keeps adapters in fp32 on a bf16 base (autocast_adapter_dtype); lora_dtype=model
+    # keeps them in the base's dtype
+    adapter_size = 4 if train.lora_dtype == "fp32" else train.param_dtype.itemsize
+    assert sim.breakdown["categories"]["parameter"] == base_bytes + adapter_size * adapters + rotary
+
+
+def test_lora_in_the_model_dtype_saves_no_fp32_copy_of_each_adapted_input(tiny_llama):
+    """bf16 base, dropout 0: peft's default casts each adapted module's input to fp32 and
+    lora_A saves that copy (4 bytes per element); in the model's dtype lora_A saves the
+    input the base layer saves already, and the adapters take half the bytes."""
+    sizes = {"B": 2, "S": 16}
+    common = {"peft": "lora", "lora_r": 4, "lora_targets": "q_proj,v_proj", "precision": "bf16"}
+    cfg = ProfileConfig(backend="cpu")
+    fp32 = profile(tiny_llama, TrainSpec(**common, steps="first"), sizes, cfg)
+    model = profile(tiny_llama, TrainSpec(**common, lora_dtype="model", steps="first"), sizes, cfg)
+    adapters = _adapter_params(4, ["q_proj", "v_proj"])
+    cats = fp32.breakdown["categories"], model.breakdown["categories"]
+    assert cats[0]["parameter"] - cats[1]["parameter"] == 2 * adapters
+    assert cats[1]["activation"] < cats[0]["activation"]
+    assert model.peak_allocated_bytes < fp32.peak_allocated_bytes
+    train = TrainSpec(**common, lora_dtype="model")
+    step = TrainingStep(tiny_llama, train, device=CPU, target="cpu")
+    dtypes = {p.dtype for n, p in step.model.named_parameters() if "lora_" in n}
+    assert dtypes == {torch.bfloat16}
 
 
 def test_lora_freezes_the_base_and_trains_only_adapters(tiny_llama):
@@ -117,6 +147,8 @@ def test_a_model_peft_has_no_default_targets_for_asks_for_lora_targets(tiny_gpt)
         ({"lora_r": 0}, "--lora-r"),
         ({"lora_alpha": 0.0}, "--lora-alpha"),
         ({"lora_dropout": 1.0}, "--lora-dropout"),
+        ({"peft": "lora", "lora_dtype": "bf16"}, "unknown --lora-dtype"),
+        ({"lora_dtype": "model"}, "--lora-dtype model applies to --peft lora"),
     ],
 )
 def test_bad_lora_options_are_rejected(kwargs, message):

@@ -45,6 +45,9 @@ def test_defaults_are_one_unsharded_gpu():
             "--fsdp-reshard-after-forward false applies to --sharding fsdp or hsdp",
         ),
         ({"gpus": 2, "sharding": "fsdp", "fsdp_reshard_after_forward": False}, None),
+        ({"grad_sync": "last"}, "--grad-sync last applies to several GPUs"),
+        ({"gpus": 2, "sharding": "ddp", "grad_sync": "some"}, "unknown --grad-sync"),
+        ({"gpus": 2, "sharding": "fsdp", "grad_sync": "last"}, None),
     ],
 )
 def test_bad_combinations_name_the_option(kwargs, needle):
@@ -74,6 +77,8 @@ def test_cli_flags_reach_the_spec():
     t = train_spec(args)
     assert (t.gpus, t.sharding, t.fsdp_reshard_after_forward) == (8, "fsdp", False)
     assert train_spec(_parse([])) == TrainSpec()
+    t = train_spec(_parse(["--gpus", "2", "--sharding", "ddp", "--grad-sync", "last"]))
+    assert t.grad_sync == "last"
     with pytest.raises(SystemExit):
         _parse(["--fsdp-reshard-after-forward", "maybe"])
 
@@ -82,8 +87,10 @@ def test_http_schema_fields():
     from memgnn.serving.schemas import PlanRequest, PredictRequest, TrainIn
     from pydantic import ValidationError
 
-    t = TrainIn(gpus=4, sharding="zero2").to_spec()
-    assert (t.gpus, t.sharding) == (4, "zero2")
+    t = TrainIn(gpus=4, sharding="zero2", grad_sync="last").to_spec()
+    assert (t.gpus, t.sharding, t.grad_sync) == (4, "zero2", "last")
+    with pytest.raises(ValidationError, match="--grad-sync last applies"):
+        TrainIn(grad_sync="last")
     with pytest.raises(ValidationError, match="--sharding zero3 needs --gpus >= 2"):
         TrainIn(sharding="zero3")
     req = PredictRequest.model_validate(
@@ -217,6 +224,62 @@ def test_zero2_keeps_parameters_whole_and_gradients_sharded():
     assert cats2["parameter"] >= whole  # whole parameters + shard
     assert cats3["parameter"] < cats2["parameter"]
     assert cats2["optimizer_state"] == cats3["optimizer_state"]  # both sharded
+
+
+def _tracker_accum_peak(train: TrainSpec, sizes) -> int:
+    """FSDPMemTracker over both steps, its module stats reset before each micro-step (it
+    takes one forward per module at a time; its peak survives the reset)."""
+    from memgnn.predictor.step import NullObserver
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class Reset(NullObserver):
+        def on_phase(self, phase: str, step: int, micro: int) -> None:
+            if phase == "input":
+                tracker.reset_mod_stats()
+
+    with fake_world(train) as world, FakeTensorMode(allow_non_fake_inputs=True):
+        step = TrainingStep(
+            _llama(), train, device=torch.device("cpu"), target="cpu", fake=True, world=world
+        )
+        tracker = FSDPMemTracker(step.model, step.optimizer)
+        with tracker:
+            step.run(sizes, Reset())
+        peak = tracker.get_tracker_snapshot("peak")
+    return max(dev["Total"] for dev in peak.values())
+
+
+def test_fsdp_accumulation_without_sync_keeps_unsharded_gradients():
+    """--grad-sync last (FSDP2 set_requires_gradient_sync(False) before the last micro-step,
+    FSDP1's no_sync): every rank holds the whole model's gradients, unsharded, through the
+    accumulation; syncing every micro-step holds the shard. By hand, 2 ranks, fp32: the
+    difference is the whole gradient less its shard, P x 4 / 2 bytes; and the fake run's
+    peak is PyTorch's FSDPMemTracker's on the same steady step."""
+    whole = sum(math.prod(s) * 4 for s in _param_shapes())
+    every = _predict(_captured(gpus=2, sharding="fsdp", grad_accum=2))
+    last_graph = _captured(gpus=2, sharding="fsdp", grad_accum=2, grad_sync="last")
+    last = _predict(last_graph)
+    assert last.breakdown["categories"]["gradient"] == whole
+    assert every.breakdown["categories"]["gradient"] == whole // 2
+    assert last.predicted_peak_bytes - every.predicted_peak_bytes == whole // 2
+    ops = list(last_graph.paths[0].nodes["op"])
+    every_ops = list(_captured(gpus=2, sharding="fsdp", grad_accum=2).paths[0].nodes["op"])
+    reduce = lambda o: sum("reduce_scatter" in op for op in o)  # noqa: E731
+    assert reduce(ops) * 2 == reduce(every_ops)  # one reduce-scatter per group per step
+    train = TrainSpec(gpus=2, sharding="fsdp", grad_accum=2, grad_sync="last")
+    theirs = _tracker_accum_peak(train, SIZES)
+    ours = _fake_pg_peak(last_graph, SIZES)
+    assert abs(ours - theirs) <= 0.01 * theirs
+
+
+def test_ddp_accumulation_without_sync_skips_the_all_reduce():
+    """DDP no_sync(): no all-reduce on the unsynced micro-step; gradients accumulate in
+    .grad as they do synced (DDP's buckets exist either way): the same bytes."""
+    every = _captured(gpus=2, sharding="ddp", grad_accum=2)
+    last = _captured(gpus=2, sharding="ddp", grad_accum=2, grad_sync="last")
+    count = lambda g: sum("allreduce" in op for op in g.paths[0].nodes["op"])  # noqa: E731
+    assert count(last) * 2 == count(every) > 0
+    assert _predict(last).predicted_peak_bytes == _predict(every).predicted_peak_bytes
 
 
 def test_fake_process_group_is_isolated():

@@ -45,11 +45,11 @@ def _sim_net(nested: bool) -> nn.Module:
     return _Net(q(K, N), q(N, K))
 
 
-def _lora(model: nn.Module, *, custom: bool) -> nn.Module:
+def _lora(model: nn.Module, *, custom: bool, autocast: bool = True) -> nn.Module:
     config = peft.LoraConfig(r=4, target_modules=["a", "b"])
     if custom:
         register_quant_layers(config)
-    return peft.get_peft_model(model, config)
+    return peft.get_peft_model(model, config, autocast_adapter_dtype=autocast)
 
 
 def test_the_quantised_linears_get_quant_lora_layers_with_fp32_adapters():
@@ -75,8 +75,8 @@ def test_int8_base_gets_a_lora_layer_too():
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
-@pytest.mark.parametrize("nested", [False, True])
-def test_a_real_bitsandbytes_nf4_lora_step_on_cpu_allocates_the_same(nested):
+@pytest.mark.parametrize(("nested", "autocast"), [(False, True), (True, True), (False, False)])
+def test_a_real_bitsandbytes_nf4_lora_step_on_cpu_allocates_the_same(nested, autocast):
     """The same step over real `bnb.nn.Linear4bit` (its CPU backend) and peft's own bnb
     LoRA layer: every storage the dispatcher sees matches in size, dtype and order. What
     the stand-in shows in addition is the dequantised weight in forward, which the real
@@ -117,8 +117,14 @@ def test_a_real_bitsandbytes_nf4_lora_step_on_cpu_allocates_the_same(nested):
         assert have == sorted((t.untyped_storage().nbytes(), t.dtype) for t in want)
 
     x = torch.randn(2, M, K, dtype=BF16)
-    got = _record(_lora(real_net, custom=False), x)
-    sim = _record(_lora(_sim_net(nested), custom=True), x)
+    # autocast=False: adapters in the base's bf16 (--lora-dtype model), as LitGPT's QLoRA
+    real_lora = _lora(real_net, custom=False, autocast=autocast)
+    sim_lora = _lora(_sim_net(nested), custom=True, autocast=autocast)
+    want = torch.float32 if autocast else BF16
+    for m in (real_lora, sim_lora):
+        assert {p.dtype for p in m.parameters() if p.requires_grad} == {want}
+    got = _record(real_lora, x)
+    sim = _record(sim_lora, x)
 
     def seq(rec: StepRecorder, drop: set) -> list:
         return [

@@ -386,6 +386,23 @@ def test_predict_and_plan_take_quantize_base_and_adamw8bit(client):
     assert r.status_code in (400, 422) and "--quantize-base" in r.text
 
 
+def test_predict_takes_lora_dtype(client):
+    train = {"peft": "lora", "lora_targets": "linear", "precision": "bf16"}
+    params = {}
+    for dtype in ("fp32", "model"):
+        body = {
+            "model": {"spec": "mlp", "train": train | {"lora_dtype": dtype}},
+            "configs": [{"sizes": {"B": 8}, "device": "cpu"}],
+        }
+        r = client.post("/predict", json=body)
+        assert r.status_code == 200, r.text
+        params[dtype] = r.json()["predictions"][0]["breakdown"]["categories"]["parameter"]
+    assert params["model"] < params["fp32"]
+    bad = {"model": {"spec": "mlp", "train": {"lora_dtype": "model"}}, "configs": [{}]}
+    r = client.post("/predict", json=bad)
+    assert r.status_code in (400, 422) and "--lora-dtype" in r.text
+
+
 def test_plan_searches_optimizer_implementations_with_one_capture_each(client):
     body = {
         "model": {"spec": "mlp"},
