@@ -66,6 +66,24 @@ def test_preset_stages_become_build_configs(tmp_path):
     assert [(c.backend, c.seed, c.size) for c in plain] == [("sim", 0, 5)]
 
 
+def test_v2_is_v1_then_a_fine_tuning_stage(tmp_path):
+    from memgnn.dataset.build import BuildConfig
+    from memgnn.dataset.sampler import sample_jobs
+
+    v1 = preset_kwargs("v1", out=tmp_path)
+    v2 = preset_kwargs("v2", out=tmp_path)
+    assert v2[:2] == v1  # v1's rows, job for job
+    stage = v2[2]
+    assert stage["backend"] == "sim" and "adamw8bit" in stage["finetune_kinds"]
+    configs = {j.group: j.train for j in sample_jobs(BuildConfig(**stage).sampler())}
+    drawn = {(t["peft"], t["quantize_base"] != "none", t["attention"], t["optimizer"])
+             for t in configs.values()}  # fmt: skip
+    assert {d[0] for d in drawn} == {"none", "lora"}
+    assert {d[2] for d in drawn} == {"eager", "sdpa", "flash"}
+    assert any(d[1] for d in drawn) and any(d[3] == "adamw8bit" for d in drawn)
+    assert sum(t["peft"] == "lora" for t in configs.values()) > len(configs) / 2
+
+
 def test_the_repository_corpus_is_preset_v1_packed():
     from pathlib import Path
 
