@@ -267,7 +267,7 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         choices=PRESETS,
         default=None,
         help="a named recipe that fixes size, backend, seed, sizes and caps per stage "
-        "(dataset.presets; v1 is the corpus in dataset/data/corpus-v1)",
+        "(dataset.presets; v2 is the corpus in dataset/data/corpus-v2)",
     )
     parser.add_argument("--size", type=int, default=None, help="number of jobs to sample")
     parser.add_argument("--backend", choices=BACKENDS, default=None, help="default: sim")

@@ -8,9 +8,9 @@ the timings), whatever `--workers` or `--executor`; a build stopped half way is 
 the same command. What is left free is how it runs: `--workers`, `--executor`,
 `--address`, `--chunk-size`, `--no-progress`.
 
-- `v1`: the corpus in the repository (`dataset/data/corpus-v1`): every zoo family at the
-  sampler's default caps, LoRA / QLoRA / attention-kernel draws on, sim labels on the
-  four default GPU profiles, then real CPU steps.
+- `v1`: the first corpus in the repository (packed as `dataset/data/corpus-v1` until v2
+  replaced it): every zoo family at the sampler's default caps, LoRA draws on, sim labels
+  on the four default GPU profiles, then real CPU steps.
 - `v2`: the corpus of the shipped GNN (`dataset/data/corpus-v2`): v1's two stages, row
   for row, then a fine-tuning stage: sim labels for the transformers families at two
   layers, where 70% of the configs are LoRA, 40% of those on a GPU profile QLoRA (nf4,

@@ -84,18 +84,18 @@ def test_v2_is_v1_then_a_fine_tuning_stage(tmp_path):
     assert sum(t["peft"] == "lora" for t in configs.values()) > len(configs) / 2
 
 
-def test_the_repository_corpus_is_preset_v1_packed():
+def test_the_repository_corpus_is_preset_v2_packed():
     from pathlib import Path
 
     from memgnn.dataset.pack import preset_job_ids
     from memgnn.predictor.features import FEATURE_SCHEMA_VERSION
 
-    root = Path(__file__).resolve().parents[2] / "dataset" / "data" / "corpus-v1"
+    root = Path(__file__).resolve().parents[2] / "dataset" / "data" / "corpus-v2"
     manifest = json.loads((root / "manifest.json").read_text())
     corpus = Corpus(root)
     table = corpus.table()
-    assert manifest["preset"] == "v1" and manifest["rows"] == table.num_rows
+    assert manifest["preset"] == "v2" and manifest["rows"] == table.num_rows
     assert manifest["feature_schema_version"] == FEATURE_SCHEMA_VERSION
-    assert set(table.column("job_id").to_pylist()) == preset_job_ids("v1")
+    assert set(table.column("job_id").to_pylist()) == preset_job_ids("v2")
     assert corpus.graph_problems(missing=True) == {}
     assert manifest["bytes"] < 30 * 2**20  # a repository carries no more
