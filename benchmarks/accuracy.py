@@ -2,8 +2,11 @@
 
     .venv/bin/python benchmarks/accuracy.py [--corpus DIR] [--folds 4]
 
-`--corpus` defaults to the corpus in the repository (`dataset/data/corpus-v1`, rebuilt by
-`memgnn dataset build --preset v1`), so a fresh clone runs it as is.
+`--corpus` defaults to the corpus in the repository (`dataset/data/corpus-v2`, rebuilt by
+`memgnn dataset build --preset v2`), so a fresh clone runs it as is. `--compare NAME=FILE`
+scores another model's answers on the same records beside the GNN (`benchmarks/
+model_compare.py` writes them, with the memgnn of that model's feature schema), also per
+fine-tuning kind (full, LoRA, QLoRA, 8-bit AdamW, an explicit attention kernel).
 
 Accuracy: leave-family-out cross-validation. The corpus families are dealt into `--folds`
 groups; for each, a model is trained (same pipeline as `memgnn train`, without mlflow) on
@@ -366,14 +369,16 @@ def markdown(res: dict[str, Any]) -> str:
                   "| encoder nodes | edges | ORT encoder ms |", "|---|---|---|"]  # fmt: skip
         for e in lat["encoder_synthetic"]:
             lines.append(f"| {e['nodes']} | {e['edges']} | {e['onnx_encoder_ms']:.1f} |")
+    from benchmarks.model_compare import markdown_by_kind
     from benchmarks.paths import markdown_paths
 
+    lines += markdown_by_kind(res.get("by_kind") or {})
     return "\n".join(lines + markdown_paths(res)) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--corpus", default=str(Path(__file__).parents[1] / "dataset/data/corpus-v1"))
+    p.add_argument("--corpus", default=str(Path(__file__).parents[1] / "dataset/data/corpus-v2"))
     p.add_argument("--folds", type=int, default=4)
     p.add_argument("--split", choices=("family", "random"), default="family",
                    help="family: leave-family-out folds; random: one 80/20 split")  # fmt: skip
@@ -395,6 +400,9 @@ def main(argv: list[str] | None = None) -> None:
         help="also the replay per record (vs the labels) and latency per path",
     )
     p.add_argument("--explain", default="", help="a sentence on replay differences")
+    p.add_argument("--compare", action="append", default=[], metavar="NAME=FILE",
+                   help="another model's answers on the same records "
+                   "(benchmarks/model_compare.py), scored beside the GNN")  # fmt: skip
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     for noisy in ("torch", "transformers", "predictor", "dataset", "training"):
@@ -415,6 +423,16 @@ def main(argv: list[str] | None = None) -> None:
     preds = {"gnn": learned, "gnn (head forms only)": (learned[0], head_only),
              "gnn (old bound)": (learned[0], old), **live,
              **{k: (v, v) for k, v in base.items()}}  # fmt: skip
+    from benchmarks.model_compare import by_kind, compare_predictions, record_kinds
+
+    compared = {}
+    for spec in a.compare:
+        name, _, path = spec.rpartition("=")
+        pred, upper, version = compare_predictions(data, path)
+        pred[untested], upper[untested] = np.nan, np.nan  # random split: the test records
+        compared[name or version] = (pred, upper)
+    preds |= compared
+    kind_preds = {"gnn": learned, **compared, "analytic": (base["analytic"],) * 2}
     if a.paths:
         from benchmarks.paths import replay_records
 
@@ -430,6 +448,7 @@ def main(argv: list[str] | None = None) -> None:
         "bound_calibration": cv["calibration"], "reserved_slack": reserved_slack(data),
         "fell_back": {f"{src}/{metric}": int(cv["fell_back"][np.array(data.source) == src, m].sum())
                       for src in sorted(set(data.source)) for m, metric in enumerate(METRICS)},
+        "by_kind": by_kind(data, record_kinds(data, a.corpus), kind_preds),
     }  # fmt: skip
     if a.paths:
         from benchmarks.paths import latency_per_path

@@ -1,7 +1,8 @@
 """Estimator baselines for `benchmarks/accuracy.py`: params-only and Korthikanti et al.
 
 - params-only: weights + gradients + optimizer state (P x (2 + k), k = 2 Adam, 1 SGD
-  momentum, 0 Adafactor), as the accelerate / DeepSpeed estimators do;
+  momentum, 0 Adafactor, two 1-byte states per parameter for 8-bit AdamW), as the
+  accelerate / DeepSpeed estimators do;
 - korthikanti (transformer families): model state + per layer s*b*h*(34 + 5*a*s/h) bytes
   (16-bit activations; x2 in fp32; checkpointed layers keep only their 2*s*b*h input).
 """
@@ -38,11 +39,18 @@ def baselines(data: Dataset, corpus: str) -> dict[str, np.ndarray]:
             alloc = np.asarray(p.storages["alloc"])
             param_bytes[gid] = float(nb[(cat == CATEGORIES.index("parameter")) & (alloc < 0)].sum())
         pb = param_bytes[gid]
-        state = pb * (2 + OPT_STATES[r["train"]["optimizer"]])
+        state = pb * (2 + _opt_states(r["train"]))
         params_only[i] = state
         if r["family"] in TRANSFORMERS:
             korth[i] = state + _korthikanti(r)
     return {"params-only": params_only, "korthikanti": korth}
+
+
+def _opt_states(train: dict[str, Any]) -> float:
+    """Optimizer state in units of the parameter bytes."""
+    if train["optimizer"] == "adamw8bit":  # two uint8 states per parameter
+        return 2.0 / (2 if train["precision"] in ("bf16", "fp16") else 4)
+    return OPT_STATES[train["optimizer"]]
 
 
 def _korthikanti(r: dict[str, Any]) -> float:

@@ -32,7 +32,7 @@ from typing import Any
 from memgnn.dataset.executors import EXECUTORS, Task, error_row, run_local, run_ray
 from memgnn.dataset.presets import PRESETS, check_preset_flags, preset_kwargs
 from memgnn.dataset.sampler import BACKENDS, Job, SamplerConfig, sample_jobs
-from memgnn.dataset.sampler_finetune import FINETUNE_KINDS
+from memgnn.dataset.sampler_finetune import FINETUNE_KINDS, LORA_SHARE
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class BuildConfig:
     progress: bool = True
     finetune: bool = True  # the sampler draws LoRA / QLoRA / attention-kernel configs
     finetune_kinds: tuple[str, ...] = FINETUNE_KINDS  # which of them (presets pin it)
+    lora_share: float = LORA_SHARE  # of a transformers family's configs (presets pin it)
 
     def __post_init__(self) -> None:
         self.out = Path(self.out)
@@ -93,6 +94,7 @@ class BuildConfig:
             hparams=self.hparams,
             finetune=self.finetune,
             finetune_kinds=tuple(self.finetune_kinds),
+            lora_share=self.lora_share,
             **self.caps,
         )
 
@@ -265,7 +267,7 @@ def add_build_arguments(parser: argparse.ArgumentParser) -> None:
         choices=PRESETS,
         default=None,
         help="a named recipe that fixes size, backend, seed, sizes and caps per stage "
-        "(dataset.presets; v1 is the corpus in dataset/data/corpus-v1)",
+        "(dataset.presets; v2 is the corpus in dataset/data/corpus-v2)",
     )
     parser.add_argument("--size", type=int, default=None, help="number of jobs to sample")
     parser.add_argument("--backend", choices=BACKENDS, default=None, help="default: sim")

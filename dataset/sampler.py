@@ -37,6 +37,8 @@ from typing import Any
 
 from memgnn.dataset.sampler_finetune import (
     FINETUNE_KINDS,
+    LORA_SHARE,
+    attention_kernels,
     draw_finetune,
     lora_modules,
     peft_default,
@@ -100,11 +102,14 @@ class SamplerConfig:
     hparams: dict[str, dict[str, Any]] = field(default_factory=dict)  # pinned, per zoo name
     finetune: bool = True  # draw LoRA / QLoRA / attention kernels (dataset.sampler_finetune)
     finetune_kinds: tuple[str, ...] = FINETUNE_KINDS  # which of them
+    lora_share: float = LORA_SHARE  # of the configs of a transformers family
 
     def __post_init__(self) -> None:
         from memgnn.dataset.zoo import FAMILIES
         from memgnn.predictor.devices import PROFILES
 
+        if not 0.0 <= self.lora_share <= 1.0:
+            raise ValueError(f"lora_share must be in [0, 1], got {self.lora_share}")
         unknown_kinds = set(self.finetune_kinds) - set(FINETUNE_KINDS)
         if unknown_kinds:
             raise ValueError(
@@ -261,6 +266,8 @@ def _draw_config(
             gpu=device == "auto" or profile is not None and profile.is_gpu,
             sm=profile.sm if profile is not None else None,
             kinds=tuple(cfg.finetune_kinds),
+            lora_share=cfg.lora_share,
+            kernels=facts["attention_kernels"],
         )
         train = TrainSpec(**train | extra).to_dict()
     if skip is not None and device in PROFILES:  # known not to run: redraw
@@ -321,12 +328,14 @@ def model_facts(name: str, frozen_hparams: str) -> dict[str, Any] | None:
         return None
     blocks = (bundle.blocks or default_blocks)(model)
     modules = lora_modules(blocks) | {"default": peft_default(model)}
+    kernels = attention_kernels(model) if hasattr(model, "config") else []
     return {
         "params": sum(p.numel() for p in model.parameters()),
         "blocks": len(blocks),
         "static": tuple(getattr(bundle, "static_dims", ())),
         "conv": any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules()),
         "lora_modules": modules,
+        "attention_kernels": kernels,
     }
 
 

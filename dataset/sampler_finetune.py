@@ -10,7 +10,10 @@
 - QLoRA (`quantize_base` nf4 / int8) on a LoRA config on a GPU device, with probability
   `QLORA_SHARE`, where the installed TrainSpec has the field;
 - the attention kernel (`attention` eager / sdpa / flash) of a transformers config on a
-  GPU device (flash only from sm 80), where the installed TrainSpec has the field.
+  GPU device (flash only from sm 80), among those the model class takes
+  (`attention_kernels`: T5 has no flash), where the installed TrainSpec has the field;
+- bitsandbytes' 8-bit AdamW (`optimizer="adamw8bit"`, kind "adamw8bit") in place of a
+  drawn Adam / AdamW on a GPU device, with probability `ADAMW8BIT_SHARE`.
 
 Fields the installed TrainSpec lacks are feature-detected and never drawn, and a value
 its validation rejects is left out, so the sampler runs before and after those options
@@ -31,7 +34,9 @@ from torch import nn
 
 __all__ = [
     "FINETUNE_KINDS",
+    "ADAMW8BIT_SHARE",
     "ATTENTION_KERNELS",
+    "attention_kernels",
     "LORA_RANKS",
     "LORA_SHARE",
     "QLORA_SHARE",
@@ -46,10 +51,11 @@ LORA_RANKS = (4, 8, 16, 64)
 LORA_DROPOUTS = (0.0, 0.05, 0.1)
 LORA_SHARE = 0.3  # of the configs of a transformers family
 QLORA_SHARE = 0.4  # of the LoRA configs on a GPU device
-QUANTIZE_BASES = ("nf4", "int8")
+QUANTIZE_BASES = ("nf4", "nf4-dq", "int8")
+ADAMW8BIT_SHARE = 0.3  # of the Adam / AdamW configs on a GPU device
 ATTENTION_KERNELS = ("eager", "sdpa", "flash")
 # what can be drawn; a corpus pins its own (corpus-v1: LoRA only, built before the rest)
-FINETUNE_KINDS = ("lora", "qlora", "attention")
+FINETUNE_KINDS = ("lora", "qlora", "attention", "adamw8bit")
 _LINEAR = ("Linear", "Conv1D")
 _ATTENTION_WORDS = ("attn", "attention")
 
@@ -72,6 +78,21 @@ def lora_modules(blocks: list[nn.Module]) -> dict[str, list[str]]:
             under_attention = any(w in p for p in parts[:-1] for w in _ATTENTION_WORDS)
             (inside if under_attention else outside).add(leaf)
     return {"attention": sorted(inside - outside), "all": sorted(inside | outside)}
+
+
+def attention_kernels(model: nn.Module) -> list[str]:
+    """The ATTENTION_KERNELS `predictor.attention.apply_attention` accepts for `model` (a
+    throwaway build: its attention implementation is left set to the last one tried)."""
+    from memgnn.predictor.attention import apply_attention
+
+    kernels = []
+    for kernel in ATTENTION_KERNELS:
+        try:
+            apply_attention(model, TrainSpec(attention=kernel), fake=True)
+        except (ValueError, ImportError):
+            continue
+        kernels.append(kernel)
+    return kernels
 
 
 def peft_default(model: nn.Module) -> list[str]:
@@ -111,12 +132,16 @@ def draw_finetune(
     gpu: bool,
     sm: int | None,
     kinds: tuple[str, ...] = FINETUNE_KINDS,
+    lora_share: float = LORA_SHARE,
+    kernels: list[str] | None = None,
 ) -> dict[str, Any]:
     """TrainSpec fields to add to `base` (a TrainSpec's fields) for one config (see the
     module docstring). `transformers`: the family is a transformers model; `modules`: its
     `lora_modules`, with its `peft_default` under "default"; `gpu`/`sm`: the device;
-    `kinds`: which of FINETUNE_KINDS may be drawn.
-    Always takes the same numbers from `rng`, whatever it draws."""
+    `kinds`: which of FINETUNE_KINDS may be drawn; `lora_share`: the probability of LoRA;
+    `kernels`: the attention kernels the model takes (None: every one).
+    Always takes the same numbers from `rng`, whatever it draws (the 8-bit AdamW draw comes
+    last, so configs drawn before it existed keep their other draws)."""
     extra: dict[str, Any] = {}
     modules = modules or {}
     u_lora, u_qlora, u_attention = rng.random(), rng.random(), rng.random()
@@ -130,7 +155,7 @@ def draw_finetune(
         and _peft_installed()
         and bool(modules)
     )
-    if lora_ok and u_lora < LORA_SHARE:
+    if lora_ok and u_lora < lora_share:
         options = [""] if modules.get("default") else []  # "": peft's default for the model
         options += [",".join(modules[k]) for k in ("attention", "all") if modules.get(k)]
         targets = options[target_pick % len(options)] if options else None
@@ -151,8 +176,15 @@ def draw_finetune(
         if _valid(base, extra | {"quantize_base": quant}):
             extra["quantize_base"] = quant
     if "attention" in kinds and transformers and gpu and supported("attention"):
-        kernels = [k for k in ATTENTION_KERNELS if k != "flash" or (sm or 0) >= 80]
-        kernel = kernels[int(u_attention * len(kernels))]
-        if _valid(base, extra | {"attention": kernel}):
+        allowed = ATTENTION_KERNELS if kernels is None else kernels
+        allowed = [k for k in allowed if k != "flash" or (sm or 0) >= 80]
+        kernel = allowed[int(u_attention * len(allowed))] if allowed else None
+        if kernel is not None and _valid(base, extra | {"attention": kernel}):
             extra["attention"] = kernel
+    u_8bit = rng.random()
+    adam = base.get("optimizer") in ("adam", "adamw")
+    if "adamw8bit" in kinds and gpu and adam and u_8bit < ADAMW8BIT_SHARE:
+        eight = {"optimizer": "adamw8bit", "optimizer_impl": "auto"}
+        if _valid(base, extra | eight):
+            extra |= eight
     return extra

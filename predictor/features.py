@@ -9,7 +9,11 @@
   (the trace sizes, and those scaled up) so the features never depend on a query. Edges
   are the data dependencies, sorted by destination.
 - **Query level** (`query_features.PathContext`, per (sizes, device) and fed to the head):
-  the columns are `QUERY_COLUMNS` here; `predictor.query_features` computes them.
+  the columns are `QUERY_COLUMNS` here; `predictor.query_features` computes them. Those
+  from the training config are `config_features`: precision, optimizer (8-bit AdamW
+  included) and its implementation, checkpointing, accumulation, and since schema 3 LoRA
+  (on, log rank, dropout), the quantised base (nf4 / nf4-dq / int8) and the attention
+  kernel, so the head tells a LoRA or QLoRA step from a full fine-tune of the same graph.
 
 Bump FEATURE_SCHEMA_VERSION whenever a column changes meaning: shipped models record it
 and refuse to load under another version.
@@ -32,7 +36,7 @@ from memgnn.predictor.vocab import FEATURE_CATEGORIES, fold_comm
 
 log = logging.getLogger(__name__)
 
-FEATURE_SCHEMA_VERSION = 2
+FEATURE_SCHEMA_VERSION = 3  # 3: fine-tuning columns (peft, LoRA rank, quantised base, attention)
 OP_VOCAB: tuple[str, ...] = (
     "view", "t", "detach", "zeros_like", "mm", "mul", "lift_fresh", "add", "sum",
     "transpose", "addmm", "slice", "_unsafe_view", "pow", "native_layer_norm",
@@ -73,8 +77,10 @@ HASH_BUCKETS = 16
 NUM_OPS = len(OP_VOCAB) + HASH_BUCKETS
 DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool", "uint8")
 PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
-OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")
+OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor", "adamw8bit")
 IMPLS = ("foreach", "fused", "for-loop")
+QUANTIZED = ("nf4", "nf4-dq", "int8")  # quantize_base; "none" is all zeros
+ATTENTION = ("auto", "eager", "sdpa", "flash")
 SCALE_UP = {"B": 16}  # the second reference point multiplies B by 16, other symbols by 4
 SCALE_OTHER = 4
 _VOCAB_INDEX = {name: k for k, name in enumerate(OP_VOCAB)}
@@ -95,7 +101,9 @@ QUERY_COLUMNS: tuple[str, ...] = (
     "is_gpu", "log_total", "sm", "log_workspace", "workspace_over_peak", "pressure",
     *(f"prec_{p}" for p in PRECISIONS), *(f"opt_{o}" for o in OPTIMIZERS),
     *(f"impl_{i}" for i in IMPLS), "ckpt_none", "ckpt_full", "ckpt_blocks", "log_accum",
-    "set_to_none", "log_nodes", "log_storages", "backward_frac", "unknown_frac",
+    "set_to_none", "peft_lora", "log_lora_r", "lora_dropout",
+    *(f"quant_{k}" for k in QUANTIZED), *(f"attn_{a}" for a in ATTENTION), "log_nodes",
+    "log_storages", "backward_frac", "unknown_frac",
 )  # fmt: skip
 NUM_NODE_FEATURES = len(NODE_COLUMNS)
 NUM_QUERY_FEATURES = len(QUERY_COLUMNS)
@@ -299,15 +307,23 @@ def _exponents(graph: StepGraph, path: int, refs: list[dict[str, int]], alloc: n
 
 
 def config_features(train: dict[str, Any], target: str) -> np.ndarray:
+    """The TrainSpec columns of QUERY_COLUMNS (`prec_*` to `attn_*`) of one config.
+
+    Parallelism (`gpus`, `sharding`) has no column: a sharded graph is captured per rank,
+    so its sizes and collectives are in the graph itself, and no corpus draws it."""
     from memgnn.predictor.spec import TrainSpec
     from memgnn.predictor.step import resolve_optimizer_impl
 
     spec = TrainSpec(**{k: v for k, v in train.items() if k in TrainSpec.__slots__})
     impl = resolve_optimizer_impl(spec, target)
     blocks = spec.checkpoint_blocks
+    lora = spec.peft == "lora"
     return np.concatenate([
         [spec.precision == p for p in PRECISIONS], [spec.optimizer == o for o in OPTIMIZERS],
         [impl == i for i in IMPLS],
         [blocks is None, blocks == -1, 0.0 if blocks in (None, -1) else log_scale(blocks, 4)],
         [log_scale(spec.grad_accum, 4), float(spec.set_to_none)],
+        [float(lora), log_scale(spec.lora_r, 8) if lora else 0.0,
+         spec.lora_dropout if lora else 0.0],
+        [spec.quantize_base == k for k in QUANTIZED], [spec.attention == a for a in ATTENTION],
     ]).astype(np.float64)  # fmt: skip

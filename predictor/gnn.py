@@ -199,8 +199,12 @@ class QueryHead(nn.Module):
         self.calibration.zero_()
 
     def set_normalization(self, q: Tensor) -> None:
+        """Standardise each query column over the training rows `q`. A column constant
+        there (a training option no row draws) keeps unit scale: its value never reaches
+        the head as a 1000-sigma input when a query sets it."""
+        std = q.std(0, unbiased=False)
         self.q_mean.copy_(q.mean(0))
-        self.q_std.copy_(q.std(0, unbiased=False).clamp(min=1e-3))
+        self.q_std.copy_(torch.where(std > 1e-6, std.clamp(min=1e-3), torch.ones_like(std)))
 
     def forward(self, emb: Tensor, q: Tensor) -> Tensor:
         """[Q, 6]: log corrections `mu` (3 metrics), then log upper bounds (3 metrics)."""

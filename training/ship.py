@@ -2,10 +2,10 @@
 
     .venv/bin/python -m memgnn.training.ship            # corpus -> train -> predictor/default_model
 
-1. builds (or finishes: it is resumable) the corpus in `runs/corpus` with
-   `dataset.build` (all 14 zoo families): the same as
-   `memgnn dataset build --out runs/corpus --backend sim --size 3960 --sizes-per-config 12
-   --seed 1 --workers 2` then `... --backend cpu --size 430 --seed 1`;
+1. builds (or finishes: it is resumable) the corpus of `--preset` (default v2, the
+   shipped model's: `dataset.presets`) in `runs/corpus`, the same as
+   `memgnn dataset build --preset v2 --out runs/corpus --workers 2`; `--corpus
+   dataset/data/corpus-v2 --skip-corpus` trains on the packed copy in the repository;
 2. trains on every family (`memgnn train --holdout-families none`: held-out-family
    accuracy is measured by `benchmarks/accuracy.py`, which cross-validates by family),
    tracked in `runs/default-model/mlflow.db` and registered as `memgnn@champion`;
@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from memgnn.dataset.build import BuildConfig, build_corpus
+from memgnn.dataset.presets import PRESETS, preset_kwargs
 from memgnn.training.fit_config import FitConfig
 from memgnn.training.train import TrainConfig, run_training
 
@@ -38,9 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2, help="corpus build processes")
     p.add_argument("--threads", type=int, default=1, help="torch threads for training")
     p.add_argument("--seed", type=int, default=0, help="training seed")
-    p.add_argument("--corpus-seed", type=int, default=1)
-    p.add_argument("--sim-size", type=int, default=3960, help="sim jobs (12 sizes per config)")
-    p.add_argument("--cpu-size", type=int, default=430, help="real cpu jobs")
+    p.add_argument("--preset", default="v2", choices=sorted(PRESETS), help="corpus recipe")
     p.add_argument("--skip-corpus", action="store_true", help="train on --corpus as it is")
     p.add_argument("--no-install", action="store_true", help="do not copy into the package")
     p.add_argument("--restart", action="store_true", help="discard a previous run in --out")
@@ -51,18 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.restart:
         shutil.rmtree(a.out, ignore_errors=True)
     if not a.skip_corpus:
-        for backend, size, per_config in (("sim", a.sim_size, 12), ("cpu", a.cpu_size, None)):
-            summary = build_corpus(
-                BuildConfig(
-                    out=Path(a.corpus),
-                    size=size,
-                    backend=backend,
-                    workers=a.workers,
-                    seed=a.corpus_seed,
-                    sizes_per_config=per_config,
-                )
-            )
-            log.info("corpus %s (%s): %s", a.corpus, backend, summary.to_dict())
+        for kw in preset_kwargs(a.preset, out=Path(a.corpus), workers=a.workers):
+            summary = build_corpus(BuildConfig(**kw))
+            log.info("corpus %s (%s): %s", a.corpus, kw["backend"], summary.to_dict())
     cfg = TrainConfig(
         corpus=a.corpus,
         out=a.out,

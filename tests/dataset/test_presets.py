@@ -66,18 +66,36 @@ def test_preset_stages_become_build_configs(tmp_path):
     assert [(c.backend, c.seed, c.size) for c in plain] == [("sim", 0, 5)]
 
 
-def test_the_repository_corpus_is_preset_v1_packed():
+def test_v2_is_v1_then_a_fine_tuning_stage(tmp_path):
+    from memgnn.dataset.build import BuildConfig
+    from memgnn.dataset.sampler import sample_jobs
+
+    v1 = preset_kwargs("v1", out=tmp_path)
+    v2 = preset_kwargs("v2", out=tmp_path)
+    assert v2[:2] == v1  # v1's rows, job for job
+    stage = v2[2]
+    assert stage["backend"] == "sim" and "adamw8bit" in stage["finetune_kinds"]
+    configs = {j.group: j.train for j in sample_jobs(BuildConfig(**stage).sampler())}
+    drawn = {(t["peft"], t["quantize_base"] != "none", t["attention"], t["optimizer"])
+             for t in configs.values()}  # fmt: skip
+    assert {d[0] for d in drawn} == {"none", "lora"}
+    assert {d[2] for d in drawn} == {"eager", "sdpa", "flash"}
+    assert any(d[1] for d in drawn) and any(d[3] == "adamw8bit" for d in drawn)
+    assert sum(t["peft"] == "lora" for t in configs.values()) > len(configs) / 2
+
+
+def test_the_repository_corpus_is_preset_v2_packed():
     from pathlib import Path
 
     from memgnn.dataset.pack import preset_job_ids
     from memgnn.predictor.features import FEATURE_SCHEMA_VERSION
 
-    root = Path(__file__).resolve().parents[2] / "dataset" / "data" / "corpus-v1"
+    root = Path(__file__).resolve().parents[2] / "dataset" / "data" / "corpus-v2"
     manifest = json.loads((root / "manifest.json").read_text())
     corpus = Corpus(root)
     table = corpus.table()
-    assert manifest["preset"] == "v1" and manifest["rows"] == table.num_rows
+    assert manifest["preset"] == "v2" and manifest["rows"] == table.num_rows
     assert manifest["feature_schema_version"] == FEATURE_SCHEMA_VERSION
-    assert set(table.column("job_id").to_pylist()) == preset_job_ids("v1")
+    assert set(table.column("job_id").to_pylist()) == preset_job_ids("v2")
     assert corpus.graph_problems(missing=True) == {}
     assert manifest["bytes"] < 30 * 2**20  # a repository carries no more

@@ -79,7 +79,7 @@ def test_qlora_and_attention_are_drawn_when_asked_for():
     assert not any("quantize_base" in d or "attention" in d for d in _draws())  # LoRA only
     gpu = _draws(sm=80, kinds=ft.FINETUNE_KINDS)
     quant = Counter(d.get("quantize_base") for d in gpu if "peft" in d)
-    assert set(quant) == {None, "nf4", "int8"}
+    assert set(quant) == {None, "nf4", "nf4-dq", "int8"}
     assert all("quantize_base" not in d for d in gpu if "peft" not in d)
     assert Counter(d["attention"] for d in gpu).keys() == {"eager", "sdpa", "flash"}
     sm70 = _draws(sm=70, kinds=ft.FINETUNE_KINDS)
@@ -89,6 +89,47 @@ def test_qlora_and_attention_are_drawn_when_asked_for():
     assert any("peft" in d for d in cpu)  # LoRA runs on the CPU too
     for d in gpu:
         TrainSpec(**TrainSpec().to_dict() | d)  # every draw is a valid spec
+
+
+def test_adamw8bit_replaces_a_drawn_adam_on_gpu_only():
+    assert not any("optimizer" in d for d in _draws(kinds=("lora", "qlora", "attention")))
+    gpu = _draws(kinds=ft.FINETUNE_KINDS)
+    eight = [d for d in gpu if d.get("optimizer") == "adamw8bit"]
+    assert 0.2 < len(eight) / len(gpu) < 0.4  # ADAMW8BIT_SHARE = 0.3
+    assert all(d["optimizer_impl"] == "auto" for d in eight)
+    assert any("peft" in d for d in eight) and any("peft" not in d for d in eight)
+    assert not any("optimizer" in d for d in _draws(gpu=False, sm=None, kinds=ft.FINETUNE_KINDS))
+    sgd = TrainSpec(optimizer="sgd").to_dict()
+    args = {"transformers": True, "modules": MODULES, "gpu": True, "sm": 80}
+    assert not any("optimizer" in ft.draw_finetune(random.Random(i), sgd, **args)
+                   for i in range(200))  # fmt: skip
+    # the 8-bit draw comes last: every other draw is what it was without the kind
+    before = _draws(kinds=("lora", "qlora", "attention"))
+    trimmed = [{k: v for k, v in d.items() if k not in ("optimizer", "optimizer_impl")}
+               for d in gpu]  # fmt: skip
+    assert trimmed == before
+
+
+def test_lora_share_sets_how_many_configs_are_lora():
+    share = [sum("peft" in d for d in _draws(lora_share=p)) / 400 for p in (0.0, 0.7, 1.0)]
+    assert share[0] == 0.0 and 0.6 < share[1] < 0.8 and share[2] == 1.0
+    with pytest.raises(ValueError, match="lora_share"):
+        SamplerConfig(size=4, seed=1, lora_share=1.5)
+
+
+def test_only_the_kernels_a_model_takes_are_drawn():
+    draws = _draws(kinds=ft.FINETUNE_KINDS, kernels=["eager", "sdpa"])
+    assert {d["attention"] for d in draws} == {"eager", "sdpa"}
+    assert not any("attention" in d for d in _draws(kinds=ft.FINETUNE_KINDS, kernels=[]))
+
+
+def test_t5_gets_no_flash_attention_draw():
+    """T5 has no flash_attention_2 in transformers: every such draw was a failed row."""
+    jobs = sample_jobs(SamplerConfig(size=24, seed=2, families=["t5", "gpt2"], sizes_per_config=1,
+                                     max_layers=1, lora_share=0.7))  # fmt: skip
+    kernels = {(j.model, j.train["attention"]) for j in jobs}
+    assert ("gpt2", "flash") in kernels and ("t5", "flash") not in kernels
+    assert {k for m, k in kernels if m == "t5"} <= {"eager", "sdpa"}
 
 
 def test_unknown_fine_tuning_draws_are_refused():

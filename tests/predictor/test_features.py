@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from memgnn.predictor.features import (
     HASH_BUCKETS,
     NUM_NODE_FEATURES,
@@ -67,3 +68,58 @@ def test_alias_is_in_the_vocabulary(gpt_graph):
     data = gpt_graph.content() | {"meta": gpt_graph.meta}
     data["paths"][0]["nodes"]["op"][3] = "alias.default"
     assert graph_inputs(StepGraph.from_dict(data), compact=False).unknown_ops == []
+
+
+def _config_columns(train: dict, target: str = "cuda") -> dict[str, float]:
+    from memgnn.predictor.features import QUERY_COLUMNS, config_features
+
+    values = config_features(train, target)
+    start = QUERY_COLUMNS.index("prec_fp32")
+    return dict(zip(QUERY_COLUMNS[start : start + len(values)], values.tolist()))
+
+
+def test_config_columns_line_up_with_the_query_columns():
+    from memgnn.predictor.features import QUERY_COLUMNS
+
+    cols = _config_columns({})
+    names = list(cols)
+    assert names[-1] == "attn_flash"  # the static graph columns come right after
+    assert QUERY_COLUMNS[QUERY_COLUMNS.index("attn_flash") + 1] == "log_nodes"
+    assert cols["opt_adamw"] == 1.0 and cols["impl_foreach"] == 1.0 and cols["attn_auto"] == 1.0
+    assert sum(v for k, v in cols.items() if k.startswith(("peft", "lora", "quant"))) == 0.0
+
+
+def test_config_columns_tell_fine_tuning_apart():
+    """LoRA / QLoRA / the attention kernel / 8-bit AdamW each change the query features,
+    so the head can tell a LoRA run from a full fine-tune of the same graph shape."""
+    full = _config_columns({})
+    lora8 = _config_columns({"peft": "lora", "lora_r": 8, "lora_dropout": 0.1})
+    lora64 = _config_columns({"peft": "lora", "lora_r": 64})
+    assert full["peft_lora"] == 0.0 and lora8["peft_lora"] == 1.0
+    assert 0.0 < lora8["log_lora_r"] < lora64["log_lora_r"]
+    assert lora8["lora_dropout"] == pytest.approx(0.1) and lora64["lora_dropout"] == 0.0
+    for quant in ("nf4", "nf4-dq", "int8"):
+        cols = _config_columns({"peft": "lora", "quantize_base": quant})
+        assert [k for k in cols if k.startswith("quant_") and cols[k]] == [f"quant_{quant}"]
+    for kernel in ("eager", "sdpa", "flash"):
+        cols = _config_columns({"attention": kernel})
+        assert [k for k in cols if k.startswith("attn_") and cols[k]] == [f"attn_{kernel}"]
+    cols = _config_columns({"optimizer": "adamw8bit"})
+    assert cols["opt_adamw8bit"] == 1.0 and cols["opt_adamw"] == 0.0
+    # the rank of a config without LoRA says nothing: TrainSpec's default r is not a feature
+    assert _config_columns({"lora_r": 64}) == full
+
+
+def test_query_features_carry_the_fine_tuning_columns(gpt_graph):
+    from memgnn.predictor.devices import get_profile
+    from memgnn.predictor.features import QUERY_COLUMNS
+
+    data = gpt_graph.content() | {"meta": gpt_graph.meta}
+    data["train"] = dict(data["train"]) | {"peft": "lora", "lora_r": 16}
+    lora = StepGraph.from_dict(data)
+    dev = get_profile("a100-80gb")
+    a = PathContext(gpt_graph).query({"B": 8, "S": 64}, dev).features
+    b = PathContext(lora).query({"B": 8, "S": 64}, dev).features
+    k = QUERY_COLUMNS.index("peft_lora")
+    assert a[k] == 0.0 and b[k] == 1.0
+    assert np.flatnonzero(a != b).tolist() == [k, k + 1]  # peft_lora, log_lora_r

@@ -228,3 +228,17 @@ def test_shipped_onnx_model_loads_into_the_pyg_model_and_agrees(captured):
         ort_emb, ort_out = _onnx_outputs(onnx_model, graph, q)
         np.testing.assert_allclose(ort_emb, emb, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(ort_out, out, rtol=1e-5, atol=1e-5)
+
+
+def test_a_column_constant_in_training_keeps_unit_scale():
+    """A query column no training row sets (an option the corpus never draws) must not be
+    scaled by 1 / 1e-3 when a query sets it: it reaches the head as at most 1."""
+    from memgnn.predictor.gnn import QueryHead
+
+    head = QueryHead(GNNConfig(), emb_dim=4, num_query=3)
+    q = torch.tensor([[0.0, 1.0, 2.0], [0.0, 3.0, 2.0], [0.0, 5.0, 2.0]])
+    head.set_normalization(q)
+    assert head.q_std.tolist() == pytest.approx([1.0, (8 / 3) ** 0.5, 1.0])
+    assert head.q_mean.tolist() == pytest.approx([0.0, 3.0, 2.0])
+    scaled = (torch.tensor([1.0, 3.0, 2.0]) - head.q_mean) / head.q_std
+    assert scaled.tolist() == pytest.approx([1.0, 0.0, 0.0])

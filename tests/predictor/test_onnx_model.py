@@ -75,12 +75,13 @@ def test_no_external_weights_and_card_fields(model_dir):
     assert card["onnx"]["ort_max_rel_error"] < 1e-4
 
 
-def test_schema_mismatch_fails_clearly(model_dir, tmp_path):
+@pytest.mark.parametrize("offset", [1, -1])  # -1: a card from before the fine-tuning columns
+def test_schema_mismatch_fails_clearly(model_dir, tmp_path, offset):
     out, _ = model_dir
     bad = tmp_path / "bad"
     shutil.copytree(out, bad)
     card = json.loads((bad / "model_card.json").read_text())
-    card["feature_schema_version"] = FEATURE_SCHEMA_VERSION + 1
+    card["feature_schema_version"] = FEATURE_SCHEMA_VERSION + offset
     (bad / "model_card.json").write_text(json.dumps(card))
     with pytest.raises(ValueError, match="feature schema version"):
         OnnxMemoryModel.load(bad)

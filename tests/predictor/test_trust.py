@@ -55,13 +55,21 @@ def test_extrapolation_is_reported(shipped, mlp_graph):
     assert any("B=4194304" in why for why in outside.breakdown["extrapolated"])
 
 
-def test_corrections_far_outside_the_corpus_are_clipped_and_said(shipped, mlp_graph):
-    # this 24-64-5 MLP is far smaller than any corpus step: the raw network output is
-    # absurd here (x1e76 on reserved before the clip)
+@pytest.mark.parametrize("raw", [None, 175.0, -175.0])  # None: what the network says
+def test_corrections_far_outside_the_corpus_are_clipped_and_said(shipped, mlp_graph, raw,
+                                                                 monkeypatch):  # fmt: skip
+    # this 24-64-5 MLP is far smaller than any corpus step: gnn-8f4b4b5c0cc7's raw output
+    # was absurd here (x1e76 on reserved before the clip); a head that says x e^+-175
+    # (forced below) must be clipped and said whatever the shipped weights are
+    import numpy as np
+
+    if raw is not None:
+        monkeypatch.setattr(shipped, "head", lambda emb, q: np.full((len(q), 6), raw, np.float32))
     p = shipped.predict(mlp_graph, [Query(sizes={"B": 8}, device="h100-80gb")])[0]
     assert 1 / 16 <= p.breakdown["correction"] <= 16
     assert p.upper_bound_bytes <= 16 * p.breakdown["analytic_bytes"] + p.breakdown["floor_bytes"]
-    assert any("clipped" in why for why in p.breakdown["extrapolated"])
+    clipped = any("clipped" in why for why in p.breakdown["extrapolated"])
+    assert clipped == (raw is not None or not 1 / 16 < p.breakdown["correction"] < 16)
 
 
 @pytest.fixture(scope="module")
