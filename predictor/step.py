@@ -107,6 +107,19 @@ def _apply_checkpointing(model: nn.Module, blocks: list[nn.Module], n: int) -> i
     return len(chosen)
 
 
+def _no_kv_cache(model: nn.Module) -> None:
+    """Turn a transformers model's KV cache off under memgnn's checkpointing, as HF's own
+    gradient checkpointing does (`use_cache=True` is incompatible with it). With the cache
+    on, every recomputed layer appends its keys and values to the DynamicCache a second
+    time and attends over 2 x S keys (eager attention fails, SDPA silently computes and
+    stores twice the bytes), and the cache keeps every layer's keys and values alive
+    through backward."""
+    config = getattr(model, "config", None)
+    if getattr(config, "use_cache", False):
+        log.debug("%s: use_cache off under checkpointing", type(model).__name__)
+        config.use_cache = False
+
+
 def _apply_hf_checkpointing(model: nn.Module, name: str) -> int:
     """transformers' own gradient checkpointing, as `Trainer(gradient_checkpointing=True)`
     runs it: `activation_checkpointing_enable` (the 5.x name of `gradient_checkpointing_enable`,
@@ -214,6 +227,7 @@ class TrainingStep:
             if not blocks:
                 raise ValueError(f"model {bundle.name!r} has no repeated blocks to checkpoint")
             self.checkpointed = _apply_checkpointing(model, blocks, train.checkpoint_blocks)
+            _no_kv_cache(model)
         if train.peft == "lora":
             with torch.device(device), _default_dtype(train.param_dtype):
                 model = self.model = apply_lora(model, train)

@@ -50,18 +50,42 @@ def test_hf_checkpointing_sim_equals_a_real_cpu_step(llama_config, precision):
     assert sim.breakdown["tensor_phase_peaks"] == real.breakdown["tensor_phase_peaks"]
 
 
-def test_hf_checkpointing_turns_the_kv_cache_off(llama_config):
+def test_checkpointing_turns_the_kv_cache_off_as_hf_does(llama_config):
     # a plain loop over an HF causal LM keeps a DynamicCache of every layer's keys and
-    # values (config.use_cache); HF's checkpointing layers set use_cache=False, `full` not
+    # values (config.use_cache); HF's checkpointing layers set use_cache=False, and so does
+    # memgnn's `full` wrapper: the two checkpoint the same layers the same way
     bundle = zoo.resolve(f"hf:{llama_config}")
-    assert _schedule(bundle, "hf") != _schedule(bundle, "full")
+    assert _schedule(bundle, "hf") == _schedule(bundle, "full")
     peaks = {
         c: profile(
             bundle, TrainSpec(checkpointing=c, steps="first"), SIZES, ProfileConfig(backend="sim")
         ).breakdown["tensor_phase_peaks"]["forward"]
-        for c in ("hf", "full")
+        for c in ("hf", "full", "none")
     }
-    assert peaks["hf"] < peaks["full"]
+    assert peaks["hf"] == peaks["full"] < peaks["none"]
+
+
+@pytest.mark.parametrize("checkpointing", ["full", "blocks:1", "hf"])
+def test_recomputed_layers_attend_over_s_keys(llama_config, monkeypatch, checkpointing):
+    # with the cache on, a recomputed layer appended its keys a second time and SDPA
+    # silently attended over 2 x S keys (eager attention failed on the mask)
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    keys: list[int] = []
+    sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def spy(module, q, k, v, *args, **kwargs):
+        keys.append(k.shape[-2])
+        return sdpa(module, q, k, v, *args, **kwargs)
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", spy)
+    bundle = zoo.resolve(f"hf:{llama_config}")
+    train = TrainSpec(checkpointing=checkpointing, attention="sdpa")
+    step = TrainingStep(bundle, train, device=torch.device("cpu"), target="cpu")
+    batch = bundle.make_inputs(SIZES, torch.device("cpu"), torch.float32)
+    bundle.loss(step.model, batch).backward()
+    recomputed = LAYERS if checkpointing != "blocks:1" else 1
+    assert keys == [SIZES["S"]] * (LAYERS + recomputed)
 
 
 def test_hf_checkpointing_wraps_every_decoder_layer(llama_config):
