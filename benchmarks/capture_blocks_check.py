@@ -58,7 +58,7 @@ def cases():
     """(name, bundle at n blocks, training, n, captured blocks)."""
     return [
         ("zoo llama fp32", _zoo, T(), 6, 4),
-        ("zoo llama fp32, depth 3", _zoo, T(), 5, 3),
+        ("zoo llama fp32, depth 5", _zoo, T(), 8, 5),
         ("zoo llama bf16 fused AdamW", _zoo, T(precision="bf16", optimizer_impl="fused"), 6, 4),
         ("zoo llama amp-bf16 for-loop", _zoo, T(precision="amp-bf16", optimizer_impl="for-loop"), 6, 4),  # noqa: E501
         ("zoo llama checkpointing full", _zoo, T(checkpointing="full"), 6, 4),

@@ -89,8 +89,8 @@ class CaptureConfig:
     def __post_init__(self) -> None:
         if self.mode not in CAPTURE_MODES:
             raise ValueError(f"capture mode must be full or blocks, got {self.mode!r}")
-        if self.blocks_depth < 3:
-            raise ValueError(f"blocks_depth must be >= 3, got {self.blocks_depth}")
+        if self.blocks_depth < 4:
+            raise ValueError(f"blocks_depth must be >= 4, got {self.blocks_depth}")
         if self.target not in ("cpu", "cuda"):
             raise ValueError(f"target must be cpu or cuda, got {self.target!r}")
         if self.scenario not in SCENARIOS:

@@ -341,7 +341,12 @@ class ModuleTracker:
             if name is not None and self.stack and self.stack[-1] == name:
                 self.stack.pop()
 
-        self._handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
+        # always_call: a forward stopped by an exception (checkpoint recomputation stops
+        # early that way) still leaves the stack, else its names would label later ops
+        self._handles = [
+            register_module_forward_pre_hook(pre),
+            register_module_forward_hook(post, always_call=True),
+        ]
         return self
 
     def __exit__(self, *exc: Any) -> None:
