@@ -14,12 +14,14 @@ block before it reads, in copy m, the storage of block m-1. Copy m takes what it
 from the block before it from middle block d-2 (whose previous block is a middle one)
 unless m-1 is the first block (then from middle block 1), and what it reads from the
 block after it from middle block 1 unless m+1 is the last (then from block d-2); both
-middle blocks must agree on every such offset. A node outside every block reads the first
-or the last block. The node that allocates or frees a storage is found the same way.
-Anything else (a middle block read from outside, a block reading one two away, blocks in
-another order, middle blocks of different lengths or ops) raises `NotRepeated`; so does a
-schedule that, rebuilt at N = d, is not the captured one (`replicate` checks this before
-building any other depth).
+middle blocks must agree on every such offset. Sizes and ops of copy 1 are middle block
+1's, of the later copies block d-2's (the shape environment can write a size expression of
+the second block in another form than those of the later ones). A node outside every
+block reads the first or the last block. The node that allocates or frees a storage is
+found the same way. Anything else (a middle block read from outside, a block reading one
+two away, blocks in another order, middle blocks of different lengths or ops) raises
+`NotRepeated`; so does a schedule that, rebuilt at N = d, is not the captured one
+(`replicate` checks this before building any other depth).
 """
 
 from __future__ import annotations
@@ -158,8 +160,9 @@ class _Plan:
         for i, lam in n_order:
             tag = self.nl[i]
             items, src = self._sources(i, tag, self.nby, self.npos)
+            base = items[-1] if len(items) > 1 and lam != 1 else items[0]
             for col in ("op", "phase", "step", "micro", "scratch"):
-                nodes[col].append(p.nodes[col][i])
+                nodes[col].append(p.nodes[col][base])
             nodes["module"].append(self._module(items, src, lam, n))
             for col in ("inputs", "outputs"):
                 refs = p.nodes[col][i]
@@ -177,8 +180,9 @@ class _Plan:
         storages: dict[str, list] = {k: [] for k in p.storages}
         for u, lam in s_order:
             items, src = self._sources(u, self.sl[u], self.sby, self.spos)
+            base = items[-1] if len(items) > 1 and lam != 1 else items[0]
             for col in ("nbytes", "dtype", "category"):
-                storages[col].append(p.storages[col][u])
+                storages[col].append(p.storages[col][base])
             for col in ("alloc", "free"):
                 fs = [p.storages[col][j] for j in items]
                 if fs[0] == -1:
