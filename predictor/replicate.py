@@ -150,6 +150,14 @@ class _Plan:
         out = self._target(tag, src[0], lam, n)
         return f"{self.prefix}{out}{first[1]}"
 
+    def _check_made(self, i: int) -> None:
+        """An op outside the blocks that reads every block (stack, cat, a foreach op) must
+        not make a storage of no block: its size would grow with the depth."""
+        made = [u for u in self.p.nodes["outputs"][i] if self.p.storages["alloc"][u] == i]
+        if any(self.sl[u] is None for u in made):
+            op = self.p.nodes["op"][i]
+            raise NotRepeated(f"op {op} reads every block and makes a storage of none")
+
     def build(self, n: int) -> tuple[dict[str, list], dict[str, list]]:
         p, d = self.p, self.d
         s_order = _expand(self.sl, d, n, self.a, "storages")
@@ -170,6 +178,8 @@ class _Plan:
                     where = f"{col} of node {i} ({p.nodes['op'][i]})"
                     tags = [self.sl[u] for u in refs]
                     keys = [(refs[k], lam_k) for k, lam_k in _expand(tags, d, n, self.a, where)]
+                    if col == "inputs" and len(set(tags) - {None}) == d:
+                        self._check_made(i)
                 else:
                     lists = [p.nodes[col][j] for j in items]
                     keys = [

@@ -148,3 +148,21 @@ def test_depth_knob_is_both_or_neither():
         CaptureConfig(blocks_depth=3)
     with pytest.raises(ValueError, match="mode"):
         CaptureConfig(mode="some")
+
+
+class Stacked(TinyGPT):
+    """Sums every block's output through one stack: a storage whose size grows with depth."""
+
+    def forward(self, ids):
+        x, outs = self.emb(ids), []
+        for blk in self.blocks:
+            x = blk(x)
+            outs.append(x)
+        return self.head(torch.stack(outs).sum(0))
+
+
+def test_an_op_over_every_block_making_a_storage_falls_back():
+    bundle = _bundle(6, Stacked)
+    got = capture(bundle, TrainSpec(), CaptureConfig(mode="blocks"))
+    assert got.meta["capture"]["mode"] == "full"  # (its backward reads the middle blocks)
+    assert got.graph_id == capture(bundle, TrainSpec(), CaptureConfig(mode="full")).graph_id
