@@ -150,18 +150,14 @@ class _Plan:
         out = self._target(tag, src[0], lam, n)
         return f"{self.prefix}{out}{first[1]}"
 
-    def _check_made(self, i: int) -> None:
-        """An op outside the blocks that reads every block (stack, cat, a foreach op) must
-        not make a storage of no block: its size would grow with the depth."""
-        made = [u for u in self.p.nodes["outputs"][i] if self.p.storages["alloc"][u] == i]
-        if any(self.sl[u] is None for u in made):
-            op = self.p.nodes["op"][i]
-            raise NotRepeated(f"op {op} reads every block and makes a storage of none")
-
     def build(self, n: int) -> tuple[dict[str, list], dict[str, list]]:
         p, d = self.p, self.d
-        s_order = _expand(self.sl, d, n, self.a, "storages")
-        n_order = _expand(self.nl, d, n, self.a, "nodes")
+        phase = [(a, b, c) for a, b, c in zip(p.nodes["phase"], p.nodes["step"], p.nodes["micro"])]
+        s_keys: list = []  # a storage first seen as an input (alloc -1) goes with the one before
+        for a in p.storages["alloc"]:
+            s_keys.append((s_keys[-1] if s_keys else None) if a == -1 else phase[a])
+        s_order = _expand(self.sl, d, n, self.a, "storages", s_keys)
+        n_order = _expand(self.nl, d, n, self.a, "nodes", phase)
         uid = {key: i for i, key in enumerate(s_order)}
         idx = {key: i for i, key in enumerate(n_order)}
         nodes: dict[str, list] = {k: [] for k in p.nodes}
@@ -178,8 +174,6 @@ class _Plan:
                     where = f"{col} of node {i} ({p.nodes['op'][i]})"
                     tags = [self.sl[u] for u in refs]
                     keys = [(refs[k], lam_k) for k, lam_k in _expand(tags, d, n, self.a, where)]
-                    if col == "inputs" and len(set(tags) - {None}) == d:
-                        self._check_made(i)
                 else:
                     lists = [p.nodes[col][j] for j in items]
                     keys = [
@@ -229,7 +223,9 @@ def _by_tag(tags: list, d: int, what: str) -> tuple[list[list[int]], dict[int, i
     return by, pos
 
 
-def _expand(tags: list, d: int, n: int, mid: int = 1, what: str = "") -> list[Key]:
+def _expand(
+    tags: list, d: int, n: int, mid: int = 1, what: str = "", keys: list | None = None
+) -> list[Key]:
     """The sequence at n blocks: each group of consecutive block runs (0..d-1 or d-1..0)
     becomes first, n-2 copies of middle block `mid`, last (the middle runs must be of one
     length); a lone first or last block stays."""
@@ -244,28 +240,38 @@ def _expand(tags: list, d: int, n: int, mid: int = 1, what: str = "") -> list[Ke
         j = i
         while j < size and tags[j] is not None:
             k = j
-            while k < size and tags[k] == tags[j]:
+            while k < size and tags[k] == tags[j] and (keys is None or keys[k] == keys[j]):
                 k += 1
             runs.append((tags[j], j, k))
             j = k
-        order = [r[0] for r in runs]
-        span = {t: (s, e) for t, s, e in runs}
-        if order == list(range(d)):
-            lams = range(n)
-        elif order == list(range(d - 1, -1, -1)):
-            lams = range(n - 1, -1, -1)
-        elif order in ([0], [d - 1]):
-            out.extend((x, 0 if order[0] == 0 else n - 1) for x in range(i, j))
-            i = j
-            continue
-        else:
-            raise NotRepeated(f"{what}: blocks run in the order {order}, not 0..{d - 1} or back")
-        widths = {span[t][1] - span[t][0] for t in range(1, d - 1)}
-        if len(widths) > 1:
-            raise NotRepeated(f"{what}: middle blocks' runs differ in length {sorted(widths)}")
-        for lam in lams:
-            t = 0 if lam == 0 else d - 1 if lam == n - 1 else mid
-            out.extend((x, lam) for x in range(*span[t]))
+            if keys is not None and j < size and keys[j] != keys[i]:
+                break  # a new phase starts a new group (backward's last block, then the
+                # optimizer's first, with nothing outside the blocks between them)
+        r = 0
+        while r < len(runs):  # full ascending or descending groups, or a lone first/last
+            tags_r = [t for t, _, _ in runs[r : r + d]]
+            if tags_r == list(range(d)):
+                lams, group = range(n), runs[r : r + d]
+            elif tags_r == list(range(d - 1, -1, -1)):
+                lams, group = range(n - 1, -1, -1), runs[r : r + d]
+            elif runs[r][0] in (0, d - 1):
+                t0, s0, e0 = runs[r]
+                out.extend((x, 0 if t0 == 0 else n - 1) for x in range(s0, e0))
+                r += 1
+                continue
+            else:
+                order = [t for t, _, _ in runs]
+                raise NotRepeated(
+                    f"{what}: blocks run in the order {order}, not 0..{d - 1} or back"
+                )
+            span = {t: (s0, e0) for t, s0, e0 in group}
+            widths = {span[t][1] - span[t][0] for t in range(1, d - 1)}
+            if len(widths) > 1:
+                raise NotRepeated(f"{what}: middle blocks' runs differ in length {sorted(widths)}")
+            for lam in lams:
+                t = 0 if lam == 0 else d - 1 if lam == n - 1 else mid
+                out.extend((x, lam) for x in range(*span[t]))
+            r += len(group)
         i = j
     return out
 
