@@ -153,6 +153,14 @@ def add_cache_arg(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="capture anew, store nothing (the cache: $MEMGNN_CACHE, default ~/.cache/memgnn)",
     )
+    p.add_argument(
+        "--capture",
+        choices=("blocks", "full"),
+        default="blocks",
+        help="blocks (default): a model whose layers are alike is captured at 4 layers and "
+        "its repeated layer replicated (full capture where that is not shown exact); "
+        "full: capture every layer",
+    )
 
 
 def _int_value(key: str, value: str) -> int:

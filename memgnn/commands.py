@@ -232,7 +232,9 @@ def demo_cmd(args: argparse.Namespace) -> int:
     return run_demo(Path(args.out))
 
 
-def _graph_for(bundle, device, sizes, use_cache: bool = True, scenario: str = "worst"):
+def _graph_for(
+    bundle, device, sizes, use_cache: bool = True, scenario: str = "worst", capture: str = "blocks"
+):
     """train -> a captured graph whose guards hold at `sizes`, each training config
     captured (or loaded from the cache) once."""
     from memgnn.predictor.predict import graph_for_query
@@ -245,7 +247,7 @@ def _graph_for(bundle, device, sizes, use_cache: bool = True, scenario: str = "w
         if key not in graphs:
             graphs[key] = graph_for_query(
                 bundle, train, sizes, target=target, sm=device.sm or 80, scenario=scenario,
-                use_cache=use_cache,
+                use_cache=use_cache, capture_mode=capture,
             )  # fmt: skip
         return graphs[key]
 
@@ -261,7 +263,8 @@ def _model_info(graph, bundle, train, target: str) -> dict[str, Any]:
         info = describe_bundle(bundle, train, target).to_dict()
     if bundle.origin:  # how the user named it, not what a cached graph was captured as
         info = info | {"kind": bundle.origin}
-    return info
+    how = graph.meta.get("capture") if graph is not None else None
+    return info | ({"capture": how} if how else {})
 
 
 def predict_cmd(args: argparse.Namespace) -> int:
@@ -305,7 +308,8 @@ def predict_cmd(args: argparse.Namespace) -> int:
     sizes = bundle.sizes(parse_sizes(args))
     query = Query(sizes=sizes, device=device.name, metric=args.metric, scenario=args.scenario)
     query.resolved_metric(device.is_gpu)
-    graph = _graph_for(bundle, device, sizes, not args.no_cache, args.scenario)(train)
+    capture = getattr(args, "capture", "blocks")
+    graph = _graph_for(bundle, device, sizes, not args.no_cache, args.scenario, capture)(train)
     info = _model_info(graph, bundle, train, "cuda" if device.is_gpu else "cpu")
     budget_ms = CLI_REPLAY_BUDGET_MS if args.replay_budget_ms is None else args.replay_budget_ms
     exact = ExactConfig(budget_s=budget_ms / 1e3)

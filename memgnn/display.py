@@ -84,5 +84,11 @@ def model_line(info: Mapping[str, Any]) -> str:
         parts.append(f"params {dtype} (master weights), compute {compute} ({info['precision']})")
     else:
         parts.append(f"params {dtype} ({info['precision']})")
+    how = info.get("capture") or {}
+    if how.get("mode") == "blocks":
+        parts.append(
+            f"captured with repeated blocks ({how['blocks']} replicated from a "
+            f"{how['captured_blocks']}-block capture)"
+        )
     kind = {"zoo": " (zoo config: small by default, size it with --model-arg)"}
     return f"model {info['spec']}{kind.get(info.get('kind', ''), '')}: {', '.join(parts)}"

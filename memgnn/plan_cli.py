@@ -107,7 +107,9 @@ def plan_cmd(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if "B" not in bundle.dims:
         raise ValueError(f"model {bundle.name!r} has no batch dim B to plan")
-    graph_for, seen = _counting(_graph_for(bundle, device, sizes, not args.no_cache))
+    graph_for, seen = _counting(
+        _graph_for(bundle, device, sizes, not args.no_cache, capture=args.capture)
+    )
     target = "cuda" if device.is_gpu else "cpu"
     # blocks counted on the first graph the search captures (fake tensors: no weights built)
     first = capture_spec(variants(base, space)[0])

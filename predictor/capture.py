@@ -17,6 +17,13 @@ from typing import Any
 
 import torch
 from memgnn.predictor.attention import check_attention, unpacked_positions
+from memgnn.predictor.blocks import (
+    LayerState,
+    LayerTagger,
+    NotRepeated,
+    PhaseReset,
+    tag_registered,
+)
 from memgnn.predictor.bounds import index_bound_hooks
 from memgnn.predictor.branches import (
     BranchState,
@@ -35,11 +42,12 @@ from memgnn.predictor.kernels import (
     eager_hooks,
     symbolic_hooks,
 )
-from memgnn.predictor.model_info import ModelInfo, describe
+from memgnn.predictor.model_info import ModelInfo, describe, describe_bundle
 from memgnn.predictor.parallel import ShardedObserver, World, comm_hooks, fake_world
 from memgnn.predictor.pathgraph import ExprInterner, path_from_recorder
 from memgnn.predictor.recorder import ModuleTracker, RecorderObserver, StepRecorder, register_state
-from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.replicate import replicate
+from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
 from memgnn.predictor.step import TrainingStep, step_plan
 from memgnn.predictor.vocab import SCENARIOS
 
@@ -72,8 +80,17 @@ class CaptureConfig:
     scenario: str = "balanced"  # concrete captures: data-dependent sizes at min|balanced|worst
     max_paths: int | None = None  # default: the bundle's max_paths
     sm: int = 80  # CUDA target: compute capability x10, picks attention kernels
+    # blocks: a model whose bundle has a depth knob (`ModelBundle.with_layers`) is captured
+    # at `blocks_depth` blocks and its repeated block replicated (`predictor.replicate`),
+    # a full capture where that cannot be shown exact; full: always the whole model
+    mode: str = "blocks"
+    blocks_depth: int = 4
 
     def __post_init__(self) -> None:
+        if self.mode not in CAPTURE_MODES:
+            raise ValueError(f"capture mode must be full or blocks, got {self.mode!r}")
+        if self.blocks_depth < 4:
+            raise ValueError(f"blocks_depth must be >= 4, got {self.blocks_depth}")
         if self.target not in ("cpu", "cuda"):
             raise ValueError(f"target must be cpu or cuda, got {self.target!r}")
         if self.scenario not in SCENARIOS:
@@ -82,10 +99,15 @@ class CaptureConfig:
             raise ValueError("max_paths must be >= 1")
 
 
+CAPTURE_MODES = ("full", "blocks")
+
+
 class _Run:
     """One capture run (one path) inside its own fake mode and shape environment."""
 
-    def __init__(self, bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes):
+    def __init__(
+        self, bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes, tag_layers=False
+    ):
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -93,6 +115,8 @@ class _Run:
         self.env = ShapeEnv(duck_shape=False) if cfg.symbolic else None
         self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
         self.info: ModelInfo | None = None
+        self.layer_state = LayerState() if tag_layers else None
+        self.block_prefix = ""
 
     def _symbolic_sizes(self) -> tuple[dict[str, Any], dict[Any, str]]:
         if self.env is None:
@@ -138,7 +162,16 @@ class _Run:
                 table |= cpu_kernel_hooks()
             if sharded:
                 table |= comm_hooks(gloo=self.cfg.target == "cpu")
-            with ModuleTracker(step.model) as tracker, patched_cond(state), self._kernels():
+            blocks = self._blocks(step.model)
+            tagger: Any = contextlib.nullcontext()
+            if self.layer_state is not None:
+                tagger = LayerTagger(self.layer_state, blocks)
+            with (
+                ModuleTracker(step.model) as tracker,
+                patched_cond(state),
+                self._kernels(),
+                tagger,
+            ):
                 if warmup:  # run, unrecorded; what it leaves alive is registered below
                     warm = StepRecorder(
                         hooks=table, module_stack=tracker.stack, track_resize=sharded
@@ -151,14 +184,30 @@ class _Run:
                     module_stack=tracker.stack,
                     scratch=self._scratch(),
                     track_resize=sharded,
+                    layers=self.layer_state,
                 )
                 register_state(rec, step.state_tensors())
+                if self.layer_state is not None:
+                    tag_registered(rec, blocks, step.optimizer)
                 with rec:
                     self._run_steps(step, sizes, rec, state, recorded)
                 rec.exclude(step.host_state())
                 rec.close()
         names.update({d["symbol"]: n for n, d in state.data.items() if "symbol" in d})
         return rec, state, names, self.env
+
+    def _blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """The repeated blocks, named `<prefix>0`, `<prefix>1`, ... (tagged captures)."""
+        if self.layer_state is None:
+            return []
+        blocks = (self.bundle.blocks or default_blocks)(model)
+        names = {id(m): name for name, m in model.named_modules()}
+        found = [names.get(id(b), "") for b in blocks]
+        prefix = found[0][:-1] if found and found[0].endswith("0") else ""
+        if not prefix or found != [f"{prefix}{i}" for i in range(len(found))]:
+            raise NotRepeated(f"the blocks are not named <prefix><index>: {found[:3]}")
+        self.block_prefix = prefix
+        return blocks
 
     def _kernels(self):
         stack = contextlib.ExitStack()
@@ -180,6 +229,8 @@ class _Run:
             observer = ShardedObserver(rec, step.model, on_forward=state.reset_counters)
         else:
             observer = RecorderObserver(rec, on_forward=state.reset_counters)
+        if rec.layers is not None:
+            observer = PhaseReset(observer, rec.layers)
         try:
             step.run(sizes, observer, steps=steps)
         except CaptureError:
@@ -201,6 +252,11 @@ def capture(
     cfg = config or CaptureConfig()
     check_attention(train, cfg.target, cfg.sm)
     sizes = bundle.sizes(cfg.sizes)
+    why = "asked for (mode full)"
+    if cfg.mode == "blocks":
+        graph, why = _capture_blocks(bundle, train, cfg, sizes)
+        if graph is not None:
+            return graph
     max_paths = cfg.max_paths or bundle.max_paths
     t0 = time.perf_counter()
     todo: list[list[bool]] = [[]]
@@ -228,6 +284,7 @@ def capture(
         symbolic=cfg.symbolic,
         scenario=None if cfg.symbolic else cfg.scenario,
         model_info=info.to_dict() if info is not None else None,
+        capture={"mode": "full", "why": why},
     )
     log.info(
         "captured %s: %d path(s), %d nodes in %.1fs",
@@ -271,3 +328,71 @@ def _assemble(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes, 
         exprs=interner.sources,
         paths=paths,
     )
+
+
+def blocks_ineligible(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig) -> str | None:
+    """Why `bundle` cannot be captured by replicating its blocks (None: it can be tried)."""
+    if bundle.layers is None or bundle.with_layers is None:
+        return "the model has no depth knob (ModelBundle.with_layers)"
+    if bundle.layers <= cfg.blocks_depth:
+        return f"{bundle.layers} blocks: no more than the {cfg.blocks_depth} a replication captures"
+    if train.sharding != "none":
+        return f"--sharding {train.sharding} is captured in full"
+    ck = train.checkpoint_blocks
+    if ck is not None and 0 < ck < bundle.layers:
+        return f"checkpointing {ck} of {bundle.layers} blocks: the blocks differ"
+    return None
+
+
+def _capture_blocks(
+    bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes: dict[str, int]
+) -> tuple[StepGraph | None, str]:
+    """Capture at `cfg.blocks_depth` blocks and replicate the middle block (see
+    `predictor.replicate`); (None, why) where that is not shown to be exact."""
+    why = blocks_ineligible(bundle, train, cfg)
+    if why is not None:
+        log.info("%s: full capture: %s", bundle.name, why)
+        return None, why
+    t0 = time.perf_counter()
+    depth, layers = cfg.blocks_depth, bundle.layers
+    assert bundle.with_layers is not None and layers is not None
+    small = bundle.with_layers(depth)
+    runner = _Run(small, train, cfg, sizes, tag_layers=True)
+    try:
+        run = runner.run([])
+        rec, state = run[0], run[1]
+        if alternatives(state) or state.data:
+            raise NotRepeated("the step has data-dependent branches or sizes")
+        assert runner.layer_state is not None
+        if runner.layer_state.problems:
+            raise NotRepeated(runner.layer_state.problems[0])
+        graph = _assemble(bundle, train, cfg, sizes, [run])
+        path, table = replicate(
+            graph.paths[0],
+            [n.layer for n in rec.nodes],
+            [s.layer for s in rec.storages],
+            graph.exprs,
+            depth=depth,
+            layers=layers,
+            prefix=runner.block_prefix,
+        )
+    except (NotRepeated, CaptureError) as exc:
+        why = f"the {depth}-block capture does not replicate: {exc}"
+        log.warning("%s: full capture: %s", bundle.name, why)
+        return None, why
+    graph.paths, graph.exprs, graph._table = [path], table, None
+    info = describe_bundle(bundle, train, cfg.target)
+    graph.meta.update(
+        capture_seconds=round(time.perf_counter() - t0, 3),
+        torch_version=torch.__version__,
+        target=cfg.target,
+        symbolic=cfg.symbolic,
+        scenario=None if cfg.symbolic else cfg.scenario,
+        model_info=info.to_dict(),
+        capture={"mode": "blocks", "captured_blocks": depth, "blocks": layers},
+    )
+    log.info(
+        "captured %s: %d blocks replicated from a %d-block capture, %d nodes in %.1fs",
+        bundle.name, layers, depth, path.num_nodes, graph.meta["capture_seconds"],
+    )  # fmt: skip
+    return graph, ""

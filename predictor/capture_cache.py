@@ -13,6 +13,7 @@ anew instead of answered from a stale graph:
   transformers config) and the source files of its module classes and of the bundle's
   callables (build, make_inputs, loss, blocks), torch's own excepted;
 - how it trains and where: the `TrainSpec`, target, compute capability, static sizes;
+- how it is captured: the capture mode (blocks: repeated blocks replicated; full);
 - the software: torch, transformers and memgnn versions and `CAPTURE_VERSION`.
 """
 
@@ -38,10 +39,12 @@ __all__ = ["CAPTURE_VERSION", "cache_dir", "cache_enabled", "capture_cached", "c
 log = logging.getLogger(__name__)
 
 # bumped whenever capture records a step differently, so cached graphs are captured anew
-CAPTURE_VERSION = 6  # 3: model_info in meta; key on model structure and sources
+CAPTURE_VERSION = 8  # 3: model_info in meta; key on model structure and sources
 # 4: position-table bounds recorded as guards (predictor.bounds)
 # 5: HF models without a KV cache: no packed-sequence mask (predictor.attention)
 # 6: DTensor's shape propagation is not recorded (predictor.recorder.unrecorded)
+# 7: repeated blocks captured once and replicated (predictor.replicate); the mode is keyed
+# 8: checkpointing turns a transformers model's KV cache off (predictor.step._no_kv_cache)
 _OFF = ("off", "none", "0", "false", "no")
 
 
@@ -111,11 +114,17 @@ def model_fingerprint(bundle: ModelBundle, train: TrainSpec, target: str) -> dic
 
 
 def capture_key(
-    bundle: ModelBundle, train: TrainSpec, target: str, sm: int, static: dict[str, int]
+    bundle: ModelBundle,
+    train: TrainSpec,
+    target: str,
+    sm: int,
+    static: dict[str, int],
+    mode: str = "blocks",
 ) -> str:
     blob = json.dumps(
         {
             "capture": CAPTURE_VERSION,
+            "capture_mode": mode,
             "versions": {
                 "torch": torch.__version__,
                 "transformers": _version("transformers"),
@@ -147,22 +156,23 @@ def capture_cached(
     sizes: dict[str, int] | None = None,
     directory: Path | None = None,
     use_cache: bool = True,
+    mode: str = "blocks",
 ) -> StepGraph:
     """A symbolic capture of the step, from the on-disk cache when it was made before.
 
     Dims the bundle declares static are captured at `sizes` (default: the example dims),
     so each such size has its own cached graph. `use_cache=False` (or MEMGNN_CACHE=off
-    without a `directory`) captures anew and stores nothing."""
+    without a `directory`) captures anew and stores nothing. `mode`: `CaptureConfig.mode`."""
     from memgnn.predictor.capture import CaptureConfig, capture
 
     wanted = sizes or {}
     trace = bundle.sizes({d: wanted[d] for d in bundle.static_dims if d in wanted})
     static = {d: trace[d] for d in bundle.static_dims}
-    config = CaptureConfig(target=target, sm=sm, sizes=trace)
+    config = CaptureConfig(target=target, sm=sm, sizes=trace, mode=mode)
     if not use_cache or (directory is None and not cache_enabled()):
         return capture(bundle, train, config)
     folder = (directory or cache_dir()) / "graphs"
-    path = folder / f"{capture_key(bundle, train, target, sm, static)}.json.gz"
+    path = folder / f"{capture_key(bundle, train, target, sm, static, mode)}.json.gz"
     if path.is_file():
         try:
             graph = StepGraph.load(path)

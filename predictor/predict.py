@@ -184,8 +184,9 @@ def graph_for_query(
     scenario: str = "worst",
     directory: Path | None = None,
     use_cache: bool = True,
+    capture_mode: str = "blocks",
 ) -> StepGraph:
-    """A captured graph whose guards hold at `sizes`.
+    """A captured graph whose guards hold at `sizes` (`capture_mode`: CaptureConfig.mode).
 
     The cached capture (traced at the example sizes) when its guards hold there; else a
     capture traced at `sizes` themselves (logged; not cached: the cache keys on the
@@ -197,7 +198,7 @@ def graph_for_query(
     with Progress(f"capturing {bundle.name} for a {target} target"):
         graph = capture_cached(
             bundle, train, target=target, sm=sm, sizes=sizes, directory=directory,
-            use_cache=use_cache,
+            use_cache=use_cache, mode=capture_mode,
         )  # fmt: skip
     bad = graph.violated_guards(graph.resolve_sizes(sizes, scenario))
     if not bad:
@@ -209,7 +210,8 @@ def graph_for_query(
     trace = bundle.sizes(sizes)
     try:
         with Progress(f"capturing {bundle.name} at {trace}"):
-            graph = capture(bundle, train, CaptureConfig(target=target, sm=sm, sizes=trace))
+            cfg = CaptureConfig(target=target, sm=sm, sizes=trace, mode=capture_mode)
+            graph = capture(bundle, train, cfg)
     except CaptureError as exc:
         raise GuardViolation(f"{bundle.name} cannot run at {sizes}: {exc}", bad, sizes) from exc
     bad = graph.violated_guards(graph.resolve_sizes(sizes, scenario))

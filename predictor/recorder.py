@@ -54,6 +54,7 @@ class StorageRec:
     phase: str = "setup"
     step: int = 0
     micro: int = 0
+    layer: int | None = None  # repeated block that made it (`predictor.blocks`); None: none
 
 
 @dataclass(slots=True)
@@ -68,6 +69,7 @@ class NodeRec:
     new: list[int] = field(default_factory=list)
     frees: list[int] = field(default_factory=list)
     scratch: Any = 0  # bytes the kernel allocates and frees inside the op
+    layer: int | None = None  # repeated block running it (`predictor.blocks`); None: none
 
 
 DispatchHook = Callable[["StepRecorder", Any, tuple, dict], Any]
@@ -86,8 +88,10 @@ class StepRecorder(TorchDispatchMode):
         module_stack: list[str] | None = None,
         scratch: Callable[[Any, tuple], Any] | None = None,
         track_resize: bool = False,
+        layers: Any | None = None,
     ):
         super().__init__()
+        self.layers = layers  # a `predictor.blocks.LayerState`: tag nodes with their block
         self.track_resize = track_resize
         self._orig_resize: Any = None
         self._resized_away: set[int] = set()  # uids freed by a storage resize to 0 bytes
@@ -128,6 +132,7 @@ class StepRecorder(TorchDispatchMode):
             phase=self.phase,
             step=self.step,
             micro=self.micro,
+            layer=None if self.layers is None else self.layers.current,
         )
         self.storages.append(rec)
         weakref.finalize(storage, self._on_free, key, uid)
@@ -246,12 +251,14 @@ class StepRecorder(TorchDispatchMode):
 
     def record_op(self, op: str, args: Any, out: Any) -> NodeRec:
         node_idx = len(self.nodes)
+        known = len(self.storages)  # later uids: constants first seen as this op's inputs
         node = NodeRec(
             op=op,
             phase=self.phase,
             step=self.step,
             micro=self.micro,
             module=self.module_stack[-1] if self.module_stack else "",
+            layer=None if self.layers is None else self.layers.current,
         )
         for t in tree_leaves(args):
             if isinstance(t, torch.Tensor):
@@ -272,6 +279,8 @@ class StepRecorder(TorchDispatchMode):
                     node.outputs.append(uid)
                 if is_new:
                     node.new.append(uid)
+        if self.layers is not None:
+            self.layers.infer(self, node, args, out, known)
         return node
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -332,7 +341,12 @@ class ModuleTracker:
             if name is not None and self.stack and self.stack[-1] == name:
                 self.stack.pop()
 
-        self._handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
+        # always_call: a forward stopped by an exception (checkpoint recomputation stops
+        # early that way) still leaves the stack, else its names would label later ops
+        self._handles = [
+            register_module_forward_pre_hook(pre),
+            register_module_forward_hook(post, always_call=True),
+        ]
         return self
 
     def __exit__(self, *exc: Any) -> None:

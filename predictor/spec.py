@@ -242,10 +242,19 @@ class ModelBundle:
     fingerprint: str = ""
     # How the user named it: "zoo", "hf" or "py" (set by the resolver; "" = from the name).
     origin: str = ""
+    # Depth knob: `layers` identical blocks, and `with_layers(n)` the same model with n of
+    # them (a config's num_hidden_layers); capture then records a few and replicates one
+    # (`predictor.replicate`). None: the model is captured in full.
+    layers: int | None = None
+    with_layers: Callable[[int], ModelBundle] | None = None
 
     def __post_init__(self) -> None:
         if self.origin not in ("", "zoo", "hf", "py"):
             raise ValueError(f"model {self.name!r}: unknown origin {self.origin!r}")
+        if (self.layers is None) != (self.with_layers is None):
+            raise ValueError(f"model {self.name!r}: give both layers and with_layers, or neither")
+        if self.layers is not None and self.layers < 1:
+            raise ValueError(f"model {self.name!r}: layers must be >= 1, got {self.layers}")
         if not self.dims:
             raise ValueError(f"model {self.name!r} declares no input dims")
         unknown = set(self.static_dims) - set(self.dims)

@@ -13,6 +13,7 @@ symbolic B and S under a plain FakeTensorMode. The loss computed is the same.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import inspect
 import json
@@ -225,12 +226,73 @@ def bundle_from_config_file(
         setattr(config, key, coerce_like(getattr(config, key), raw, key))
     task = task or infer_task(config)
     model_class(config, task)  # the config has a model for this task (else: which tasks)
+    bundle = _bundle_from_config(config, task, str(file), path, overrides)
+    layers = repeated_layers(config)
+    if layers is None:
+        return bundle
+    return dataclasses.replace(
+        bundle,
+        layers=layers,
+        with_layers=partial(_at_depth, config, task, str(file), path, overrides),
+    )
+
+
+# Config fields that make some layers differ from the others (dense layers among MoE ones,
+# interleaved attention kinds); a value in _UNIFORM means every layer is alike.
+_PER_LAYER_KEYS = (
+    "first_k_dense_replace",
+    "moe_layer_freq",
+    "decoder_sparse_step",
+    "interleave_moe_layer_step",
+    "mlp_only_layers",
+    "sliding_window_pattern",
+    "cross_attention_layers",
+    "no_rope_layer_interval",
+    "attention_layers",
+)
+_UNIFORM = (None, 0, 1, False, [], ())
+
+
+def repeated_layers(config: Any) -> int | None:
+    """`num_hidden_layers` when every decoder layer the config builds is alike (no
+    per-layer lists with different entries, no interleaving fields); else None."""
+    if getattr(config, "is_encoder_decoder", False):
+        return None
+    n = getattr(config, "num_hidden_layers", None)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return None
+    for key in _PER_LAYER_KEYS:
+        value = getattr(config, key, None)
+        if not any(value is u or value == u for u in _UNIFORM):
+            return None
+    for value in config.to_dict().values():
+        if isinstance(value, list) and len(value) == n and len({repr(v) for v in value}) > 1:
+            return None
+    return n
+
+
+def _at_depth(
+    config: Any, task: str, file: str, path: str, overrides: Mapping[str, str] | None, n: int
+) -> ModelBundle:
+    """The same model with `n` decoder layers (per-layer lists cut to n)."""
+    config = copy.deepcopy(config)
+    full = config.num_hidden_layers
+    for key, value in config.to_dict().items():
+        if isinstance(value, list) and len(value) == full and hasattr(config, key):
+            setattr(config, key, value[:n])
+    config.num_hidden_layers = n
+    return _bundle_from_config(config, task, file, path, overrides)
+
+
+def _bundle_from_config(
+    config: Any, task: str, file: str, path: str, overrides: Mapping[str, str] | None
+) -> ModelBundle:
     if task == "seq-cls" and getattr(config, "pad_token_id", None) is None:
         # Sequence classifiers pool the last non-pad token and need a pad id for batches > 1.
         config.pad_token_id = getattr(config, "eos_token_id", None) or 0
         if isinstance(config.pad_token_id, list):
             config.pad_token_id = config.pad_token_id[0]
-    hparams = {"config": str(file), "task": task, **dict(overrides or {})}
+    hparams = {"config": file, "task": task, **dict(overrides or {})}
     build = partial(build_hf, config, task)
     name = f"hf:{path}"
     family = str(getattr(config, "model_type", "") or "hf")

@@ -35,8 +35,15 @@ def _check_attention(name: str, hp: Mapping[str, Any], *extra: str) -> None:
 
 
 def _bundle(
-    name: str, hp: dict[str, Any], build: Any, inputs: Any, dims: dict[str, int], blocks: Any = None
+    name: str,
+    hp: dict[str, Any],
+    build: Any,
+    inputs: Any,
+    dims: dict[str, int],
+    blocks: Any = None,
+    remake: Any = None,
 ) -> ModelBundle:
+    """`remake(hp)` (a family whose layers are all alike): the depth knob, hp["layers"]."""
     require_transformers()
     return ModelBundle(
         name=name,
@@ -47,6 +54,8 @@ def _bundle(
         dims=dict(dims),
         hparams=dict(hp),
         blocks=blocks,
+        layers=hp["layers"] if remake is not None else None,
+        with_layers=(lambda n: remake(hp | {"layers": n})) if remake is not None else None,
     )
 
 
@@ -66,7 +75,8 @@ def make_gpt2(hp: dict[str, Any]) -> ModelBundle:
         eos_token_id=hp["vocab"] - 1,
     )
     build = partial(build_named, "GPT2Config", kwargs, "causal-lm")
-    return _bundle("gpt2", hp, build, partial(causal_inputs, vocab=hp["vocab"]), GPT2.dims)
+    inputs = partial(causal_inputs, vocab=hp["vocab"])
+    return _bundle("gpt2", hp, build, inputs, GPT2.dims, remake=make_gpt2)
 
 
 def _llama_like(name: str, hp: Mapping[str, Any]) -> dict[str, Any]:
@@ -90,7 +100,8 @@ def _llama_like(name: str, hp: Mapping[str, Any]) -> dict[str, Any]:
 def make_llama(hp: dict[str, Any]) -> ModelBundle:
     kwargs = _llama_like("llama", hp)
     build = partial(build_named, "LlamaConfig", kwargs, "causal-lm")
-    return _bundle("llama", hp, build, partial(causal_inputs, vocab=hp["vocab"]), LLAMA.dims)
+    inputs = partial(causal_inputs, vocab=hp["vocab"])
+    return _bundle("llama", hp, build, inputs, LLAMA.dims, remake=make_llama)
 
 
 def make_mixtral(hp: dict[str, Any]) -> ModelBundle:

@@ -85,3 +85,33 @@ def test_a_task_the_config_has_no_model_for_names_the_ones_it_has(tmp_path):
     path = _write_config(tmp_path, "deberta-v2", num_hidden_layers=1, hidden_size=32)
     with pytest.raises(ValueError, match=r"no AutoModelForCausalLM.*masked-lm"):
         zoo.resolve(f"hf:{path}", task="causal-lm")
+
+
+def _write(tmp_path: Path, config) -> str:
+    path = tmp_path / type(config).__name__ / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    config.to_json_file(str(path))
+    return str(path)
+
+
+def test_configs_with_alike_layers_get_a_depth_knob(tmp_path):
+    from memgnn.dataset.zoo.hf import repeated_layers
+    from transformers import GPT2Config, LlamaConfig
+
+    llama = LlamaConfig(
+        num_hidden_layers=6, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=128,
+    )  # fmt: skip
+    bundle = zoo.resolve(f"hf:{_write(tmp_path, llama)}")
+    assert bundle.layers == 6
+    small = bundle.with_layers(4)
+    with torch.device("meta"):
+        assert len(small.build().model.layers) == 4
+    assert repeated_layers(GPT2Config(n_layer=5)) == 5  # n_layer through the attribute map
+    llama.layer_types = ["full_attention", "sliding_attention"] * 3
+    assert repeated_layers(llama) is None  # layers that differ: captured in full
+    assert zoo.resolve(f"hf:{_write(tmp_path, llama)}").layers is None
+    llama.layer_types = ["full_attention"] * 6
+    assert repeated_layers(llama) == 6
+    llama.mlp_only_layers = [0]
+    assert repeated_layers(llama) is None

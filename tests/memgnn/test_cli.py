@@ -169,3 +169,16 @@ def test_predict_lora_dtype_model_keeps_adapters_in_the_model_dtype(capsys):
     assert model["parameter"] < fp32["parameter"]  # bf16 adapters, not fp32
     code, _, err = run_cli(capsys, "predict", "--model", "mlp", "--lora-dtype", "model")
     assert code == 2 and "--lora-dtype model applies to --peft lora" in err
+
+
+def test_model_line_says_when_blocks_were_replicated():
+    from memgnn.display import model_line
+
+    info = {"spec": "hf:x", "module_class": "LlamaForCausalLM", "layers": 32,
+            "parameters": 10, "param_dtype": "bfloat16", "precision": "bf16"}  # fmt: skip
+    assert "repeated blocks" not in model_line(info)
+    how = {"mode": "blocks", "captured_blocks": 4, "blocks": 32}
+    assert "repeated blocks (32 replicated from a 4-block capture)" in model_line(
+        info | {"capture": how}
+    )
+    assert "repeated" not in model_line(info | {"capture": {"mode": "full", "why": "x"}})

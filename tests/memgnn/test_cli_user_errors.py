@@ -73,7 +73,7 @@ def test_py_factory_found_in_the_current_directory(user_dir, capsys):
     answer = json.loads(out)
     assert answer["predicted_peak_bytes"] > 0
     assert answer["model"]["kind"] == "py"  # the bundle's name looks like a zoo config's
-    code, out, err = _run(
+    code, out, err = run_cli(
         capsys, "predict", "--model", "py:my_user_model:make", "--model-arg", "width=64",
         "--batch", "16", "--device", "cpu",
     )  # fmt: skip
