@@ -55,8 +55,13 @@ def _bundle(
         hparams=dict(hp),
         blocks=blocks,
         layers=hp["layers"] if remake is not None else None,
-        with_layers=(lambda n: remake(hp | {"layers": n})) if remake is not None else None,
+        with_layers=partial(_at_depth, remake, dict(hp)) if remake is not None else None,
     )
+
+
+def _at_depth(remake: Any, hp: dict[str, Any], n: int) -> ModelBundle:
+    """The family's bundle with `n` layers (a module-level function: bundles pickle)."""
+    return remake(hp | {"layers": n})
 
 
 def make_gpt2(hp: dict[str, Any]) -> ModelBundle:
