@@ -10,7 +10,7 @@
 - QLoRA (`quantize_base` nf4 / int8) on a LoRA config on a GPU device, with probability
   `QLORA_SHARE`, where the installed TrainSpec has the field;
 - the attention kernel (`attention` eager / sdpa / flash) of a transformers config on a
-  GPU device (flash only from sm 80), among those the model class takes
+  GPU device (flash only from sm 80 and in fp16/bf16 compute), among those the model class takes
   (`attention_kernels`: T5 has no flash), where the installed TrainSpec has the field;
 - bitsandbytes' 8-bit AdamW (`optimizer="adamw8bit"`, kind "adamw8bit") in place of a
   drawn Adam / AdamW on a GPU device, with probability `ADAMW8BIT_SHARE`.
@@ -177,7 +177,9 @@ def draw_finetune(
             extra["quantize_base"] = quant
     if "attention" in kinds and transformers and gpu and supported("attention"):
         allowed = ATTENTION_KERNELS if kernels is None else kernels
-        allowed = [k for k in allowed if k != "flash" or (sm or 0) >= 80]
+        # flash-attn: sm 80+ and fp16/bf16 compute (`predictor.attention.check_attention`)
+        flash_ok = (sm or 0) >= 80 and base.get("precision", "fp32") != "fp32"
+        allowed = [k for k in allowed if k != "flash" or flash_ok]
         kernel = allowed[int(u_attention * len(allowed))] if allowed else None
         if kernel is not None and _valid(base, extra | {"attention": kernel}):
             extra["attention"] = kernel

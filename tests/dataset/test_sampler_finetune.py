@@ -38,10 +38,11 @@ def test_lora_modules_split_attention_from_the_rest():
     assert got == {"attention": ["k_proj", "q_proj"], "all": ["0", "k_proj", "out", "q_proj", "up"]}
 
 
-def _draws(n=400, **kw):
+def _draws(n=400, precision="bf16", **kw):
     args = {"transformers": True, "modules": MODULES, "gpu": True, "sm": 80} | kw
     args.setdefault("kinds", ("lora",))
-    return [ft.draw_finetune(random.Random(i), TrainSpec().to_dict(), **args) for i in range(n)]
+    base = TrainSpec(precision=precision).to_dict()
+    return [ft.draw_finetune(random.Random(i), base, **args) for i in range(n)]
 
 
 def test_lora_draws_are_valid_specs_with_the_models_targets():
@@ -84,11 +85,13 @@ def test_qlora_and_attention_are_drawn_when_asked_for():
     assert Counter(d["attention"] for d in gpu).keys() == {"eager", "sdpa", "flash"}
     sm70 = _draws(sm=70, kinds=ft.FINETUNE_KINDS)
     assert {d.get("attention") for d in sm70} == {"eager", "sdpa"}  # flash: sm >= 80
+    fp32 = _draws(sm=90, precision="fp32", kinds=ft.FINETUNE_KINDS)
+    assert {d.get("attention") for d in fp32} == {"eager", "sdpa"}  # flash: fp16/bf16 only
     cpu = _draws(gpu=False, sm=None, kinds=ft.FINETUNE_KINDS)
     assert not any("quantize_base" in d or "attention" in d for d in cpu)
     assert any("peft" in d for d in cpu)  # LoRA runs on the CPU too
     for d in gpu:
-        TrainSpec(**TrainSpec().to_dict() | d)  # every draw is a valid spec
+        TrainSpec(**TrainSpec(precision="bf16").to_dict() | d)  # every draw is a valid spec
 
 
 def test_adamw8bit_replaces_a_drawn_adam_on_gpu_only():
