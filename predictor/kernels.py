@@ -225,6 +225,27 @@ def _baddbmm(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     return out
 
 
+_EFFICIENT_BACKWARD = aten._scaled_dot_product_efficient_attention_backward.default
+
+
+def _efficient_attention_backward(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    # the meta rule slices the padded bias gradient with Python indexing, which fails on
+    # symbolic sizes (torch 2.13: "dispatch_on_subclass called with NO overloaded args");
+    # the kernel's own layout is the same: the last dim rounded up to 16, then narrowed
+    bias, mask = args[4], list(args[10])
+    if bias is None or not mask[3]:
+        out = func(*args, **kwargs)
+    else:
+        gq, gk, gv, _ = func(*args[:10], [*mask[:3], False], *args[11:], **kwargs)
+        last = bias.shape[-1]
+        padded = torch.empty(
+            (*bias.shape[:-1], _round_up(last, 16)), dtype=bias.dtype, device=bias.device
+        )
+        out = (gq, gk, gv, padded.narrow(-1, 0, last))
+    rec.record_op("_scaled_dot_product_efficient_attention_backward.default", (args, kwargs), out)
+    return out
+
+
 def symbolic_hooks() -> dict[Any, Any]:
     """Dispatch hooks for ops whose fake-tensor rule fails on symbolic sizes.
 
@@ -232,5 +253,8 @@ def symbolic_hooks() -> dict[Any, Any]:
     `(B*H, S, S)` scores) fails in torch 2.13's `meta_baddbmm`, which expands the input
     through a kernel that takes concrete sizes only. The hook expands it first (a view, as
     the real kernel's broadcast is) and records one `baddbmm` with the original inputs.
+    The memory-efficient SDPA backward with a bias that takes a gradient (T5's trained
+    relative position bias on a CUDA target) fails in its meta rule's slice of the padded
+    bias gradient; the hook allocates the same padded buffer and narrows it.
     """
-    return {aten.baddbmm.default: _baddbmm}
+    return {aten.baddbmm.default: _baddbmm, _EFFICIENT_BACKWARD: _efficient_attention_backward}

@@ -210,3 +210,28 @@ def test_hf_architectures_without_sdpa_capture_symbolically(tmp_path, model_type
         assert not sym.violated_guards(sym.resolve_sizes(sizes))
         conc = capture(bundle, train, CaptureConfig(target="cpu", symbolic=False, sizes=sizes))
         assert _memory_equal(sym, conc, sizes), (model_type, sizes)
+
+
+def test_trained_attention_bias_captures_symbolically_on_a_cuda_target():
+    # T5's relative position bias takes a gradient in full fine-tuning: the memory-efficient
+    # SDPA backward's meta rule failed on symbolic sizes (predictor.kernels.symbolic_hooks)
+    from memgnn.dataset.zoo import make_bundle
+
+    bundle = make_bundle("t5", {"dropout": 0.0})
+    train = TrainSpec(steps="first")
+    sym = capture(bundle, train, CaptureConfig(target="cuda"))
+    ops = {op for p in sym.paths for op in p.nodes["op"]}
+    assert "_scaled_dot_product_efficient_attention_backward.default" in ops
+    # the padded bias gradient (last dim rounded up to 16) is a non-contiguous view unless
+    # S % 16 == 0: a size-dependent branch, kept as guards; where they fail, a graph traced
+    # at the sizes themselves holds (as `predict` recaptures)
+    held = []
+    for sizes in ({"B": 2, "S": 32, "T": 16}, {"B": 2, "S": 7, "T": 5}, {"B": 3, "S": 33, "T": 17}):
+        graph = sym
+        if sym.violated_guards(sym.resolve_sizes(sizes)):
+            graph = capture(bundle, train, CaptureConfig(target="cuda", sizes=sizes))
+        held.append(graph is sym)
+        assert not graph.violated_guards(graph.resolve_sizes(sizes))
+        conc = capture(bundle, train, CaptureConfig(target="cuda", symbolic=False, sizes=sizes))
+        assert _memory_equal(graph, conc, sizes), sizes
+    assert held[0]
