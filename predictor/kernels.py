@@ -242,7 +242,11 @@ def _efficient_attention_backward(rec: Any, func: Any, args: tuple, kwargs: dict
             (*bias.shape[:-1], _round_up(last, 16)), dtype=bias.dtype, device=bias.device
         )
         out = (gq, gk, gv, padded.narrow(-1, 0, last))
-    rec.record_op("_scaled_dot_product_efficient_attention_backward.default", (args, kwargs), out)
+    node = rec.record_op(
+        "_scaled_dot_product_efficient_attention_backward.default", (args, kwargs), out
+    )
+    if rec.scratch is not None:  # the kernel's own scratch, as every unhooked op records it
+        node.scratch = rec.scratch(func, args)
     return out
 
 

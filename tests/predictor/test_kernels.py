@@ -44,6 +44,12 @@ def test_cuda_target_uses_cuda_attention_kernels_and_records_scratch(tiny_gpt):
     assert int(scratch.sum()) == len(bwd) * (2 * 2 * 128 * 4 + 2 * 128 * 2 * 16 * 4)
     fp32 = capture(tiny_gpt, TrainSpec(), CaptureConfig(target="cuda"))
     assert "_scaled_dot_product_efficient_attention.default" in _ops(fp32)
+    # the efficient backward (a dispatch hook: predictor.kernels.symbolic_hooks) keeps its
+    # delta = rowsum(dO * O) scratch, fp32 per (batch, head, query)
+    scratch = fp32.scratch_bytes(0, fp32.resolve_sizes({"B": 2, "S": 100}))
+    eff = [i for i, op in enumerate(fp32.paths[0].nodes["op"])
+           if op == "_scaled_dot_product_efficient_attention_backward.default"]  # fmt: skip
+    assert eff and all(int(scratch[i]) == 2 * 2 * 100 * 4 for i in eff)
     cpu = capture(tiny_gpt, TrainSpec(), CaptureConfig(target="cpu"))
     assert not any(
         "efficient" in op or op.startswith("_scaled_dot_product_flash_attention.")
