@@ -43,6 +43,10 @@ CONFIGS = [
 ]
 
 
+# what every /predict body adds (`--method`): the server routes `auto` by its budget
+EXTRA: dict = {}
+
+
 def start_server(state: Path, workers: int, model: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [
@@ -144,7 +148,7 @@ def cold_uploads(url: str, data: dict, n: int) -> dict:
 
 
 def _request_bytes(gid: str) -> bytes:
-    body = json.dumps({"graph_id": gid, "configs": CONFIGS}).encode()
+    body = json.dumps({"graph_id": gid, "configs": CONFIGS, **EXTRA}).encode()
     head = (
         "POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
@@ -181,7 +185,7 @@ def _raw_timings(url: str, gid: str, n: int) -> list[float]:
 
 
 def _httpx_timings(url: str, gid: str, n: int) -> list[float]:
-    body = {"graph_id": gid, "configs": CONFIGS}
+    body = {"graph_id": gid, "configs": CONFIGS, **EXTRA}
     times = []
     with httpx.Client(base_url=url, timeout=30) as c:
         for i in range(n + 50):
@@ -241,7 +245,8 @@ def _client(port: int, gid: str, n: int, conns: int, queue: mp.Queue) -> None:
 def throughput(url: str, gid: str, total: int, procs: int = 2, conns: int = 8) -> dict:
     with httpx.Client(base_url=url, timeout=30) as c:  # warm both workers' caches
         for _ in range(40):
-            c.post("/predict", json={"graph_id": gid, "configs": CONFIGS}).raise_for_status()
+            body = {"graph_id": gid, "configs": CONFIGS, **EXTRA}
+            c.post("/predict", json=body).raise_for_status()
     queue: mp.Queue = mp.Queue()
     per = total // procs
     port = int(url.rsplit(":", 1)[1])
@@ -275,7 +280,13 @@ def main() -> None:
     ap.add_argument(
         "--model", default="default", help="what the server answers with: default | analytic"
     )
+    ap.add_argument(
+        "--method", default=None, choices=("auto", "replay", "gnn", "analytic"),
+        help="the request's method (default: none sent, the server's auto)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if args.method:
+        EXTRA["method"] = args.method
     logging.basicConfig(level=logging.WARNING)
     t0 = time.perf_counter()
     data, n_nodes = graph_blob(args.layers)
@@ -299,9 +310,11 @@ def main() -> None:
             result["cold_upload"] = cold_uploads(url, data, 5)
             blob = gzip.compress(json.dumps(data).encode())
             gid = httpx.post(f"{url}/graphs", content=blob, timeout=60).json()["graph_id"]
-            body = {"graph_id": gid, "configs": CONFIGS}
+            body = {"graph_id": gid, "configs": CONFIGS, **EXTRA}
             first = httpx.post(f"{url}/predict", json=body, timeout=60).json()
             result["model"] = f"{args.model}: {first['model_version']}"
+            result["route"] = {"asked": args.method or "auto (not sent)",
+                               "ran": first["predictions"][0]["method"]}  # fmt: skip
             cpu0 = cpu_seconds(proc.pid)
             result["predict_latency"] = latency(url, gid, args.requests)
             served = 2 * (args.requests + 50)
@@ -337,6 +350,7 @@ def markdown(r: dict) -> str:
             "# serving benchmark (loopback)",
             "",
             f"Graph: {r['graph']['model']}, {r['graph']['nodes']} nodes; model {r['model']}; "
+            f"method asked {r['route']['asked']}, answered by {r['route']['ran']}; "
             f"{r['machine']['cpus']} CPUs shared by client and server (load average "
             f"{r['machine']['load_average_before'][0]} before, "
             f"{r['machine']['load_average_after'][0]} after); Python {r['machine']['python']}.",
