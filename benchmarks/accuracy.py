@@ -136,7 +136,7 @@ def _head_forms_only(cal: dict[str, Any]) -> dict[str, Any]:
 
 
 def _old_bound(data, rows, r_mu, r_up, cfg, mu, upper) -> np.ndarray:
-    """The per-metric shift `training.fit.cross_calibrate` computes (one conformal quantile
+    """The per-metric shift memgnn's first calibration computed (one conformal quantile
     of y - upper per metric over every target, in the head as mu + relu(s + shift)), from
     the same cross-fitted residuals (same seeds, same heads): the bound before the
     per-(target, metric) calibration, for comparison."""

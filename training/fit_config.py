@@ -23,7 +23,7 @@ class FitConfig:
     seed: int = 0
     target_miss: float = 0.01  # bound calibration: wanted miss rate on validation data
     threads: int = 0  # torch intra-op threads; 0: torch's default
-    calibration_epochs: int = 60  # head epochs per fold of `cross_calibrate`
+    calibration_epochs: int = 60  # head epochs per fold of `calibrate.cross_fit`
 
     def __post_init__(self) -> None:
         if self.head_epochs < 0 or self.head_patience < 1 or self.threads < 0:
