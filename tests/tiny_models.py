@@ -52,15 +52,20 @@ def _lm_loss(model, inputs):
     return F.cross_entropy(logits.flatten(0, 1), inputs["ids"].flatten())
 
 
-def tiny_gpt_bundle(layers: int = 2) -> ModelBundle:
+def tiny_gpt_bundle(layers: int = 2, model=None, *, depth_knob: bool = False) -> ModelBundle:
+    """The tiny GPT (or `model`, a TinyGPT subclass); `depth_knob`: with `layers` /
+    `with_layers`, so a capture replicates its blocks."""
+    model = model or TinyGPT
     return ModelBundle(
         name="tiny-gpt",
         family="gpt",
-        build=lambda: TinyGPT(layers=layers),
+        build=lambda: model(layers=layers),
         make_inputs=_lm_inputs,
         loss=_lm_loss,
         dims={"B": 3, "S": 17},
         hparams={"layers": layers},
+        layers=layers if depth_knob else None,
+        with_layers=(lambda n: tiny_gpt_bundle(n, model, depth_knob=True)) if depth_knob else None,
     )
 
 

@@ -11,7 +11,7 @@ from memgnn.predictor.replicate import _expand, replicate
 from memgnn.predictor.spec import ModelBundle, TrainSpec
 from torch import nn
 
-from tests.tiny_models import Block, TinyGPT, _lm_inputs, _lm_loss
+from tests.tiny_models import Block, TinyGPT, tiny_gpt_bundle
 
 
 class OddBlock(Block):
@@ -33,17 +33,7 @@ class Alternating(TinyGPT):
 
 
 def _bundle(layers: int, model=TinyGPT) -> ModelBundle:
-    return ModelBundle(
-        name="tiny-gpt",
-        family="gpt",
-        build=lambda: model(layers=layers),
-        make_inputs=_lm_inputs,
-        loss=_lm_loss,
-        dims={"B": 3, "S": 17},
-        hparams={"layers": layers},
-        layers=layers,
-        with_layers=lambda n: _bundle(n, model),
-    )
+    return tiny_gpt_bundle(layers, model, depth_knob=True)
 
 
 TRAINS = [
