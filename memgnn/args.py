@@ -8,6 +8,7 @@ import argparse
 
 from memgnn.predictor.spec import (
     ATTENTIONS,
+    BNB_VERSION,
     GRAD_SYNCS,
     LORA_DTYPES,
     OPTIMIZER_IMPLS,
@@ -102,6 +103,18 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         default="none",
         help="QLoRA: the frozen base's Linears in bitsandbytes nf4 (nf4-dq: double quant) "
         "or int8; GPU devices, with --peft lora",
+    )
+    g.add_argument(
+        "--bnb-version",
+        default=BNB_VERSION,
+        help=f"bitsandbytes release of --quantize-base's kernels (default {BNB_VERSION}); "
+        "before 0.43.2 every 4-bit matmul kept its input until the graph was freed",
+    )
+    g.add_argument(
+        "--hold-outputs",
+        action="store_true",
+        help="the loop keeps the last micro-step's loss/outputs (and graph) until the next "
+        "forward's (`loss = model(b).loss` in a for loop; LitGPT); default: freed after backward",
     )
     g.add_argument(
         "--attention",
@@ -215,6 +228,8 @@ def train_spec(args: argparse.Namespace) -> TrainSpec:
         grad_sync=args.grad_sync,
         quantize_base=args.quantize_base,
         attention=args.attention,
+        bnb_version=args.bnb_version,
+        hold_outputs=args.hold_outputs,
     )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from memgnn.args import CLI_REPLAY_BUDGET_MS, memory_limit, model_args, parse_sizes, train_spec
-from memgnn.display import fmt_bytes, model_line, print_table
+from memgnn.display import fmt_bytes, loop_line, model_line, print_table
 
 
 def resolve_bundle(args: argparse.Namespace):
@@ -325,6 +325,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
         "graph_id": graph.graph_id,
         "predict_seconds": round(time.perf_counter() - t0, 6),
         "model": info,
+        "train": train.to_dict(),  # what the answer assumed of the training step
         "warnings": warnings,
     }
     if limit is not None:
@@ -348,6 +349,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
         + (f", per rank (rank 0 of {par['world_size']}, {par['sharding']})" if par else "")
     )
     print(model_line(info))
+    print(loop_line(train))
     if route := pred.breakdown.get("route"):
         print(f"path: {route['method']} ({route['reason']})")
     if limit is not None:

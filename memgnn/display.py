@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from memgnn.predictor.spec import TrainSpec
+
 
 def fmt_bytes(n: int | None) -> str:
     """1536 -> '1.50 KiB'; None -> '-'."""
@@ -92,3 +94,13 @@ def model_line(info: Mapping[str, Any]) -> str:
         )
     kind = {"zoo": " (zoo config: small by default, size it with --model-arg)"}
     return f"model {info['spec']}{kind.get(info.get('kind', ''), '')}: {', '.join(parts)}"
+
+
+def loop_line(train: TrainSpec) -> str:
+    """What the answer assumed of the training loop around the step."""
+    if train.hold_outputs:
+        return "loop: keeps each step's outputs and loss until the next forward (--hold-outputs)"
+    return (
+        "loop: outputs freed with the forward, the loss after backward (HF Trainer); "
+        "--hold-outputs if yours keeps them (`outputs = model(**batch)`)"
+    )

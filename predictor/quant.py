@@ -1,9 +1,10 @@
 """A bitsandbytes-quantised frozen base (QLoRA), as its CUDA kernels allocate, on fake tensors.
 
 `--quantize-base nf4|nf4-dq|int8` swaps the base model's Linear layers for modules that hold
-exactly the storages bitsandbytes (0.50.2) keeps and whose forward and backward allocate
-exactly the temporaries its CUDA path allocates, so the recorder sees the same storages on
-the CPU capture device (the real modules would take bitsandbytes' CPU paths there).
+exactly the storages bitsandbytes (0.50.2; `--bnb-version` for older 4-bit kernels) keeps
+and whose forward and backward allocate exactly the temporaries its CUDA path allocates, so
+the recorder sees the same storages on the CPU capture device (the real modules would take
+bitsandbytes' CPU paths there).
 
 Which layers: transformers' rule (`replace_with_bnb_linear`): every `nn.Linear` (exact type)
 and GPT-2 `Conv1D`, except `get_keys_to_not_convert(model)` (tied weights, the last module,
@@ -26,6 +27,11 @@ Temporaries (`bitsandbytes.autograd._functions`, `backends/cuda/ops.py`):
   bitsandbytes >= 0.50 runs a fused kernel instead (no dequantised weight) for small token
   counts M (at most 1536, per-architecture tables, mostly M <= 128 at 7B shapes); the
   model keeps the dequantise path for every M, so there it overstates by that one weight.
+- before 0.43.2 (`--bnb-version`, bitsandbytes PR #1270): the forward dequantises as the
+  backward does (`dequantize_4bit(B).to(A.dtype)`) and `MatMul4Bit` keeps its input A as
+  `ctx.tensors` (a ctx attribute, not a saved tensor) though backward never reads it: every
+  quantised layer's input lives until the autograd graph is freed, checkpointed or not
+  (with `TrainSpec.hold_outputs`, into the next step's forward).
 - nf4 backward (grad of the input): the weight dequantised again (in the dtype it was
   loaded in, then cast to the gradient's dtype if they differ) and `grad @ W`.
 - int8 forward (`MatMul8bitLt`, threshold 6.0): the input in fp16, `int8_vectorwise_quant`
@@ -108,7 +114,13 @@ class _Dequant4bit:
 
     def gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """`gemm_4bit`'s dequantise + `F.linear` path (`_dequant_linear_fallback`): with
-        double quantisation the fp32 absmax and `absmax + offset` stay alive to the end."""
+        double quantisation the fp32 absmax and `absmax + offset` stay alive to the end.
+        Before 0.43.2 (`keeps_input`): `F.linear(A, dequantize_4bit(B).to(A.dtype).t())`."""
+        if self.keeps_input:
+            w = self.dequantize(x.dtype)
+            out = F.linear(x, w, bias)
+            del w
+            return out
         absmax = self.absmax
         held = None
         if self.nested:
@@ -125,6 +137,10 @@ class _MatMul4Bit(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, layer: Linear4bitSim, bias: torch.Tensor | None):
         ctx.layer = layer
+        if layer.keeps_input and ctx.needs_input_grad[0]:
+            # bitsandbytes < 0.43.2: `ctx.tensors = (A, B)`, a ctx attribute, not a saved
+            # tensor: A lives as long as this graph node, through backward and beyond
+            ctx.tensors = (x,)
         return layer.gemm(x, bias)
 
     @staticmethod
@@ -146,6 +162,7 @@ class Linear4bitSim(nn.Module, _Dequant4bit):
         nested: bool,
         compute: torch.dtype,
         shared_code: torch.Tensor | None = None,
+        keeps_input: bool = False,
     ):
         super().__init__()
         weight = linear.weight
@@ -156,6 +173,7 @@ class Linear4bitSim(nn.Module, _Dequant4bit):
         self.in_features, self.out_features = int(n_in), int(n_out)
         self.infeatures, self.outfeatures = self.in_features, self.out_features  # peft reads
         self.nested, self.compute_dtype, self.orig_dtype = nested, compute, weight.dtype
+        self.keeps_input = keeps_input  # bitsandbytes < 0.43.2 (TrainSpec.bnb_keeps_input)
         n = self.in_features * self.out_features
         blocks = _cdiv(n, BLOCKSIZE)
         dev = weight.device
@@ -312,7 +330,13 @@ def quantize_model(model: nn.Module, train: TrainSpec) -> list[str]:
         else:
             if kind == "nf4-dq" and shared is None:
                 shared = torch.empty(256, dtype=torch.float32, device=m.weight.device)
-            new = Linear4bitSim(m, nested=kind == "nf4-dq", compute=compute, shared_code=shared)
+            new = Linear4bitSim(
+                m,
+                nested=kind == "nf4-dq",
+                compute=compute,
+                shared_code=shared,
+                keeps_input=train.bnb_keeps_input,
+            )
         setattr(parent, leaf, new)
     if not chosen:
         raise ValueError(

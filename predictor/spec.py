@@ -30,6 +30,14 @@ QUANTIZE_BASES = ("none", "nf4", "nf4-dq", "int8")
 # (the default), or the last only: DDP no_sync(), FSDP2 set_requires_gradient_sync(False),
 # FSDP1 no_sync() (Lightning's no_backward_sync), which keep unsharded gradients until then
 GRAD_SYNCS = ("every", "last")
+# bitsandbytes versions (`TrainSpec.bnb_version`): the one whose kernels predictor/quant.py
+# models by default, the first with 4-bit matmuls, the fix that stopped 4-bit matmuls keeping
+# their input (PR #1270), the LLM.int8 rewrite (PR #1401) whose kernels quant.py models
+BNB_VERSION = "0.50.2"
+BNB_FIRST_4BIT = (0, 39, 0)
+BNB_4BIT_INPUT_FIX = (0, 43, 2)
+BNB_INT8_REWRITE = (0, 45, 0)
+_VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
 STEP_KINDS = ("first", "steady", "both")
 # HF's attn_implementation: auto = the model class's default (sdpa where it supports it)
@@ -41,6 +49,14 @@ _SYMBOL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 InputMaker = Callable[[Mapping[str, Any], torch.device, torch.dtype], dict[str, torch.Tensor]]
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
+
+
+def bnb_version_tuple(version: str) -> tuple[int, int, int]:
+    """'0.42.0' -> (0, 42, 0); a ValueError naming --bnb-version for anything else."""
+    m = _VERSION_RE.match(version) if isinstance(version, str) else None
+    if m is None:
+        raise ValueError(f"--bnb-version must look like 0.42.0, got {version!r}")
+    return int(m[1]), int(m[2]), int(m[3] or 0)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -73,6 +89,17 @@ class TrainSpec:
     # double quantisation (bnb_4bit_use_double_quant, LitGPT's bnb.nf4-dq), int8 = LLM.int8()
     quantize_base: str = "none"  # none | nf4 | nf4-dq | int8
     attention: str = "auto"  # eager | sdpa | flash (flash_attention_2); see predictor/attention.py
+    # the bitsandbytes release whose kernels run the quantised base: before 0.43.2 every 4-bit
+    # matmul kept its input as `ctx.tensors` until its autograd graph was freed
+    bnb_version: str = BNB_VERSION
+    # the loop keeps each micro-step's model outputs and loss until the next forward has
+    # made its own: `for b in loader: outputs = model(**b); loss = outputs.loss;
+    # loss.backward()` (accelerate's no_trainer examples), LitGPT's `logits = model(...)`.
+    # They live through backward and the optimizer step, and hold the autograd graph: what its
+    # nodes keep outside saved tensors (custom Functions' ctx attributes, e.g. bitsandbytes')
+    # outlives backward. Off: the outputs go with the forward, the loss after backward (HF
+    # Trainer: compute_loss returns the loss alone, training_step `loss.detach()`)
+    hold_outputs: bool = False
 
     def __post_init__(self) -> None:
         self._check_parallel()
@@ -104,6 +131,9 @@ class TrainSpec:
                 f"--quantize-base {self.quantize_base} needs --peft lora: a bitsandbytes-"
                 "quantised base is frozen (its weights take no gradient), so only adapters train"
             )
+        self._check_bnb()
+        if not isinstance(self.hold_outputs, bool):
+            raise ValueError(f"--hold-outputs must be true or false, got {self.hold_outputs!r}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; expected one of {PRECISIONS}")
         if self.optimizer not in OPTIMIZERS:
@@ -135,6 +165,33 @@ class TrainSpec:
             raise ValueError(f"unknown steps {self.steps!r}; expected one of {STEP_KINDS}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+
+    def _check_bnb(self) -> None:
+        version = bnb_version_tuple(self.bnb_version)
+        if self.bnb_version != BNB_VERSION and self.quantize_base == "none":
+            raise ValueError(
+                f"--bnb-version {self.bnb_version} applies to --quantize-base nf4|nf4-dq|int8 "
+                "(the quantised base's kernels)"
+            )
+        if self.quantize_base != "none" and version < BNB_FIRST_4BIT:
+            raise ValueError(
+                f"--bnb-version {self.bnb_version}: bitsandbytes' 4-bit storage came in 0.39.0"
+            )
+        if self.quantize_base == "int8" and version < BNB_INT8_REWRITE:
+            raise ValueError(
+                f"--bnb-version {self.bnb_version} with --quantize-base int8 is not modelled: "
+                "LLM.int8 before bitsandbytes 0.45.0 ran col32 / tiled layouts (other "
+                "temporaries); memgnn models 0.45.0 and later"
+            )
+
+    @property
+    def bnb_keeps_input(self) -> bool:
+        """4-bit matmuls keep their input alive with their graph node (bitsandbytes < 0.43.2:
+        `MatMul4Bit` stored `ctx.tensors = (A, B)`; backward never reads A)."""
+        return (
+            self.quantize_base in ("nf4", "nf4-dq")
+            and bnb_version_tuple(self.bnb_version) < BNB_4BIT_INPUT_FIX
+        )
 
     def _check_parallel(self) -> None:
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:

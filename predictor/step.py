@@ -113,11 +113,13 @@ def _no_kv_cache(model: nn.Module) -> None:
     on, every recomputed layer appends its keys and values to the DynamicCache a second
     time and attends over 2 x S keys (eager attention fails, SDPA silently computes and
     stores twice the bytes), and the cache keeps every layer's keys and values alive
-    through backward."""
-    config = getattr(model, "config", None)
-    if getattr(config, "use_cache", False):
-        log.debug("%s: use_cache off under checkpointing", type(model).__name__)
-        config.use_cache = False
+    through backward. Every submodule's config: T5's decoder stack keeps its own copy
+    (`copy.deepcopy(config)`), which fills `use_cache=None` from itself."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if getattr(config, "use_cache", False):
+            log.debug("%s: use_cache off under checkpointing", type(module).__name__)
+            config.use_cache = False
 
 
 def _apply_hf_checkpointing(model: nn.Module, name: str) -> int:
@@ -239,10 +241,21 @@ class TrainingStep:
             self.optimizer = zero_optimizer(self.params, make)
         else:
             self.optimizer = build_optimizer(self.params, train, target)
+        # TrainSpec.hold_outputs: the last micro-step's loss and model outputs, alive until
+        # the next micro-step's replace them
+        self._held_loss: torch.Tensor | None = None
+        self._held_outputs: Any = None
+        if train.hold_outputs:
+            model.register_forward_hook(self._hold_outputs)
         self.scaler = None
         if train.uses_grad_scaler:
             scaler_cls = _FakeSafeGradScaler if fake else torch.amp.GradScaler
             self.scaler = scaler_cls(device=device.type)
+
+    def _hold_outputs(self, module: nn.Module, args: Any, output: Any) -> None:
+        """The loop's `outputs = model(**batch)`: the new outputs replace the last ones once
+        the forward returns (a root forward hook)."""
+        self._held_outputs = output
 
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
         """What lives across steps, by category: weights, gradients, optimizer state."""
@@ -328,11 +341,16 @@ class TrainingStep:
         with gradient_sync(self.model, self.train, last):
             with self._autocast():
                 loss = self.bundle.loss(self.model, inputs)
+                # the loop rebinds `loss`: the previous micro-step's goes now (its outputs
+                # went when the forward returned, `_hold_outputs`)
+                self._held_loss = None
                 if g > 1:
                     loss = loss / g
             obs.on_phase("backward", step, micro)
             if self.scaler is not None:
                 loss = self.scaler.scale(loss)
             loss.backward()
+            if self.train.hold_outputs:
+                self._held_loss = loss
             del loss, inputs
         obs.on_backward_end(self.model, step, micro)

@@ -13,6 +13,7 @@ from memgnn.dataset.zoo import TASKS
 from memgnn.predictor.devices import PROFILES
 from memgnn.predictor.spec import (
     ATTENTIONS,
+    BNB_VERSION,
     GRAD_SYNCS,
     LORA_DTYPES,
     OPTIMIZER_IMPLS,
@@ -86,6 +87,8 @@ class TrainIn(Strict):
     grad_sync: Literal[GRAD_SYNCS] = "every"  # type: ignore[valid-type]
     quantize_base: Literal[QUANTIZE_BASES] = "none"  # type: ignore[valid-type]
     attention: Literal[ATTENTIONS] = "auto"  # type: ignore[valid-type]
+    bnb_version: str = Field(default=BNB_VERSION, max_length=16)
+    hold_outputs: bool = False
 
     @model_validator(mode="after")
     def _parallel(self) -> TrainIn:

@@ -37,6 +37,7 @@ def test_capture_and_graph_info_roundtrip(tmp_path, capsys):
         (["profile", "--model", "mlp", "--device", "tpu-v9"], "unknown device profile"),
         (["graph-info", "/nonexistent.json.gz"], "not found"),
         (["predict", "--model", "mlp", "--quantize-base", "nf4"], "needs --peft lora"),
+        (["predict", "--model", "mlp", "--bnb-version", "0.42.0"], "applies to --quantize-base"),
         (
             ["profile", "--model", "mlp", "--peft", "lora", "--lora-targets", "linear"]
             + ["--quantize-base", "nf4", "--backend", "cpu"],
@@ -163,12 +164,19 @@ def test_predict_lora_dtype_model_keeps_adapters_in_the_model_dtype(capsys):
     code, text, _ = run_cli(capsys, *argv)
     assert code == 0
     fp32 = json.loads(text)["breakdown"]["categories"]
-    code, text, _ = run_cli(capsys, *argv, "--lora-dtype", "model")
+    assert json.loads(text)["train"]["lora_dtype"] == "fp32"  # the answer says what it assumed
+    code, text, _ = run_cli(capsys, *argv, "--lora-dtype", "model", "--hold-outputs")
     assert code == 0
     model = json.loads(text)["breakdown"]["categories"]
     assert model["parameter"] < fp32["parameter"]  # bf16 adapters, not fp32
+    assumed = json.loads(text)["train"]
+    assert assumed["lora_dtype"] == "model" and assumed["hold_outputs"] is True
     code, _, err = run_cli(capsys, "predict", "--model", "mlp", "--lora-dtype", "model")
     assert code == 2 and "--lora-dtype model applies to --peft lora" in err
+    code, text, _ = run_cli(capsys, *argv[:-1])
+    assert code == 0 and "loop: outputs freed with the forward" in text
+    code, text, _ = run_cli(capsys, *argv[:-1], "--hold-outputs")
+    assert code == 0 and "loop: keeps each step's outputs" in text
 
 
 def test_model_line_says_when_blocks_were_replicated():

@@ -145,6 +145,75 @@ def test_nf4_dequantises_the_whole_weight_in_forward_and_backward(nested):
     assert len(dequant) == 2 and all(s.free_node is not None for s in dequant)  # transient
 
 
+def _input_lifetime(keeps_input: bool) -> tuple[str, str]:
+    """(phase, op) at which a 4-bit layer's input storage dies, the graph freed at the end."""
+    layer = Linear4bitSim(
+        nn.Linear(K, N, bias=False, dtype=torch.bfloat16),
+        nested=False,
+        compute=torch.bfloat16,
+        keeps_input=keeps_input,
+    )
+    x = torch.randn(M, K, dtype=torch.bfloat16, requires_grad=True)
+    rec = StepRecorder()
+    with rec:
+        rec.set_phase("forward", 0)
+        h = x * 2  # the layer's input, made in the step; mul by a constant saves nothing
+        out = layer(h)
+        del h
+        loss = out.float().sum()
+        rec.set_phase("backward", 0)
+        loss.backward()
+        rec.set_phase("zero_grad", 0)
+        del loss, out  # the graph goes with its root
+        torch.empty(1)
+    rec.close()
+    (inp,) = [s for s in rec.storages if s.alloc_node == 0]
+    assert (inp.nbytes, inp.dtype) == (M * K * 2, "bfloat16")
+    node = rec.nodes[inp.free_node + 1] if inp.free_node + 1 < len(rec.nodes) else None
+    return rec.nodes[inp.free_node].phase, node.phase if node else "-"
+
+
+def test_nf4_before_0_43_2_keeps_each_input_until_its_graph_is_freed():
+    # bitsandbytes >= 0.43.2: the input dies with its last use, inside the forward
+    assert _input_lifetime(keeps_input=False)[0] == "forward"
+    # < 0.43.2: MatMul4Bit's ctx.tensors = (A, B) outlives backward until the graph goes
+    assert _input_lifetime(keeps_input=True) == ("backward", "zero_grad")
+
+
+def test_bnb_version_picks_the_4bit_input_behaviour():
+    def keeps(version: str, kind: str = "nf4") -> bool:
+        return TrainSpec(peft="lora", quantize_base=kind, bnb_version=version).bnb_keeps_input
+
+    assert keeps("0.42.0") and keeps("0.43.1") and keeps("0.39") and keeps("0.42.0", "nf4-dq")
+    assert not keeps("0.43.2") and not keeps("0.50.2") and not keeps("1.0.0")
+    assert not TrainSpec(peft="lora", quantize_base="int8", bnb_version="0.45.0").bnb_keeps_input
+
+
+def _peak(bundle, **kw) -> int:
+    from memgnn.predictor.analytic import sweep
+    from memgnn.predictor.capture import CaptureConfig, capture
+
+    sizes = {"B": 2, "S": 16}
+    train = TrainSpec(peft="lora", lora_r=4, lora_targets="q_proj,v_proj", precision="bf16", **kw)
+    graph = capture(bundle, train, CaptureConfig(target="cuda", sizes=sizes))
+    return sweep(graph, sizes).peak_bytes
+
+
+def test_old_bnb_inputs_outlive_backward_and_held_outputs_keep_them(tiny_llama):
+    """Each decoder layer's quantised-matmul inputs: o_proj's and gate/up's (T x h) and
+    down_proj's (T x I), bf16; q/v's shared input is saved by their adapters anyway."""
+    held_by_layer = 2 * 2 * 16 * (2 * HIDDEN + MLP)  # B x S x (2h + I) x 2 bytes
+    new = _peak(tiny_llama, quantize_base="nf4")
+    new_held = _peak(tiny_llama, quantize_base="nf4", hold_outputs=True)
+    old = _peak(tiny_llama, quantize_base="nf4", bnb_version="0.42.0")
+    old_held = _peak(tiny_llama, quantize_base="nf4", bnb_version="0.42.0", hold_outputs=True)
+    logits = 2 * 16 * VOCAB * 2  # the loop's held outputs: bf16 logits, B x S x V
+    assert new_held == new + logits  # today's kernels: the outputs alone
+    assert new < old <= new + LAYERS * held_by_layer
+    bound = old + logits + LAYERS * (held_by_layer + 2 * 16 * HIDDEN * 2) + 512
+    assert old + logits < old_held <= bound  # the last step's inputs too
+
+
 def test_int8_forward_and_backward_temporaries_by_hand():
     layer = Linear8bitSim(nn.Linear(K, N, bias=False, dtype=torch.bfloat16))
     x = torch.randn(M, K, dtype=torch.bfloat16, requires_grad=True)
@@ -190,6 +259,11 @@ def test_subclasses_of_linear_are_quantised_as_transformers_does():
         ({"quantize_base": "nf4"}, "--quantize-base nf4 needs --peft lora"),
         ({"quantize_base": "fp4", "peft": "lora"}, "unknown --quantize-base"),
         ({"optimizer": "adamw8bit", "optimizer_impl": "fused"}, "--optimizer-impl must be auto"),
+        ({"bnb_version": "0.42.0"}, "--bnb-version 0.42.0 applies to --quantize-base"),
+        ({"quantize_base": "nf4", "peft": "lora", "bnb_version": "v0.42"}, "look like 0.42.0"),
+        ({"quantize_base": "nf4", "peft": "lora", "bnb_version": "0.38.1"}, "came in 0.39.0"),
+        ({"quantize_base": "int8", "peft": "lora", "bnb_version": "0.44.1"}, "int8 is not"),
+        ({"hold_outputs": "yes"}, "--hold-outputs must be true or false"),
     ],
 )
 def test_bad_quantisation_options_are_rejected(kwargs, message):

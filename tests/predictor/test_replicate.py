@@ -156,3 +156,28 @@ def test_an_op_over_every_block_making_a_storage_falls_back():
     got = capture(bundle, TrainSpec(), CaptureConfig(mode="blocks"))
     assert got.meta["capture"]["mode"] == "full"  # (its backward reads the middle blocks)
     assert got.graph_id == capture(bundle, TrainSpec(), CaptureConfig(mode="full")).graph_id
+
+
+def test_old_bnb_inputs_freed_at_one_node_replicate(tmp_path):
+    """bitsandbytes < 0.43.2 keeps every 4-bit matmul's input until the graph goes: all
+    blocks' inputs die at one node of the first block's backward, and replicate."""
+    pytest.importorskip("peft")
+    transformers = pytest.importorskip("transformers")
+    from memgnn.dataset import zoo
+
+    from tests.tiny_models import tiny_llama_config
+
+    config = tiny_llama_config()
+    config.num_hidden_layers = 6
+    config.to_json_file(str(tmp_path / "config.json"))
+    bundle = zoo.resolve(f"hf:{tmp_path / 'config.json'}")
+    assert transformers and bundle.layers == 6
+    train = TrainSpec(
+        peft="lora", lora_targets="q_proj,v_proj", precision="bf16", quantize_base="nf4",
+        bnb_version="0.42.0",
+    )  # fmt: skip
+    sizes = {"B": 2, "S": 16}
+    fast = capture(bundle, train, CaptureConfig(target="cuda", sizes=sizes, blocks_depth=4))
+    full = capture(bundle, train, CaptureConfig(target="cuda", sizes=sizes, mode="full"))
+    assert fast.meta["capture"] == {"mode": "blocks", "captured_blocks": 4, "blocks": 6}
+    assert fast.graph_id == full.graph_id

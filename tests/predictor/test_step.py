@@ -7,11 +7,12 @@ import pytest
 import torch
 from memgnn.dataset import zoo
 from memgnn.dataset.profile import ProfileConfig, profile
+from memgnn.predictor.analytic import sweep
 from memgnn.predictor.capture import CaptureConfig, capture
 from memgnn.predictor.model_info import fake_step
 from memgnn.predictor.spec import TrainSpec
 from memgnn.predictor.step import TrainingStep
-from tiny_models import LLAMA_LAYERS, tiny_gpt_bundle
+from tiny_models import LLAMA_LAYERS, LLAMA_VOCAB, tiny_gpt_bundle
 
 transformers = pytest.importorskip("transformers")
 
@@ -106,3 +107,32 @@ def test_hf_checkpointing_needs_a_transformers_model():
         )
     with pytest.raises(ValueError, match="none, full, hf or blocks:N"):
         TrainSpec(checkpointing="hf:2")
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_t5_decoder_recomputes_without_its_own_cache(attention):
+    # T5's decoder stack keeps its own deep copy of the config (use_cache=True) and fills
+    # use_cache from it: turning the top config's off left the decoder caching, and its
+    # recomputed layers then failed (eager: 2 x T keys; sdpa: a CheckpointError)
+    bundle = zoo.resolve("t5", {"layers": "2"})
+    train = TrainSpec(checkpointing="full", attention=attention)
+    step = TrainingStep(bundle, train, device=torch.device("cpu"), target="cpu")
+    assert not any(
+        getattr(getattr(m, "config", None), "use_cache", False) for m in step.model.modules()
+    )
+    sizes = {"B": 2, "S": 16, "T": 8}
+    batch = bundle.make_inputs(sizes, torch.device("cpu"), torch.float32)
+    bundle.loss(step.model, batch).backward()
+    assert all(p.grad is not None for p in step.params)
+
+
+def test_held_outputs_keep_the_last_logits_through_backward(llama_config):
+    # `outputs = model(**batch); outputs.loss.backward()` in a loop: the logits live until
+    # the next forward returns, so every peak after the first forward holds them too
+    bundle = zoo.resolve(f"hf:{llama_config}")
+    peaks = {}
+    for hold in (False, True):
+        graph = capture(bundle, TrainSpec(hold_outputs=hold), CaptureConfig(target="cpu"))
+        peaks[hold] = sweep(graph, SIZES).peak_bytes
+    logits = SIZES["B"] * SIZES["S"] * LLAMA_VOCAB * 4  # fp32, B x S x V
+    assert peaks[True] - peaks[False] == logits

@@ -430,3 +430,23 @@ def test_plan_refuses_to_search_implementations_of_an_uploaded_graph(client, gid
             "space": {"optimizer_impl": ["fused"]}}  # fmt: skip
     r = client.post("/plan", json=body)
     assert r.status_code == 422 and "space.optimizer_impl needs a model" in r.text
+
+
+def test_predict_takes_bnb_version_and_hold_outputs(client):
+    train = {"peft": "lora", "lora_targets": "linear", "precision": "bf16", "quantize_base": "nf4"}
+    peaks, graphs = {}, set()
+    for extra in ({}, {"bnb_version": "0.42.0", "hold_outputs": True}):
+        body = {
+            "model": {"spec": "mlp", "train": train | extra},
+            "configs": [{"sizes": {"B": 64}, "device": "a100-80gb"}],
+        }
+        r = client.post("/predict", json=body)
+        assert r.status_code == 200, r.text
+        peaks[bool(extra)] = r.json()["predictions"][0]["predicted_peak_bytes"]
+        graphs.add(r.json()["predictions"][0]["graph_id"])
+    # both options reach the capture; the MLP's quantised inputs are ReLU outputs its
+    # backward saves anyway, so bitsandbytes 0.42's extra references add no bytes here
+    assert len(graphs) == 2 and peaks[True] == peaks[False]
+    bad = {"model": {"spec": "mlp", "train": {"bnb_version": "0.42.0"}}, "configs": [{}]}
+    r = client.post("/predict", json=bad)
+    assert r.status_code in (400, 422) and "--bnb-version" in r.text
