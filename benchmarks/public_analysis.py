@@ -88,10 +88,11 @@ def qlora_analysis(results: dict[str, dict]) -> list[str]:
         "figures) and memgnn (both predictions).",
         "",
         "| LoRA / QLoRA | measured | memgnn | saving | beyond, measured | beyond, memgnn "
-        "| measured beyond / (T x L x h) |",
-        "|---|---|---|---|---|---|---|",
+        "| memgnn / measured | measured beyond / (T x L x h) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     beyond: list[int] = []
+    ratios: list[float] = []
     for lora_id, q_id in QLORA_PAIRS:
         lo, q = results.get(lora_id, {}), results.get(q_id, {})
         if lo.get("status") != "done" or q.get("status") != "done":
@@ -104,20 +105,25 @@ def qlora_analysis(results: dict[str, dict]) -> list[str]:
         lines.append(
             f"| {lora_id} / {q_id} | {_gb(lo['measured_bytes'])} / {_gb(q['measured_bytes'])}"
             f" | {_gb(lo['predicted_bytes'])} / {_gb(q['predicted_bytes'])} | {_gb(saving)}"
-            f" | {_gb(beyond_m)} | {_gb(beyond_p)} | {beyond_m / tlh:.1f} B |"
+            f" | {_gb(beyond_m)} | {_gb(beyond_p)} | {beyond_p / beyond_m:.2f}"
+            f" | {beyond_m / tlh:.1f} B |"
         )
         beyond.append(beyond_m)
+        ratios.append(beyond_p / beyond_m)
     if not beyond:
         return []
     return lines + [
         "",
-        "T = micro-batch x 512 tokens, L layers, h hidden size. memgnn's QLoRA path "
-        "(bitsandbytes 0.50.2's storages, their dequantised temporaries freed within each "
-        "matmul) holds nothing past the weights' saving; LitGPT's (Lightning's "
-        f"BitsandbytesPrecision over bitsandbytes 0.42) holds {min(beyond) / 1e9:.1f}-"
-        f"{max(beyond) / 1e9:.1f} GB more, growing with the tokens, layers and width of "
-        "the run: per-layer activations of its QLoRA path that memgnn does not model "
-        "(not identified: it needs a GPU run of that stack).",
+        "T = micro-batch x 512 tokens, L layers, h hidden size. LitGPT's QLoRA runs hold "
+        f"{min(beyond) / 1e9:.1f}-{max(beyond) / 1e9:.1f} GB past their LoRA runs less the "
+        "weights' saving, growing with the tokens, layers and width of the run. The "
+        "mechanism: bitsandbytes 0.42.0 (LitGPT's pin then) kept every 4-bit matmul's input "
+        "as `ctx.tensors` until its autograd graph was freed, and LitGPT's loop keeps the "
+        "last micro-step's logits, and with them that graph, until the next forward "
+        "returns: each quantised layer's inputs of two micro-steps at once. memgnn runs "
+        "these rows with `--bnb-version 0.42.0 --hold-outputs`; its beyond is "
+        f"{min(ratios):.2f}-{max(ratios):.2f} x the measured. With bitsandbytes >= 0.43.2 "
+        "(PR #1270) the inputs die with their last use and the beyond is about 0.",
     ]
 
 
@@ -138,10 +144,11 @@ def multi_gpu_analysis(results: dict[str, dict]) -> list[str]:
         "",
         "## LitGPT 4-GPU rows: what is left after --grad-sync last",
         "",
-        "| row | G | measured | memgnn | measured - memgnn | memgnn gradient | 2P (bf16 copy) |",
-        "|---|---|---|---|---|---|---|",
+        "| row | G | measured | memgnn | measured - memgnn | memgnn gradient | 2P (bf16 copy) "
+        "| residual / 2P |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    shown = 0
+    ratios: list[float] = []
     for rid, r in results.items():
         st = r.get("settings", {})
         if st.get("gpus", 1) == 1 or r.get("status") != "done" or r["measured_oom"]:
@@ -151,17 +158,18 @@ def multi_gpu_analysis(results: dict[str, dict]) -> list[str]:
         meas, pred = r["measured_bytes"], r["predicted_bytes"]
         lines.append(
             f"| {rid} | {st['grad_accum']} | {_gb(meas)} | {_gb(pred)} | {_gb(meas - pred)} "
-            f"| {_gb(r['categories'].get('gradient', 0))} | {_gb(2 * r['parameters'])} |"
+            f"| {_gb(r['categories'].get('gradient', 0))} | {_gb(2 * r['parameters'])} "
+            f"| {(meas - pred) / (2 * r['parameters']):.2f} |"
         )
-        shown += 1
-    if not shown:
+        ratios.append((meas - pred) / (2 * r["parameters"]))
+    if not ratios:
         return []
     return lines + [
         "",
         "The gradient column is the whole model's unsharded bf16 gradient where G > 1 (FSDP1 "
-        "no_sync). The residual, about one more bf16 copy of the parameters and there with "
-        "G = 1 too (phi-2), is not explained: LitGPT wraps each Block in FSDP1 with flat "
-        "parameters; memgnn captures FSDP2. Not checked on a GPU.",
+        f"no_sync). The residual, {min(ratios):.2f}-{max(ratios):.2f} bf16 copies of the "
+        "parameters and there with G = 1 too (phi-2), is not explained: LitGPT wraps each "
+        "Block in FSDP1 with flat parameters; memgnn captures FSDP2. Not checked on a GPU.",
     ]
 
 

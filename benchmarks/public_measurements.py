@@ -92,6 +92,10 @@ def predict_args(row: Row) -> list[str]:
             args += ["--lora-dtype", row.lora_dtype]
     if row.quantize_base:
         args += ["--quantize-base", row.quantize_base]
+    if row.bnb_version:
+        args += ["--bnb-version", row.bnb_version]
+    if row.hold_outputs:
+        args += ["--hold-outputs"]
     if row.gpus > 1:
         args += ["--gpus", str(row.gpus), "--sharding", row.sharding]
         if row.grad_sync != "every":

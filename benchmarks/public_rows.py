@@ -55,6 +55,16 @@ same published config (catalog `hf:ORG/NAME`). Modelled (mapped onto memgnn opti
   `fabric.no_backward_sync` (FSDP1 `no_sync()`), so each rank keeps the whole model's
   unsharded gradients until the last micro-step (FSDP2 set_requires_gradient_sync(False),
   its stated equivalent, is what memgnn captures).
+- QLoRA's bitsandbytes: the README table's runs (43c44323, Apr 2024; QLoRA rows redone in
+  e5493986, Jul 2024) had pyproject.toml pin bitsandbytes==0.42.0, whose MatMul4Bit kept
+  every 4-bit matmul's input A as `ctx.tensors` (a ctx attribute, never read by backward;
+  bitsandbytes PR #1270, "fix QLoRA mem bug: delete useless buffered activation", 0.43.2)
+  -> `--bnb-version 0.42.0`. And fit() binds `logits = model(input_ids, ...)`: the last
+  micro-step's logits, and through their grad_fn its autograd graph with those A's, live
+  until the next forward returns -> `--hold-outputs` (every LitGPT row: the held bf16
+  logits, B x S x V, through backward and into the next forward), with
+  `--model-arg use_cache=false` (LitGPT's GPT keeps no KV cache in training; HF's model
+  would return one in its outputs).
 Not modelled (memgnn captures HF's code):
 - LitGPT's RMSNorm keeps an fp32 x and an fp32 normalized copy (HF: fp32 x, bf16 copy);
   LitGPT repeats K/V heads to all query heads before SDPA (GQA and Falcon's MQA: 71 heads),
@@ -70,11 +80,9 @@ Not modelled (memgnn captures HF's code):
 - QLoRA: LitGPT's BitsandbytesPrecision quantises every Linear, lm_head included (HF keeps
   lm_head in bf16); its optimizer is bnb PagedAdamW, whose paged states live in CUDA unified
   memory outside max_memory_allocated (memgnn: torch AdamW states for the adapters).
-- QLoRA: LitGPT's measured QLoRA peaks sit above what its LoRA peaks less the weights'
-  savings allow, and above its LoRA peaks for the small models (TinyLlama 16.24 vs
-  13.50 GB, Phi-2 14.27 vs 13.98 GB): an overhead of its bitsandbytes 0.42 / Lightning
-  BitsandbytesPrecision path that memgnn's model of bitsandbytes 0.50.2 does not have
-  (sized per row pair in "QLoRA rows next to their LoRA rows" below).
+- When the held graph goes: LitGPT rebinds `logits` as the next forward returns, before
+  its cross entropy; memgnn frees the held loss after the next loss is computed (the plain
+  loop's `loss = model(**b).loss`), through the cross entropy: high by what that holds.
 - FSDP1 vs FSDP2: LitGPT wraps each Block in FSDP1 with flat parameters; memgnn captures
   FSDP2's per-parameter sharding. Not checked beyond the gradient accumulation above.
 - The measured peak is over the whole run: validation passes and the example generation
@@ -109,6 +117,8 @@ class Row:
     lora_targets: str = ""
     lora_dtype: str = "fp32"  # fp32: peft's default upcast; model: LitGPT's bf16 adapters
     quantize_base: str = ""  # needs TrainSpec.quantize_base (branch qlora)
+    bnb_version: str = ""  # "": memgnn's default (the bitsandbytes it models now)
+    hold_outputs: bool = False  # the loop keeps the last step's loss/outputs into the next
     gpus: int = 1  # > 1 needs TrainSpec.gpus / sharding (branch fsdp)
     sharding: str = "none"
     grad_sync: str = "every"  # last: accumulation under no_sync (LitGPT's no_backward_sync)
@@ -132,6 +142,14 @@ def _lit(id: str, model: str, yaml: str, batch: int, accum: int, **kw) -> Row:
         kw.setdefault("lora_dtype", "model")
     if kw.get("gpus", 1) > 1:  # is_accumulating micro-steps run under fabric.no_backward_sync
         kw.setdefault("grad_sync", "last")
+    # fit() binds `logits = model(input_ids, ...)`: the last micro-step's logits, and through
+    # their grad_fn its whole autograd graph, live until the next forward returns; LitGPT's
+    # GPT returns logits alone (no KV cache in training): HF's cache off, or the held outputs
+    # would hold every layer's keys and values too
+    kw.setdefault("hold_outputs", True)
+    kw.setdefault("model_args", {"use_cache": "false"})
+    if kw.get("quantize_base"):  # pyproject.toml pinned bitsandbytes==0.42.0 when the
+        kw.setdefault("bnb_version", "0.42.0")  # README table was measured (43c44323, e5493986)
     return Row(
         id=id, model=model, batch=batch, seq=512, precision="bf16", grad_accum=accum,
         source=LITGPT + yaml, **kw,
