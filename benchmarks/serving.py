@@ -285,6 +285,7 @@ def main() -> None:
         help="the request's method (default: none sent, the server's auto)",
     )  # fmt: skip
     args = ap.parse_args()
+    argv = sys.argv[1:]
     if args.method:
         EXTRA["method"] = args.method
     logging.basicConfig(level=logging.WARNING)
@@ -303,6 +304,7 @@ def main() -> None:
             "load_average_before": [round(x, 2) for x in os.getloadavg()],
         },
         "model": args.model,
+        "args": "".join(f" {a}" for a in argv),
     }
     with tempfile.TemporaryDirectory() as state:
         proc, url = start_server(Path(state) / "one", 1, args.model)
@@ -339,7 +341,8 @@ def main() -> None:
         "predict_p50_ms<=5": result["predict_latency"]["raw_socket"]["p50_ms"] <= 5,
         "throughput_rps>=300": result["throughput"]["requests_per_s"] >= 300,
     }
-    write_results("serving", result, markdown(result))
+    name = "serving" + ("" if args.model == "default" else f"_{args.model}")
+    write_results(name + (f"_{args.method}" if args.method else ""), result, markdown(result))
     sys.stdout.write(markdown(result))
 
 
@@ -370,7 +373,7 @@ def markdown(r: dict) -> str:
             f"| cold upload ({up['gzip_bytes'] / 1024:.0f} KiB gzip), p50 of {up['n']} | "
             f"{up['p50_ms']:.1f} ms (max {up['max_ms']:.1f}) | |",
             "",
-            "Command: `.venv/bin/python benchmarks/serving.py`",
+            f"Command: `.venv/bin/python benchmarks/serving.py{r.get('args', '')}`",
             "",
         ]
     )
