@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from memgnn.args import memory_limit, parse_sizes, train_spec
-from memgnn.display import fmt_bytes, model_line
+from memgnn.display import fmt_bytes, loop_line, model_line
 
 __all__ = ["add_plan_space_args", "decision_lines", "plan_cmd"]
 
@@ -142,6 +142,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
         "graphs": res.graphs,
         "graph_seconds": list(seen.values()),
         "model": _model_info(graph_for(chosen), bundle, chosen, target),
+        "train": replace(first, **_train_fields(best)).to_dict(),  # the chosen step, assumed
     }
     if args.json:
         print(json.dumps(out, indent=2, default=str))
@@ -149,6 +150,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
     for line in decision_lines(out, cfg.limit):
         print(line)
     print(model_line(out["model"]))
+    print(loop_line(chosen))
     for c in res.runners_up:
         where = f" {c.sharding} x{c.gpus}" if c.gpus > 1 else ""
         print(

@@ -36,6 +36,9 @@ def test_plan_json_carries_the_decision_and_the_graph_count(capsys):
         == (got["limit_bytes"] - d["fixed_bytes"]) // d["per_sample_bytes"]
     )
     assert got["global_batch"] == got["batch_size"] * got["grad_accum"] * got["gpus"]
+    t = got["train"]  # the chosen step as the answer assumed it
+    assert (t["grad_accum"], t["optimizer_impl"]) == (got["grad_accum"], got["optimizer_impl"])
+    assert t["hold_outputs"] is False
 
 
 def test_plan_prints_state_per_sample_and_the_choice(capsys):
@@ -48,6 +51,7 @@ def test_plan_prints_state_per_sample_and_the_choice(capsys):
     assert lines[3].startswith("theoretical largest batch (limit - fixed) / per-sample = ")
     assert lines[4].startswith("chosen B=") and "no checkpointing" in lines[4]
     assert "on 1 captured graphs" in lines[-1]
+    assert any(line.startswith("loop: outputs freed with the forward") for line in lines)
 
 
 @pytest.mark.parametrize(
