@@ -12,7 +12,7 @@
   quantisation state), is what the QLoRA path holds beyond the weights. Measured and
   memgnn's side by side show whether a QLoRA row's error comes from its LoRA part (shared
   with the LoRA row) or from the QLoRA path itself.
-- LitGPT 4-GPU rows: the residual after the no_sync accumulation, beside 2P.
+- LitGPT FSDP rows: the residual after the no_sync accumulation, beside 2P.
 """
 
 from __future__ import annotations
@@ -138,15 +138,15 @@ def _layers_hidden(model: str) -> int:
 
 
 def multi_gpu_analysis(results: dict[str, dict]) -> list[str]:
-    """The LitGPT 4-GPU rows' residual (measured - memgnn) next to 2P, one bf16 copy of
+    """The LitGPT FSDP rows' residual (measured - memgnn) next to 2P, one bf16 copy of
     the parameters, and memgnn's unsharded gradient bytes (--grad-sync last)."""
     lines = [
         "",
-        "## LitGPT 4-GPU rows: what is left after --grad-sync last",
+        "## LitGPT FSDP rows: what is left after --grad-sync last",
         "",
-        "| row | G | measured | memgnn | measured - memgnn | memgnn gradient | 2P (bf16 copy) "
-        "| residual / 2P |",
-        "|---|---|---|---|---|---|---|---|",
+        "| row | GPUs | G | measured | memgnn | measured - memgnn | memgnn gradient "
+        "| 2P (bf16 copy) | residual / 2P |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     ratios: list[float] = []
     for rid, r in results.items():
@@ -157,7 +157,8 @@ def multi_gpu_analysis(results: dict[str, dict]) -> list[str]:
             continue
         meas, pred = r["measured_bytes"], r["predicted_bytes"]
         lines.append(
-            f"| {rid} | {st['grad_accum']} | {_gb(meas)} | {_gb(pred)} | {_gb(meas - pred)} "
+            f"| {rid} | {st['gpus']} | {st['grad_accum']} | {_gb(meas)} | {_gb(pred)} "
+            f"| {_gb(meas - pred)} "
             f"| {_gb(r['categories'].get('gradient', 0))} | {_gb(2 * r['parameters'])} "
             f"| {(meas - pred) / (2 * r['parameters']):.2f} |"
         )
@@ -167,9 +168,11 @@ def multi_gpu_analysis(results: dict[str, dict]) -> list[str]:
     return lines + [
         "",
         "The gradient column is the whole model's unsharded bf16 gradient where G > 1 (FSDP1 "
-        f"no_sync). The residual, {min(ratios):.2f}-{max(ratios):.2f} bf16 copies of the "
-        "parameters and there with G = 1 too (phi-2), is not explained: LitGPT wraps each "
-        "Block in FSDP1 with flat parameters; memgnn captures FSDP2. Not checked on a GPU.",
+        "no_sync). GPUs is what each yaml's `devices` runs, not the README's Machine column "
+        "(phi-2 and StableLM full.yaml say devices: 2; see their notes). What is left, "
+        f"{min(ratios):.2f}-{max(ratios):.2f} bf16 copies of the parameters, is LitGPT's own "
+        "model code and FSDP1's flat parameters against HF's code under FSDP2 (memgnn's "
+        "capture); not checked on a GPU.",
     ]
 
 

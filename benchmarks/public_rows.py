@@ -55,6 +55,10 @@ same published config (catalog `hf:ORG/NAME`). Modelled (mapped onto memgnn opti
   `fabric.no_backward_sync` (FSDP1 `no_sync()`), so each rank keeps the whole model's
   unsharded gradients until the last micro-step (FSDP2 set_requires_gradient_sync(False),
   its stated equivalent, is what memgnn captures).
+- Tied embeddings: LitGPT's GPT always has its own lm_head, and convert_hf_checkpoint copies
+  the input embedding into it where HF ties them (Gemma, Gemma-2, Falcon) ->
+  `--model-arg tie_word_embeddings=false` for those rows (Gemma-2b: +256,000 x 2,048 bf16
+  parameters).
 - QLoRA's bitsandbytes: the README table's runs (43c44323, Apr 2024; QLoRA rows redone in
   e5493986, Jul 2024) had pyproject.toml pin bitsandbytes==0.42.0, whose MatMul4Bit kept
   every 4-bit matmul's input A as `ctx.tensors` (a ctx attribute, never read by backward;
@@ -89,6 +93,11 @@ Not modelled (memgnn captures HF's code):
   (no_grad, KV cache) besides the training steps; memgnn predicts the training step.
 """
 LITGPT = "Lightning-AI/litgpt@26857050 config_hub/finetune/"
+# catalog models whose HF config ties lm_head to the input embedding (GemmaConfig and
+# FalconConfig default tie_word_embeddings=True); LitGPT's GPT always has a separate lm_head
+HF_TIED = frozenset(
+    {"hf:google/gemma-2b", "hf:google/gemma-7b", "hf:google/gemma-2-9b", "hf:tiiuae/falcon-7b"}
+)
 LLAMA_ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj,lm_head"
 QV = "q_proj,v_proj"
 
@@ -148,6 +157,8 @@ def _lit(id: str, model: str, yaml: str, batch: int, accum: int, **kw) -> Row:
     # would hold every layer's keys and values too
     kw.setdefault("hold_outputs", True)
     kw.setdefault("model_args", {"use_cache": "false"})
+    if model in HF_TIED:  # LitGPT's GPT has its own lm_head: convert_hf_checkpoint copies wte
+        kw["model_args"] = kw["model_args"] | {"tie_word_embeddings": "false"}
     if kw.get("quantize_base"):  # pyproject.toml pinned bitsandbytes==0.42.0 when the
         kw.setdefault("bnb_version", "0.42.0")  # README table was measured (43c44323, e5493986)
     return Row(
@@ -185,6 +196,11 @@ T0_NOTE = (
     "1.13, Feb 2023); 'GB' read as GiB (TorchTracemalloc reports MiB)"
 )
 LIT_NOTE = "padded length <= 512 (Alpaca2k's longest): 512 used"
+YAML_DEVICES = (
+    "the yaml says devices: 2 and the README's Machine column 4xA10G: 2 used, as the yaml "
+    "runs (the column is the machine: every LoRA yaml, devices: 1, shows the same peak and "
+    "runtime on 1xA10G and 4xA10G)"
+)
 LORA_ACCUM = "; gradient accumulation {} in the yaml modelled as 1 (LoRA gradients only)"
 
 # fmt: off
@@ -308,14 +324,13 @@ ROWS: list[Row] = [
          sharding="fsdp", checkpointing="full",
          notes=LIT_NOTE + "; FSDP FULL_SHARD, every Block checkpointed; accumulation "
          "16 / (1 x 4) = 4"),
-    _lit("litgpt4x2", "hf:microsoft/phi-2", "phi-2/full.yaml", 4, 1, gpus=4, sharding="fsdp",
+    _lit("litgpt4x2", "hf:microsoft/phi-2", "phi-2/full.yaml", 4, 1, gpus=2, sharding="fsdp",
          checkpointing="full",
-         notes=LIT_NOTE + "; the yaml says devices: 2, the README row 4xA10G: 4 used; "
-         "accumulation 8 / (4 x 4) < 1 -> 1"),
+         notes=LIT_NOTE + "; " + YAML_DEVICES + "; accumulation (8 // 2) // 4 = 1 (on 4 "
+         "devices LitGPT's own assert stops it: (8 // 4) // 4 = 0)"),
     _lit("litgpt4x3", "hf:stabilityai/stablelm-base-alpha-3b", "stablelm-base-alpha-3b/full.yaml",
-         1, 2, gpus=4, sharding="fsdp", checkpointing="full",
-         notes=LIT_NOTE + "; the yaml says devices: 2, the README row 4xA10G: 4 used; "
-         "accumulation 8 / (1 x 4) = 2"),
+         1, 4, gpus=2, sharding="fsdp", checkpointing="full",
+         notes=LIT_NOTE + "; " + YAML_DEVICES + "; accumulation (8 // 2) // 1 = 4"),
     _lit("litgpt4x4", "hf:meta-llama/Llama-2-7b-hf", "llama-2-7b/full.yaml", 4, 4, gpus=4,
          sharding="fsdp", checkpointing="full", metric="device_total",
          notes=LIT_NOTE + "; accumulation 64 / (4 x 4) = 4"),
