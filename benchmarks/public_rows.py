@@ -55,6 +55,11 @@ same published config (catalog `hf:ORG/NAME`). Modelled (mapped onto memgnn opti
   `fabric.no_backward_sync` (FSDP1 `no_sync()`), so each rank keeps the whole model's
   unsharded gradients until the last micro-step (FSDP2 set_requires_gradient_sync(False),
   its stated equivalent, is what memgnn captures).
+- Phi-2's activation: HF's config asks for gelu_new, which transformers runs as a Python
+  formula (pow, mul, add, tanh: several saved T x I intermediates per layer); LitGPT's
+  config (gelu_approximate="tanh") calls the fused F.gelu(approximate="tanh"), the same
+  function, which saves its input only -> `--model-arg hidden_act=gelu_pytorch_tanh`
+  (transformers' name for that fused call).
 - Tied embeddings: LitGPT's GPT always has its own lm_head, and convert_hf_checkpoint copies
   the input embedding into it where HF ties them (Gemma, Gemma-2, Falcon) ->
   `--model-arg tie_word_embeddings=false` for those rows (Gemma-2b: +256,000 x 2,048 bf16
@@ -78,9 +83,6 @@ Not modelled (memgnn captures HF's code):
 - LoRA's dropout: LitGPT applies it once per fused qkv input, peft once per adapted q, k,
   v module (each saves its own mask and output); LitGPT also zero-pads the fused LoRA
   output to the qkv width.
-- Phi-2's HF config asks for gelu_new, which transformers runs as a Python formula (pow,
-  mul, add, tanh: several saved T x I intermediates per layer); LitGPT calls the fused
-  F.gelu(approximate="tanh"), which saves its input only.
 - QLoRA: LitGPT's BitsandbytesPrecision quantises every Linear, lm_head included (HF keeps
   lm_head in bf16); its optimizer is bnb PagedAdamW, whose paged states live in CUDA unified
   memory outside max_memory_allocated (memgnn: torch AdamW states for the adapters).
@@ -159,6 +161,8 @@ def _lit(id: str, model: str, yaml: str, batch: int, accum: int, **kw) -> Row:
     kw.setdefault("model_args", {"use_cache": "false"})
     if model in HF_TIED:  # LitGPT's GPT has its own lm_head: convert_hf_checkpoint copies wte
         kw["model_args"] = kw["model_args"] | {"tie_word_embeddings": "false"}
+    if model == "hf:microsoft/phi-2":  # LitGPT: gelu_approximate="tanh", the fused F.gelu
+        kw["model_args"] = kw["model_args"] | {"hidden_act": "gelu_pytorch_tanh"}
     if kw.get("quantize_base"):  # pyproject.toml pinned bitsandbytes==0.42.0 when the
         kw.setdefault("bnb_version", "0.42.0")  # README table was measured (43c44323, e5493986)
     return Row(
