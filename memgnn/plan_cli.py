@@ -121,7 +121,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
     if res.best is None:
         raise UserError(res.reason)
     best = res.best
-    chosen = capture_spec(replace(first, **_train_fields(best)))  # captured already
+    picked = replace(first, **_train_fields(best))
+    chosen = capture_spec(picked)  # captured already
     out = {
         "batch_size": best.batch_size,
         "grad_accum": best.grad_accum,
@@ -142,7 +143,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
         "graphs": res.graphs,
         "graph_seconds": list(seen.values()),
         "model": _model_info(graph_for(chosen), bundle, chosen, target),
-        "train": replace(first, **_train_fields(best)).to_dict(),  # the chosen step, assumed
+        "train": picked.to_dict(),  # the chosen step as the answer assumed it
     }
     if args.json:
         print(json.dumps(out, indent=2, default=str))

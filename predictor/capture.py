@@ -277,15 +277,7 @@ def capture(
                 f"in module {where!r} and others); raise max_paths or make the branch static"
             )
     graph = _assemble(bundle, train, cfg, sizes, runs)
-    graph.meta.update(
-        capture_seconds=round(time.perf_counter() - t0, 3),
-        torch_version=torch.__version__,
-        target=cfg.target,
-        symbolic=cfg.symbolic,
-        scenario=None if cfg.symbolic else cfg.scenario,
-        model_info=info.to_dict() if info is not None else None,
-        capture={"mode": "full", "why": why},
-    )
+    _stamp(graph, cfg, t0, info, {"mode": "full", "why": why})
     log.info(
         "captured %s: %d path(s), %d nodes in %.1fs",
         bundle.name,
@@ -294,6 +286,22 @@ def capture(
         graph.meta["capture_seconds"],
     )
     return graph
+
+
+def _stamp(
+    graph: StepGraph, cfg: CaptureConfig, t0: float, info: ModelInfo | None, how: dict
+) -> None:
+    """The meta every capture records: time since `t0`, torch, target, the model and `how`
+    it was captured (full, or blocks replicated)."""
+    graph.meta.update(
+        capture_seconds=round(time.perf_counter() - t0, 3),
+        torch_version=torch.__version__,
+        target=cfg.target,
+        symbolic=cfg.symbolic,
+        scenario=None if cfg.symbolic else cfg.scenario,
+        model_info=info.to_dict() if info is not None else None,
+        capture=how,
+    )
 
 
 def _assemble(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes, runs) -> StepGraph:
@@ -382,15 +390,7 @@ def _capture_blocks(
         return None, why
     graph.paths, graph.exprs, graph._table = [path], table, None
     info = describe_bundle(bundle, train, cfg.target)
-    graph.meta.update(
-        capture_seconds=round(time.perf_counter() - t0, 3),
-        torch_version=torch.__version__,
-        target=cfg.target,
-        symbolic=cfg.symbolic,
-        scenario=None if cfg.symbolic else cfg.scenario,
-        model_info=info.to_dict(),
-        capture={"mode": "blocks", "captured_blocks": depth, "blocks": layers},
-    )
+    _stamp(graph, cfg, t0, info, {"mode": "blocks", "captured_blocks": depth, "blocks": layers})
     log.info(
         "captured %s: %d blocks replicated from a %d-block capture, %d nodes in %.1fs",
         bundle.name, layers, depth, path.num_nodes, graph.meta["capture_seconds"],

@@ -111,16 +111,16 @@ class _Plan:
             tag = tags_of[ref]
             if not storages and {tag, ctx} == set(first_last):
                 # the last block's storage dies in the first block (or the reverse): a
-                # lifetime across the blocks, e.g. a held graph freed at once
-                out = 0 if tag == 0 else n - 1
-            else:
-                out = lam if tag is None else self._target(tag, ctx, lam, n)
+                # lifetime across the blocks (a held graph freed at once), seen as from
+                # outside the blocks
+                ctx = None
+            out = lam if tag is None else self._target(tag, ctx, lam, n)
             return self._key(ref, tag, by, pos, out, n)
         if not storages and len(set(refs)) == 1 and tags_of[refs[0]] in first_last:
             # every middle block's storage dies at one node of the first or last block
             # (bitsandbytes < 0.43.2's kept inputs, freed with the graph): that node
             tag = tags_of[refs[0]]
-            return self._key(refs[0], tag, by, pos, 0 if tag == 0 else n - 1, n)
+            return self._key(refs[0], tag, by, pos, self._target(tag, None, lam, n), n)
         offsets = {self._offset(tags_of[r], c) for r, c in zip(refs, src)}
         if len(offsets) > 1 or (None in offsets and len(set(refs)) > 1):
             raise NotRepeated(f"middle blocks refer differently: {refs} from blocks {src}")
