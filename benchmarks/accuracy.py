@@ -20,7 +20,7 @@ allocator simulation on GPU profiles; cpu: real CPU runs) and metric: median / p
 p95 / max relative error, the upper-bound miss rate and the median bound margin
 ((bound - measured) / measured), next to baselines on the same records (params-only and
 korthikanti in `benchmarks/baselines.py`):
-- analytic: `predictor.predict.AnalyticModel` (same numbers): the liveness sweep with
+- analytic: `predictor.memory.analytic.AnalyticModel` (same numbers): the liveness sweep with
   512-byte rounding, a cuBLAS workspace per thread (forward / autograd) that runs a
   matmul, as the simulator does, and the CUDA context: the base the GNN corrects;
 - params-only: weights + gradients + optimizer state (P x (2 + k), k = 2 Adam, 1 SGD
@@ -33,7 +33,7 @@ service applies once a training run sends its measured peaks to /samples.
 `--split random` instead trains one model on a seeded random 80% of the records (families
 seen) and scores the other 20%: the reference for how much of the held-out error is about
 unseen families and how much the query features cannot explain at all.
-Latency: the shipped model (`--model-dir`, default predictor/default_model) in-process in
+Latency: the shipped model (`--model-dir`, default predictor/memory/default_model) in-process in
 onnxruntime: the head per config (one query per call, and 64 per call), a full query
 (features + head), and encoding graphs of about 1k, 5k and 20k nodes (features + ORT).
 `--paths`: also each record replayed exactly (`benchmarks/paths.py`: replay vs the labels,
@@ -56,7 +56,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memgnn.predictor.vocab import METRICS  # noqa: E402
+from memgnn.predictor.ir.vocab import METRICS  # noqa: E402
 from memgnn.training.data import Dataset, error_summary, load_dataset, split  # noqa: E402
 from results_io import write_results  # noqa: E402
 
@@ -84,7 +84,7 @@ def cross_validate(
     data: Dataset, folds: int, max_epochs: int, seed: int, gnn: dict[str, Any], how: str,
     target_miss: float = 0.01,
 ) -> dict[str, Any]:  # fmt: skip
-    from memgnn.predictor.gnn import GNNConfig
+    from memgnn.predictor.memory.gnn import GNNConfig
     from memgnn.training.calibrate import calibrate_groups, calibrated, cross_fit, fell_back
     from memgnn.training.fit import FitConfig, fit, predict_log
 
@@ -140,7 +140,7 @@ def _old_bound(data, rows, r_mu, r_up, cfg, mu, upper) -> np.ndarray:
     of y - upper per metric over every target, in the head as mu + relu(s + shift)), from
     the same cross-fitted residuals (same seeds, same heads): the bound before the
     per-(target, metric) calibration, for comparison."""
-    from memgnn.predictor.calibration import conformal_quantile
+    from memgnn.predictor.memory.calibration import conformal_quantile
 
     shift = np.zeros(3)
     for m in range(3):
@@ -155,7 +155,7 @@ def reserved_slack(data: Dataset) -> dict[str, Any]:
     caching-allocator-shaped estimate (`query_features`: small blocks in 2 MiB segments,
     1-10 MiB ones in 20 MiB segments, larger ones rounded to 2 MiB, at the schedule's max),
     min / median / p98 / max: how much of the reserved slack size classes explain."""
-    from memgnn.predictor.features import QUERY_COLUMNS
+    from memgnn.predictor.memory.features import QUERY_COLUMNS
 
     col = {n: k for k, n in enumerate(QUERY_COLUMNS)}
     gpu = (np.array(data.source) == "sim-gpu") & ~np.isnan(data.measured[:, 1])
@@ -178,7 +178,7 @@ def with_live_samples(
     drawn seeded), sent through `serving.store.correction_from` and applied with
     `serving.engine.corrected`, as the service does. Records whose group has fewer than k
     others are not scored (NaN)."""
-    from memgnn.predictor.predict import Prediction
+    from memgnn.predictor.memory.base import Prediction
     from memgnn.serving.engine import corrected
     from memgnn.serving.store import correction_from, ratio
 
@@ -247,11 +247,12 @@ def per_family(data: Dataset, pred: np.ndarray, analytic: np.ndarray) -> dict[st
 
 
 def latency(model_dir: Path, cache: Path) -> dict[str, Any]:
-    from memgnn.dataset.zoo import make_bundle
-    from memgnn.predictor.features import graph_inputs
-    from memgnn.predictor.onnx_model import OnnxMemoryModel
-    from memgnn.predictor.predict import Query, capture_cached
-    from memgnn.predictor.spec import TrainSpec
+    from memgnn.predictor.capture.cache import capture_cached
+    from memgnn.predictor.memory.base import Query
+    from memgnn.predictor.memory.features import graph_inputs
+    from memgnn.predictor.memory.onnx_model import OnnxMemoryModel
+    from memgnn.predictor.spec.train import TrainSpec
+    from memgnn.predictor.zoo import make_bundle
 
     model = OnnxMemoryModel.load(model_dir)
     out: dict[str, Any] = {"model_dir": str(model_dir), "model_version": model.version,
@@ -306,7 +307,7 @@ def latency(model_dir: Path, cache: Path) -> dict[str, Any]:
 def _synthetic_encode(model) -> list[dict[str, Any]]:
     """The ONNX encoder alone at exactly 1k / 5k / 20k encoder nodes (random features, a
     random DAG with the corpus' ~2 edges per node)."""
-    from memgnn.predictor.features import NUM_NODE_FEATURES, NUM_OPS, GraphInputs
+    from memgnn.predictor.memory.features import NUM_NODE_FEATURES, NUM_OPS, GraphInputs
 
     rng = np.random.default_rng(0)
     rows = []
@@ -328,7 +329,7 @@ def _synthetic_encode(model) -> list[dict[str, Any]]:
 
 
 def _dev():
-    from memgnn.predictor.devices import get_profile
+    from memgnn.predictor.spec.devices import get_profile
 
     return get_profile("a100-80gb")
 

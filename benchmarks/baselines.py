@@ -22,7 +22,7 @@ OPT_STATES = {"adam": 2, "adamw": 2, "sgd": 1, "adafactor": 0}
 def baselines(data: Dataset, corpus: str) -> dict[str, np.ndarray]:
     """Per record: params-only and Korthikanti estimates (bytes; NaN where n/a)."""
     from memgnn.dataset.corpus import Corpus
-    from memgnn.predictor.recorder import CATEGORIES
+    from memgnn.predictor.ir.recorder import CATEGORIES
 
     records = {r["job_id"]: r for r in Corpus(corpus).records()}
     corpus_ = Corpus(corpus)

@@ -16,11 +16,11 @@ import argparse
 import time
 from pathlib import Path
 
-from memgnn.dataset.sim import simulate
-from memgnn.dataset.zoo.resolve import make_bundle, resolve
-from memgnn.predictor.capture import CaptureConfig, capture
-from memgnn.predictor.devices import get_profile
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.capture.capture import CaptureConfig, capture
+from memgnn.predictor.sim.simulate import simulate
+from memgnn.predictor.spec.devices import get_profile
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.zoo.resolve import make_bundle, resolve
 
 TINY_LLAMA = {
     "hidden_size": "64",

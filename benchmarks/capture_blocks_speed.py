@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import torch
-from memgnn.dataset.zoo import make_bundle
-from memgnn.dataset.zoo.resolve import resolve
-from memgnn.predictor.analytic import sweep
-from memgnn.predictor.capture import CaptureConfig, capture
+from memgnn.predictor.capture.capture import CaptureConfig, capture
+from memgnn.predictor.memory.analytic import sweep
+from memgnn.predictor.zoo import make_bundle
+from memgnn.predictor.zoo.resolve import resolve
 
 sys.path.insert(0, str(Path(__file__).parent))
 from capture_speed import BF16, LLAMA_7B, run_bare  # noqa: E402

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 from memgnn.dataset.profile import ProfileConfig, profile
-from memgnn.dataset.zoo import make_bundle
-from memgnn.predictor.analytic import sweep
-from memgnn.predictor.capture import capture
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.capture.capture import capture
+from memgnn.predictor.memory.analytic import sweep
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.zoo import make_bundle
 
 GPT2_SMALL = {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257, "max_positions": 1024}
 OUT = Path(__file__).parent / "results" / "gpt2_small.json"

@@ -9,7 +9,7 @@
      bytes on the CPU, no rounding);
    - `bare_symbolic`: the bare run under a ShapeEnv with B and S symbolic, as capture
      runs it (what torch's symbolic shapes cost before memgnn records anything);
-   - `memgnn`: `predictor.capture.capture` (symbolic, both steps, every path);
+   - `memgnn`: `predictor.capture.capture.capture` (symbolic, both steps, every path);
    - `mem_tracker`: PyTorch's `torch.distributed._tools.mem_tracker.MemTracker` under
      FakeTensorMode, the same two steps at the trace sizes.
    Wall seconds and this process's CPU seconds (the machine is shared: wall time
@@ -38,11 +38,11 @@ import weakref
 from pathlib import Path
 
 import torch
-from memgnn.dataset.zoo import make_bundle
-from memgnn.predictor.analytic import sweep
-from memgnn.predictor.capture import capture
-from memgnn.predictor.spec import TrainSpec
-from memgnn.predictor.step import TrainingStep
+from memgnn.predictor.capture.capture import capture
+from memgnn.predictor.capture.step import TrainingStep
+from memgnn.predictor.memory.analytic import sweep
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.zoo import make_bundle
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -171,11 +171,11 @@ def query_speed(graphs: dict, repeats: int, mem_tracker_nodes: int = 0) -> list[
     replaced (`onnx_model.FEW_QUERIES = 0`: `PathContext.query_many`), whose answers must
     be the same; MemTracker under FakeTensorMode at one new size for graphs of up to
     `mem_tracker_nodes` nodes (its cost per size is what a query replaces)."""
-    import memgnn.predictor.onnx_model as om
-    from memgnn.predictor.devices import get_profile
-    from memgnn.predictor.features import graph_inputs
-    from memgnn.predictor.onnx_model import OnnxMemoryModel, load_default_model
-    from memgnn.predictor.predict import Query
+    import memgnn.predictor.memory.onnx_model as om
+    from memgnn.predictor.memory.base import Query
+    from memgnn.predictor.memory.features import graph_inputs
+    from memgnn.predictor.memory.onnx_model import OnnxMemoryModel, load_default_model
+    from memgnn.predictor.spec.devices import get_profile
 
     model = load_default_model()
     if not isinstance(model, OnnxMemoryModel):
@@ -354,7 +354,7 @@ def profile_only(args) -> None:
 
 
 def query_only(args) -> None:
-    from memgnn.predictor.graph import StepGraph
+    from memgnn.predictor.ir.graph import StepGraph
 
     graphs = {}
     for n in sorted(int(x) for x in args.query_layers.split(",") if x):

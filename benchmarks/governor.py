@@ -35,7 +35,7 @@ totals):
 
 Throughput = real (unpadded) tokens per second of emulated device time, with
 t(step) = sum over micro-batches of (T_MICRO + T_TOKEN x padded tokens x (1 + recompute))
-+ T_OPT, recompute = 1/3 x checkpointed fraction (`predictor.plan.RECOMPUTE_COST`); an
++ T_OPT, recompute = 1/3 x checkpointed fraction (`predictor.plan.space.RECOMPUTE_COST`); an
 attempt that OOMs costs a full step. Tokens per step are reported too (no time model).
 
     .venv/bin/python benchmarks/governor.py      # minutes: benchmarks/results/governor.{json,md}
@@ -63,13 +63,13 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from memgnn.dataset.allocator import AllocatorConfig  # noqa: E402
-from memgnn.dataset.sim import build_trace, replay_trace  # noqa: E402
-from memgnn.predictor.devices import get_profile  # noqa: E402
-from memgnn.predictor.plan import RECOMPUTE_COST  # noqa: E402
-from memgnn.predictor.predict import capture_cached  # noqa: E402
-from memgnn.predictor.spec import TrainSpec  # noqa: E402
-from memgnn.predictor.step import build_optimizer  # noqa: E402
+from memgnn.predictor.capture.cache import capture_cached  # noqa: E402
+from memgnn.predictor.capture.step import build_optimizer  # noqa: E402
+from memgnn.predictor.plan.space import RECOMPUTE_COST  # noqa: E402
+from memgnn.predictor.sim.allocator import AllocatorConfig  # noqa: E402
+from memgnn.predictor.sim.simulate import build_trace, replay_trace  # noqa: E402
+from memgnn.predictor.spec.devices import get_profile  # noqa: E402
+from memgnn.predictor.spec.train import TrainSpec  # noqa: E402
 from memgnn.serving.governor import (  # noqa: E402
     BatchingConfig,
     EmulatedDevice,
@@ -491,7 +491,7 @@ def main() -> int:
             "capacity_bytes": w.capacity,
             "byte_scale": w.scale,
             "execute": w.execute,
-            "allocator": "CUDA caching allocator simulator (dataset.allocator), default settings",
+            "allocator": "CUDA caching allocator simulator (predictor.sim.allocator), defaults",
         },  # fmt: skip
         "time_model": {
             "T_MICRO_s": T_MICRO,

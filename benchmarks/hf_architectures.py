@@ -111,9 +111,9 @@ def _alarm(signum, frame):
 
 def run_one(model_type: str, task: str, folder: Path, timeout: int) -> dict[str, Any]:
     """Build the tiny config, resolve it as hf:PATH and capture it symbolically."""
-    from memgnn.dataset.zoo import resolve
-    from memgnn.predictor.capture import CaptureConfig, capture
-    from memgnn.predictor.spec import TrainSpec
+    from memgnn.predictor.capture.capture import CaptureConfig, capture
+    from memgnn.predictor.spec.train import TrainSpec
+    from memgnn.predictor.zoo import resolve
 
     row: dict[str, Any] = {"model_type": model_type, "task": task, "stage": "config"}
     t0 = time.perf_counter()

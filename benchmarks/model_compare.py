@@ -32,9 +32,9 @@ KINDS = ("full", "lora", "qlora", "adamw8bit", "attention-set")
 def predict_records(corpus_dir: str | Path, model_dir: str | Path) -> dict[str, Any]:
     """{job_id: {metric: [predicted, upper bound]}} of every labelled record (see module)."""
     from memgnn.dataset.corpus import Corpus
-    from memgnn.predictor.devices import get_profile
-    from memgnn.predictor.onnx_model import OnnxMemoryModel, read_card
-    from memgnn.predictor.predict import Query
+    from memgnn.predictor.memory.base import Query
+    from memgnn.predictor.memory.onnx_model import OnnxMemoryModel, read_card
+    from memgnn.predictor.spec.devices import get_profile
 
     model = OnnxMemoryModel.load(model_dir)
     corpus = Corpus(corpus_dir)
@@ -109,7 +109,7 @@ def record_kinds(data: Any, corpus_dir: str | Path) -> list[str]:
 def compare_predictions(data: Any, path: str | Path) -> tuple[np.ndarray, np.ndarray, str]:
     """(pred [R, 3], upper [R, 3], model version) from a `predict_records` file, aligned
     to `data` (a `training.data.Dataset`) by job id; NaN where the file has no answer."""
-    from memgnn.predictor.vocab import METRICS
+    from memgnn.predictor.ir.vocab import METRICS
 
     blob = json.loads(Path(path).read_text())
     pred, upper = np.full((len(data), 3), np.nan), np.full((len(data), 3), np.nan)

@@ -21,12 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from memgnn.dataset.replay.exact import ReplayModel  # noqa: E402
-from memgnn.dataset.zoo import make_bundle  # noqa: E402
-from memgnn.predictor.onnx_model import OnnxMemoryModel  # noqa: E402
-from memgnn.predictor.predict import Query, capture_cached  # noqa: E402
-from memgnn.predictor.spec import TrainSpec  # noqa: E402
-from memgnn.predictor.vocab import METRICS  # noqa: E402
+from memgnn.predictor.answer.exact import ReplayModel  # noqa: E402
+from memgnn.predictor.capture.cache import capture_cached
+from memgnn.predictor.ir.vocab import METRICS  # noqa: E402
+from memgnn.predictor.memory.base import Query  # noqa: E402
+from memgnn.predictor.memory.onnx_model import OnnxMemoryModel  # noqa: E402
+from memgnn.predictor.spec.train import TrainSpec  # noqa: E402
+from memgnn.predictor.zoo import make_bundle  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 CASES = [  # (family, hparams, sizes): far below and far above the corpus

@@ -1,6 +1,6 @@
 """Per answer path for `benchmarks/accuracy.py`: replay, GNN and analytic on the same records.
 
-- replay: `dataset.replay.exact.ReplayModel` on each record's graph at its sizes, device
+- replay: `predictor.answer.exact.ReplayModel` on each record's graph at its sizes, device
   and scenario, compared with the record's labels byte for byte. On a `sim` record the
   label *is* a replay (the Python simulator), so anything but 0 bytes off is a bug to
   explain; on a real `cpu` record the replay is the liveness sweep (a CPU has no caching
@@ -24,7 +24,7 @@ LABELS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_total_bytes")
 
 
 def _query(record: dict[str, Any], graph) -> Any:
-    from memgnn.predictor.predict import Query
+    from memgnn.predictor.memory.base import Query
 
     scenario = (record.get("stats") or {}).get("scenario") or "balanced"
     sizes = {s: int(v) for s, v in record["sizes"].items() if s in graph.symbols}
@@ -37,8 +37,8 @@ def replay_records(data, corpus: str) -> dict[str, Any]:
     from dataclasses import replace
 
     from memgnn.dataset.corpus import Corpus
-    from memgnn.dataset.replay.exact import ReplayModel
-    from memgnn.predictor.vocab import METRICS
+    from memgnn.predictor.answer.exact import ReplayModel
+    from memgnn.predictor.ir.vocab import METRICS
 
     c = Corpus(corpus)
     records = {r["job_id"]: r for r in c.records()}
@@ -73,8 +73,8 @@ def replay_records(data, corpus: str) -> dict[str, Any]:
 def _python_sim(graph, q) -> np.ndarray:
     """The Python simulator's (allocated, reserved) today: a label that differs from the
     replay while this equals it was made by older profiling code (a stale label)."""
-    from memgnn.dataset.sim import simulate
-    from memgnn.predictor.devices import get_profile
+    from memgnn.predictor.sim.simulate import simulate
+    from memgnn.predictor.spec.devices import get_profile
 
     res = simulate(graph, q.sizes, get_profile(q.device), scenario=q.scenario)
     return np.array([res.peak_allocated_bytes, res.peak_reserved_bytes], dtype=np.float64)
@@ -85,9 +85,9 @@ def latency_per_path(data, corpus: str, model_dir: Path, limit: int = 60) -> dic
     corpus), side by side in the same loop (per record and path: the best of 3 calls
     after a first one, on a shared machine)."""
     from memgnn.dataset.corpus import Corpus
-    from memgnn.dataset.replay.exact import ReplayModel
-    from memgnn.predictor.onnx_model import OnnxMemoryModel
-    from memgnn.predictor.predict import AnalyticModel
+    from memgnn.predictor.answer.exact import ReplayModel
+    from memgnn.predictor.memory.analytic import AnalyticModel
+    from memgnn.predictor.memory.onnx_model import OnnxMemoryModel
     from memgnn.serving.routing import warm_replay
 
     warm_replay()  # the JIT compile is a one-off per process, not a query's cost
@@ -141,7 +141,7 @@ def markdown_paths(res: dict[str, Any]) -> list[str]:
                      None: ""}[d.get("python_sim_now_equals_replay")]  # fmt: skip
             if d["source"] == "cpu" and str(d["precision"]).startswith("amp"):
                 stale = ("; a real CPU step under autocast holds bytes its captured graph "
-                         "does not (why AMP is not an exact case: predictor.trust)")  # fmt: skip
+                         "does not (AMP is not an exact case: predictor.memory.trust)")  # fmt: skip
             lines.append(f"- {d['source']} {d['family']} {d['device']} {d['sizes']} "
                          f"({d['paths']} paths, data symbols {d['data_symbols'] or 'none'}, "
                          f"{d['precision']}): bytes off {d['bytes_off']}{stale}")  # fmt: skip
@@ -174,6 +174,6 @@ def markdown_paths(res: dict[str, Any]) -> list[str]:
     if res.get("fell_back") is not None:
         lines += ["", "Held-out records whose head correction was outside the corrections "
                   "measured in calibration, so their bound is the network-free fallback "
-                  "(`predictor.calibration.served_bound_log`): "
+                  "(`predictor.memory.calibration.served_bound_log`): "
                   + (", ".join(f"{k} {v}" for k, v in fell.items()) or "none")]  # fmt: skip
     return lines

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from litgpt_hand import full_ft_peak, llama_shape
-from memgnn.predictor.devices import get_profile
+from memgnn.predictor.spec.devices import get_profile
 
 __all__ = [
     "QLORA_PAIRS",
@@ -48,7 +48,7 @@ def _gb(n: int) -> str:
 
 
 def phi3_full_analysis(results: dict[str, dict]) -> list[str]:
-    from memgnn.dataset.zoo.hub import resolve_config_file
+    from memgnn.predictor.zoo.hub import resolve_config_file
 
     row = results.get("litgpt18")
     if not row or row.get("status") != "done" or not row.get("parameters"):
@@ -131,7 +131,7 @@ def _layers_hidden(model: str) -> int:
     """L x h of a catalog model (`hf:ORG/NAME`) from its config.json."""
     import json
 
-    from memgnn.dataset.zoo.hub import resolve_config_file
+    from memgnn.predictor.zoo.hub import resolve_config_file
 
     c = json.loads(resolve_config_file(model.removeprefix("hf:")).read_text())
     return c["num_hidden_layers"] * c["hidden_size"]
@@ -179,7 +179,7 @@ def multi_gpu_analysis(results: dict[str, dict]) -> list[str]:
 def tinyllama_analysis(results: dict[str, dict]) -> list[str]:
     """litgpt22 (LitGPT TinyLlama full fine-tune): memgnn without and with the yaml's
     gradient accumulation, and the hand formula for LitGPT's and HF's model code."""
-    from memgnn.dataset.zoo.hub import resolve_config_file
+    from memgnn.predictor.zoo.hub import resolve_config_file
 
     row, probe = results.get("litgpt22"), results.get("litgpt22-G1")
     if not row or row["status"] != "done":

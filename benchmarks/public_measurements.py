@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memgnn.predictor.devices import get_profile
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.spec.devices import get_profile
+from memgnn.predictor.spec.train import TrainSpec
 from public_analysis import analyses, tinyllama_analysis
 from public_rows import BY_ID, DIFFERENCES, PROBES, Row
 

@@ -3,9 +3,9 @@
     PYTHONPATH=. .venv/bin/python benchmarks/replay_cost.py [--repeats 10]
 
 For each case: the JIT's state and the warm-up's seconds, the prior estimate
-(`dataset.replay.exact.estimated_seconds`: 2 ms + 3 us x events), the replays' measured
+(`predictor.answer.exact.estimated_seconds`: 2 ms + 3 us x events), the replays' measured
 wall seconds (`ReplayModel`, median), the factor the running estimate learned from them
-(`dataset.replay.cost.ReplayCost`) and the route `auto` then takes at the default budget,
+(`predictor.sim.replay.cost.ReplayCost`) and the route `auto` then takes at the default budget,
 with the machine's load average beside it. Writes benchmarks/results/replay_cost.json and
 .md.
 """
@@ -18,17 +18,18 @@ import statistics
 import sys
 import time
 
-from memgnn.dataset.replay.cost import ReplayCost, jit_state
-from memgnn.dataset.replay.exact import (
+from memgnn.predictor.answer.exact import (
     ExactConfig,
     ReplayModel,
     decide,
     estimate_events,
     estimated_seconds,
 )
-from memgnn.dataset.zoo import make_bundle
-from memgnn.predictor.predict import Query, capture_cached
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.capture.cache import capture_cached
+from memgnn.predictor.memory.base import Query
+from memgnn.predictor.sim.replay.cost import ReplayCost, jit_state
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.zoo import make_bundle
 from memgnn.serving.routing import warm_replay
 from results_io import write_results
 

@@ -7,7 +7,7 @@
    and with the on-disk cache filled (load), each in a subprocess.
 3. Exact predict end to end, in-process (capture excluded: one-time, cached on disk):
    `ReplayModel.predict` against the GNN query (`load_default_model().predict`, first call with
-   the encode and repeated) and the Python simulator (`dataset.sim.simulate`), with the
+   the encode and repeated) and the Python simulator (`predictor.sim.simulate.simulate`), with the
    replay's bytes checked equal to the simulator's (and, for GPT-2, to
    `memgnn profile --backend sim`, a concrete capture).
 
@@ -29,18 +29,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from memgnn.dataset.allocator import AllocatorConfig, CachingAllocatorSim, MiB, replay
 from memgnn.dataset.profile import ProfileConfig, profile
-from memgnn.dataset.replay import encode_events, replay_fast
-from memgnn.dataset.replay.exact import ReplayModel, estimate_events
-from memgnn.dataset.replay.trace import replay_trace_fast
-from memgnn.dataset.sim import build_trace, replay_trace, simulate, trace_arrays
-from memgnn.dataset.zoo import make_bundle
-from memgnn.predictor.analytic import sweep
-from memgnn.predictor.devices import get_profile
-from memgnn.predictor.onnx_model import load_default_model
-from memgnn.predictor.predict import Query, capture_cached
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.answer.exact import ReplayModel, estimate_events
+from memgnn.predictor.capture.cache import capture_cached
+from memgnn.predictor.memory.analytic import sweep
+from memgnn.predictor.memory.base import Query
+from memgnn.predictor.memory.onnx_model import load_default_model
+from memgnn.predictor.sim.allocator import AllocatorConfig, CachingAllocatorSim, MiB, replay
+from memgnn.predictor.sim.replay import encode_events, replay_fast
+from memgnn.predictor.sim.replay.trace import replay_trace_fast
+from memgnn.predictor.sim.simulate import build_trace, replay_trace, simulate, trace_arrays
+from memgnn.predictor.spec.devices import get_profile
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.zoo import make_bundle
 from results_io import write_results
 
 DEVICE = get_profile("a100-80gb")
@@ -148,7 +149,7 @@ def _row(trace: str, n: int, fast_s: float, py_s: float, cpu: tuple[float, float
 
 
 _WARM = (
-    "import time; from dataset.replay import replay_fast; t = time.perf_counter(); "
+    "import time; from predictor.sim.replay import replay_fast; t = time.perf_counter(); "
     "replay_fast([('alloc', 1, 512), ('free', 1, 0)]); print(time.perf_counter() - t)"
 )
 

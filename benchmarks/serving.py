@@ -107,9 +107,9 @@ def cpu_seconds(pid: int) -> float:
 
 
 def graph_blob(layers: int) -> tuple[dict, int]:
-    from memgnn.dataset.zoo import make_bundle
-    from memgnn.predictor.predict import capture_cached
-    from memgnn.predictor.spec import TrainSpec
+    from memgnn.predictor.capture.cache import capture_cached
+    from memgnn.predictor.spec.train import TrainSpec
+    from memgnn.predictor.zoo import make_bundle
 
     bundle = make_bundle("gpt2", {"layers": layers, "hidden": 768, "heads": 12})
     graph = capture_cached(bundle, TrainSpec(), target="cuda", sm=90)

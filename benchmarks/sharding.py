@@ -1,6 +1,6 @@
 """Per-rank peak under DDP / FSDP2: memgnn against its two peers, side by side.
 
-- memgnn: one symbolic capture of rank 0 over a fake process group (predictor/parallel.py),
+- memgnn: one symbolic capture of rank 0 over a fake process group (predictor/emulate/parallel.py),
   evaluated at the run's sizes on the `cpu` device (tensor bytes, allocated).
 - FSDPMemTracker: PyTorch's `torch.distributed._tools.fsdp2_mem_tracker` on the same fake
   run (fake tensors, fake process group, the same TrainingStep), FSDP only.
@@ -29,14 +29,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from memgnn.dataset.zoo.resolve import resolve
-from memgnn.predictor.analytic import live_curve
-from memgnn.predictor.capture import CaptureConfig, capture
-from memgnn.predictor.parallel import fake_world
-from memgnn.predictor.predict import AnalyticModel, Query
-from memgnn.predictor.spec import TrainSpec, default_blocks
-from memgnn.predictor.step import TrainingStep, build_optimizer
-from memgnn.predictor.vocab import CATEGORIES
+from memgnn.predictor.capture.capture import CaptureConfig, capture
+from memgnn.predictor.capture.step import TrainingStep, build_optimizer
+from memgnn.predictor.emulate.parallel import fake_world
+from memgnn.predictor.ir.vocab import CATEGORIES
+from memgnn.predictor.memory.analytic import AnalyticModel, live_curve
+from memgnn.predictor.memory.base import Query
+from memgnn.predictor.spec.bundle import default_blocks
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.zoo.resolve import resolve
 from memgnn.serving.client import free_port
 
 OUT = Path(__file__).parent / "results"
@@ -83,7 +84,7 @@ def tracker_peak(bundle, train: TrainSpec, sizes) -> int:
 def accum_tracker_peak(bundle, train: TrainSpec, sizes) -> int:
     """FSDPMemTracker over both steps, module stats reset before each micro-step (it takes
     one forward per module at a time; its peak survives the reset)."""
-    from memgnn.predictor.step import NullObserver
+    from memgnn.predictor.capture.step import NullObserver
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 

@@ -15,8 +15,8 @@ import sys
 import time
 
 from memgnn.dataset.profile import ProfileConfig, profile
-from memgnn.dataset.zoo import make_bundle
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.zoo import make_bundle
 from results_io import write_results
 
 # (zoo name, hparam overrides, sizes)

@@ -10,7 +10,7 @@ recording began, in two address modes:
 * ``own addresses``: the simulator's addresses (each new segment above all earlier ones).
 
 Also the replay speed (events per second of the seeded, checked replay), measured side by
-side with the plain ``dataset.allocator.replay`` of the same alloc/free requests from an
+side with the plain ``predictor.sim.allocator.replay`` of the same alloc/free requests from an
 empty allocator (the label path), best of ``--repeat`` runs each; and what-if peaks under
 other ``PYTORCH_CUDA_ALLOC_CONF`` settings.
 
@@ -26,17 +26,17 @@ import sys
 import time
 from pathlib import Path
 
-from memgnn.dataset.allocator import replay
-from memgnn.dataset.snapshot.conf import allocator_config
-from memgnn.dataset.snapshot.loader import load_snapshot
-from memgnn.dataset.snapshot.replay import (
+from memgnn.predictor.sim.allocator import replay
+from memgnn.predictor.snapshot.conf import allocator_config
+from memgnn.predictor.snapshot.loader import load_snapshot
+from memgnn.predictor.snapshot.replay import (
     blocks_differing,
     dump_blocks,
     recorded_timeline,
     simulate_snapshot,
 )
-from memgnn.dataset.snapshot.state import initial_state
-from memgnn.dataset.snapshot.whatif import ALTERNATIVES
+from memgnn.predictor.snapshot.state import initial_state
+from memgnn.predictor.snapshot.whatif import ALTERNATIVES
 from results_io import RESULTS, write_results
 
 _ROOT = Path(__file__).resolve().parents[1]

@@ -302,7 +302,7 @@ def _split(text: str | None) -> list[str] | None:
 
 
 def _pinned(items: list[str]) -> dict[str, dict[str, Any]]:
-    from memgnn.dataset.zoo import get_family
+    from memgnn.predictor.zoo import get_family
 
     raw: dict[str, dict[str, str]] = {}
     for item in items:

@@ -5,7 +5,7 @@
     DIR/graphs/<graph_id>.json.gz  one symbolic StepGraph per distinct (model, training config)
 
 Every file is written durably: tmp file, fsync, rename, fsync of the folder
-(`predictor.graph.durable_write`), so a crash (even kill -9 or a power cut mid-write)
+(`predictor.ir.graph.durable_write`), so a crash (even kill -9 or a power cut mid-write)
 leaves at most a `*.tmp` file, which is ignored and removed. Rows carry a deterministic
 `job_id`; readers drop duplicate job ids (a row without a transient error wins, then one
 whose graph is stored, then the first part). A row that names a graph records the sha256
@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 from memgnn.dataset.record import ProfileRecord
-from memgnn.predictor.graph import StepGraph, durable_replace, durable_write, file_sha256
+from memgnn.predictor.ir.graph import StepGraph, durable_replace, durable_write, file_sha256
 
 log = logging.getLogger(__name__)
 

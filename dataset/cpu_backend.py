@@ -14,12 +14,18 @@ import logging
 from typing import Any
 
 import torch
-from memgnn.predictor.analytic import sweep
-from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.pathgraph import ExprInterner, path_from_recorder
-from memgnn.predictor.recorder import ModuleTracker, RecorderObserver, StepRecorder, register_state
-from memgnn.predictor.spec import ModelBundle, TrainSpec
-from memgnn.predictor.step import TrainingStep, step_plan
+from memgnn.predictor.capture.step import TrainingStep, step_plan
+from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.ir.pathgraph import ExprInterner, path_from_recorder
+from memgnn.predictor.ir.recorder import (
+    ModuleTracker,
+    RecorderObserver,
+    StepRecorder,
+    register_state,
+)
+from memgnn.predictor.memory.analytic import sweep
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.train import TrainSpec
 
 log = logging.getLogger(__name__)
 

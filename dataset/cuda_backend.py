@@ -38,10 +38,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from memgnn.predictor.analytic import STEP_NAMES
-from memgnn.predictor.devices import PROFILES, DeviceProfile, GiB, MiB, gpu_profile
-from memgnn.predictor.spec import ModelBundle, TrainSpec
-from memgnn.predictor.step import TrainingStep, step_plan
+from memgnn.predictor.capture.step import TrainingStep, step_plan
+from memgnn.predictor.memory.analytic import STEP_NAMES
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.devices import PROFILES, DeviceProfile, GiB, MiB, gpu_profile
+from memgnn.predictor.spec.train import TrainSpec
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,7 @@ class PeakObserver:
 
 def end_state(api: CudaApi) -> dict[str, Any]:
     """Allocator state now: fragmentation (largest free block / free reserved bytes, 1.0 when
-    nothing is free, as dataset.allocator defines it), current allocated/reserved."""
+    nothing is free, as predictor.sim.allocator defines it), current allocated/reserved."""
     segments = api.segments()
     free = [
         int(b["size"])

@@ -56,8 +56,8 @@ def run_group(task: Task) -> Result:
 def _run_jobs(jobs: list, cache_dir: str | None) -> Result:
     from memgnn.dataset.corpus import record_row
     from memgnn.dataset.profile import ProfileConfig, profile
-    from memgnn.dataset.zoo import make_bundle
-    from memgnn.predictor.spec import TrainSpec
+    from memgnn.predictor.spec.train import TrainSpec
+    from memgnn.predictor.zoo import make_bundle
 
     first = jobs[0]
     try:
@@ -121,8 +121,8 @@ def _fails_at_every_size(error: str) -> bool:
 
 def _capture(bundle, train, job, device: str | None, cache_dir: str | None):
     """(symbolic StepGraph, its id, None) or (None, None, why the capture failed)."""
-    from memgnn.predictor.devices import get_profile
-    from memgnn.predictor.predict import capture_cached
+    from memgnn.predictor.capture.cache import capture_cached
+    from memgnn.predictor.spec.devices import get_profile
 
     try:
         if job.backend == "cuda" and device is None:

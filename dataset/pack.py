@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from memgnn.dataset.corpus import FORMAT, SCHEMA, SCHEMA_VERSION, Corpus
-from memgnn.predictor.graph import durable_write
+from memgnn.predictor.ir.graph import durable_write
 
 __all__ = ["pack_corpus", "preset_job_ids"]
 
@@ -49,7 +49,7 @@ def pack_corpus(src: str | Path, dst: str | Path, *, preset: str | None = None) 
     """Write the packed copy of corpus `src` to the new folder `dst` (see the module
     docstring); returns its manifest."""
     import torch
-    from memgnn.predictor.features import FEATURE_SCHEMA_VERSION
+    from memgnn.predictor.memory.features import FEATURE_SCHEMA_VERSION
 
     src, dst = Path(src), Path(dst)
     if dst.exists():

@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from memgnn.dataset.allocator import AllocatorConfig
 from memgnn.dataset.record import ProfileRecord
-from memgnn.predictor.devices import DeviceProfile, get_profile
-from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.sim.allocator import AllocatorConfig
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.devices import DeviceProfile, get_profile
+from memgnn.predictor.spec.train import TrainSpec
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,8 @@ class ProfileConfig:
     allocator: AllocatorConfig | None = None
     warmup_steps: int = 1  # cuda: steps run before the measured ones
     snapshot_path: str | None = None  # write a memory snapshot (pickle) here (sim: simulated)
-    # sim labels: "compiled" replays the trace on the numba core (dataset.replay, checked
-    # equal to the Python simulator), "python" on dataset.allocator (the reference)
+    # sim labels: "compiled" replays the trace on the numba core (predictor.sim.replay, checked
+    # equal to the Python simulator), "python" on predictor.sim.allocator (the reference)
     replay: str = "compiled"
 
     def __post_init__(self) -> None:
@@ -62,7 +63,7 @@ class ProfileConfig:
         """The `simulate` replayer of `replay` (None: the Python reference)."""
         if self.replay == "python":
             return None
-        from memgnn.dataset.replay.trace import replay_trace_fast
+        from memgnn.predictor.sim.replay.trace import replay_trace_fast
 
         return replay_trace_fast
 
@@ -127,8 +128,8 @@ def _run_backend(
             warmup_steps=config.warmup_steps,
             snapshot_path=config.snapshot_path,
         )
-    from memgnn.dataset.sim import simulate
-    from memgnn.predictor.capture import CaptureConfig, capture
+    from memgnn.predictor.capture.capture import CaptureConfig, capture
+    from memgnn.predictor.sim.simulate import simulate
 
     if graph is not None:
         sim = simulate(
@@ -169,7 +170,7 @@ def _export(graph: StepGraph, sizes, device, config: ProfileConfig, stats: dict)
     `_dump_snapshot` pickle (gzip if the name ends in .gz)."""
     if not config.snapshot_path:
         return
-    from memgnn.dataset.snapshot.export import simulated_step_snapshot, write_snapshot
+    from memgnn.predictor.snapshot.export import simulated_step_snapshot, write_snapshot
 
     snap = simulated_step_snapshot(
         graph, sizes, device, scenario=config.scenario, allocator=config.allocator
@@ -195,7 +196,7 @@ def symbolic_agrees(
 ) -> tuple[bool, str]:
     """Does the symbolic `graph`, simulated at `record`'s sizes, give `record`'s labels
     (a concrete sim record) byte for byte? (verdict, a line saying why)"""
-    from memgnn.dataset.sim import simulate
+    from memgnn.predictor.sim.simulate import simulate
 
     device = config.device_profile()
     sim = simulate(

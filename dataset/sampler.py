@@ -43,8 +43,8 @@ from memgnn.dataset.sampler_finetune import (
     lora_modules,
     peft_default,
 )
-from memgnn.predictor.devices import PROFILES
-from memgnn.predictor.spec import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
+from memgnn.predictor.spec.devices import PROFILES
+from memgnn.predictor.spec.train import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,8 @@ class SamplerConfig:
     lora_share: float = LORA_SHARE  # of the configs of a transformers family
 
     def __post_init__(self) -> None:
-        from memgnn.dataset.zoo import FAMILIES
-        from memgnn.predictor.devices import PROFILES
+        from memgnn.predictor.spec.devices import PROFILES
+        from memgnn.predictor.zoo import FAMILIES
 
         if not 0.0 <= self.lora_share <= 1.0:
             raise ValueError(f"lora_share must be in [0, 1], got {self.lora_share}")
@@ -245,7 +245,7 @@ def _draw_config(
 ) -> list[Job] | None:
     """The jobs of one config on `device`, or None when the draw is not a valid config or
     cannot run there (the caller redraws)."""
-    from memgnn.dataset.zoo import get_family
+    from memgnn.predictor.zoo import get_family
 
     family = get_family(name)
     hp = {key: rng.choice(_capped(cfg, key, choices)) for key, choices in family.ranges.items()}
@@ -316,8 +316,8 @@ def model_facts(name: str, frozen_hparams: str) -> dict[str, Any] | None:
     """Parameter count, repeated-block count, static dims and whether it convolves
     (meta-device build); None if the hparams are not a valid config."""
     import torch
-    from memgnn.dataset.zoo import make_bundle
-    from memgnn.predictor.spec import default_blocks
+    from memgnn.predictor.spec.bundle import default_blocks
+    from memgnn.predictor.zoo import make_bundle
 
     try:
         bundle = make_bundle(name, json.loads(frozen_hparams))
@@ -368,7 +368,7 @@ def skip_reason(train: TrainSpec, blocks: int, device: str, *, conv: bool = Fals
     """Why (train, device) cannot run on a model with `blocks` repeated blocks (and
     convolutions if `conv`), or None."""
     import torch
-    from memgnn.predictor.devices import PROFILES
+    from memgnn.predictor.spec.devices import PROFILES
 
     profile = PROFILES.get(device)
     if profile is not None and "bf16" in train.precision and not profile.bf16:

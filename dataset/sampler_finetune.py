@@ -29,7 +29,7 @@ import random
 from dataclasses import fields
 from typing import Any
 
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.spec.train import TrainSpec
 from torch import nn
 
 __all__ = [
@@ -81,9 +81,9 @@ def lora_modules(blocks: list[nn.Module]) -> dict[str, list[str]]:
 
 
 def attention_kernels(model: nn.Module) -> list[str]:
-    """The ATTENTION_KERNELS `predictor.attention.apply_attention` accepts for `model` (a
+    """The ATTENTION_KERNELS `predictor.emulate.attention.apply_attention` accepts for `model` (a
     throwaway build: its attention implementation is left set to the last one tried)."""
-    from memgnn.predictor.attention import apply_attention
+    from memgnn.predictor.emulate.attention import apply_attention
 
     kernels = []
     for kernel in ATTENTION_KERNELS:
@@ -177,7 +177,7 @@ def draw_finetune(
             extra["quantize_base"] = quant
     if "attention" in kinds and transformers and gpu and supported("attention"):
         allowed = ATTENTION_KERNELS if kernels is None else kernels
-        # flash-attn: sm 80+ and fp16/bf16 compute (`predictor.attention.check_attention`)
+        # flash-attn: sm 80+ and fp16/bf16 compute (`predictor.emulate.attention.check_attention`)
         flash_ok = (sm or 0) >= 80 and base.get("precision", "fp32") != "fp32"
         allowed = [k for k in allowed if k != "flash" or flash_ok]
         kernel = allowed[int(u_attention * len(allowed))] if allowed else None

@@ -26,9 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 from memgnn.dataset.profile import ProfileConfig, profile
-from memgnn.dataset.zoo import get_family, make_bundle
-from memgnn.predictor.devices import PROFILES, DeviceProfile, get_profile
-from memgnn.predictor.spec import TrainSpec, check_size
+from memgnn.predictor.spec.bundle import check_size
+from memgnn.predictor.spec.devices import PROFILES, DeviceProfile, get_profile
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.zoo import get_family, make_bundle
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from memgnn.predictor.spec import (
+from memgnn.predictor.ir.vocab import SHARDINGS
+from memgnn.predictor.spec.train import (
     ATTENTIONS,
     BNB_VERSION,
     GRAD_SYNCS,
@@ -19,7 +20,6 @@ from memgnn.predictor.spec import (
     STEP_KINDS,
     TrainSpec,
 )
-from memgnn.predictor.vocab import SHARDINGS
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -141,15 +141,15 @@ THRESHOLD_HELP = (
 
 
 def add_limit_args(p: argparse.ArgumentParser, what: str) -> None:
-    """--budget / --threshold (mutually exclusive, checked by `predictor.limits`)."""
+    """--budget / --threshold (mutually exclusive, checked by `predictor.spec.limits`)."""
     g = p.add_argument_group(f"memory limit ({what})")
     g.add_argument("--budget", default=None, help=BUDGET_HELP)
     g.add_argument("--threshold", type=float, default=None, help=THRESHOLD_HELP)
 
 
 def memory_limit(args: argparse.Namespace, device, *, required: bool = False):
-    """The `predictor.limits.MemoryLimit` of --budget / --threshold on `device` (or None)."""
-    from memgnn.predictor.limits import resolve_limit
+    """The `predictor.spec.limits.MemoryLimit` of --budget / --threshold on `device` (or None)."""
+    from memgnn.predictor.spec.limits import resolve_limit
 
     return resolve_limit(
         budget=args.budget,

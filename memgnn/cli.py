@@ -21,7 +21,7 @@ from memgnn.args import (
     add_size_args,
     add_train_args,
 )
-from memgnn.predictor.vocab import METRICS, SCENARIOS, SEARCH_MODES
+from memgnn.predictor.ir.vocab import METRICS, SCENARIOS, SEARCH_MODES
 
 log = logging.getLogger("memgnn")
 

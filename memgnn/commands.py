@@ -14,14 +14,14 @@ from memgnn.display import fmt_bytes, loop_line, model_line, print_table
 
 
 def resolve_bundle(args: argparse.Namespace):
-    from memgnn.dataset.zoo import resolve
+    from memgnn.predictor.zoo import resolve
 
     return resolve(args.model, model_args(args), args.task)
 
 
 def capture_cmd(args: argparse.Namespace) -> int:
-    from memgnn.predictor.capture import CaptureConfig, capture
-    from memgnn.predictor.predict import Progress
+    from memgnn.predictor.capture.capture import CaptureConfig, capture
+    from memgnn.predictor.capture.query import Progress
 
     bundle = resolve_bundle(args)
     sizes = bundle.sizes(parse_sizes(args))
@@ -42,8 +42,8 @@ def capture_cmd(args: argparse.Namespace) -> int:
 
 def graph_info(graph) -> dict[str, Any]:
     """Counts, categories and per-category byte formulas of a StepGraph."""
-    from memgnn.predictor.expr import simplify_sum
-    from memgnn.predictor.vocab import CATEGORIES
+    from memgnn.predictor.ir.expr import simplify_sum
+    from memgnn.predictor.ir.vocab import CATEGORIES
 
     info: dict[str, Any] = {
         "graph_id": graph.graph_id,
@@ -77,7 +77,7 @@ def graph_info(graph) -> dict[str, Any]:
 
 
 def graph_info_cmd(args: argparse.Namespace) -> int:
-    from memgnn.predictor.graph import StepGraph
+    from memgnn.predictor.ir.graph import StepGraph
 
     info = graph_info(StepGraph.load(args.file))
     if args.json:
@@ -104,7 +104,7 @@ def graph_info_cmd(args: argparse.Namespace) -> int:
 def models_cmd(args: argparse.Namespace) -> int:
     """The catalog, parameter counts computed on the meta device, checked against the
     published figures; `--check` exits 1 on a mismatch."""
-    from memgnn.dataset.zoo import hub
+    from memgnn.predictor.zoo import hub
 
     wanted = [w.lower() for w in args.names]
     entries = [
@@ -135,7 +135,7 @@ def models_cmd(args: argparse.Namespace) -> int:
 
 
 def devices_cmd(args: argparse.Namespace) -> int:
-    from memgnn.predictor.devices import PROFILES
+    from memgnn.predictor.spec.devices import PROFILES
 
     if args.json:
         print(json.dumps({k: v.to_dict() for k, v in PROFILES.items()}, indent=2))
@@ -162,7 +162,7 @@ def profile_cmd(args: argparse.Namespace) -> int:
     limit = memory_limit(args, cfg.device_profile())
     train = train_spec(args)
     if args.backend != "sim":  # a real step: refuse sizes the model cannot run first
-        from memgnn.predictor.predict import graph_for_query
+        from memgnn.predictor.capture.query import graph_for_query
 
         device = cfg.device_profile()
         target = "cuda" if device.is_gpu else "cpu"
@@ -237,7 +237,7 @@ def _graph_for(
 ):
     """train -> a captured graph whose guards hold at `sizes`, each training config
     captured (or loaded from the cache) once."""
-    from memgnn.predictor.predict import graph_for_query
+    from memgnn.predictor.capture.query import graph_for_query
 
     target = "cuda" if device.is_gpu else "cpu"
     graphs: dict[str, Any] = {}
@@ -258,7 +258,7 @@ def _model_info(graph, bundle, train, target: str) -> dict[str, Any]:
     """What model the answer is about: from the graph's capture, else built on fake tensors."""
     info = graph.meta.get("model_info") if graph is not None else None
     if info is None:
-        from memgnn.predictor.model_info import describe_bundle
+        from memgnn.predictor.capture.model_info import describe_bundle
 
         info = describe_bundle(bundle, train, target).to_dict()
     if bundle.origin:  # how the user named it, not what a cached graph was captured as
@@ -268,10 +268,11 @@ def _model_info(graph, bundle, train, target: str) -> dict[str, Any]:
 
 
 def predict_cmd(args: argparse.Namespace) -> int:
-    from memgnn.dataset.replay.exact import ExactConfig, choose_method, predict_with
-    from memgnn.predictor.devices import get_profile
-    from memgnn.predictor.onnx_model import load_default_model
-    from memgnn.predictor.predict import Query, unused_sizes
+    from memgnn.predictor.answer.exact import ExactConfig, choose_method, predict_with
+    from memgnn.predictor.capture.query import unused_sizes
+    from memgnn.predictor.memory.base import Query
+    from memgnn.predictor.memory.onnx_model import load_default_model
+    from memgnn.predictor.spec.devices import get_profile
 
     if args.url and args.plot:
         raise ValueError("--plot draws a local simulation; it cannot be used with --url")

@@ -33,10 +33,10 @@ DEMO_ARGS = {"layers": 2, "hidden": 128, "heads": 4, "vocab": 1000}
 
 def run_demo(out: Path) -> int:
     from memgnn.dataset.profile import ProfileConfig, profile
-    from memgnn.dataset.zoo import make_bundle
-    from memgnn.predictor.analytic import sweep
-    from memgnn.predictor.capture import capture
-    from memgnn.predictor.spec import TrainSpec
+    from memgnn.predictor.capture.capture import capture
+    from memgnn.predictor.memory.analytic import sweep
+    from memgnn.predictor.spec.train import TrainSpec
+    from memgnn.predictor.zoo import make_bundle
 
     out.mkdir(parents=True, exist_ok=True)
     bundle = make_bundle(DEMO_MODEL, DEMO_ARGS)
@@ -91,8 +91,8 @@ def run_demo(out: Path) -> int:
 
 
 def _predict_step(graph, sizes, sim) -> None:
-    from memgnn.predictor.onnx_model import load_default_model
-    from memgnn.predictor.predict import Query
+    from memgnn.predictor.memory.base import Query
+    from memgnn.predictor.memory.onnx_model import load_default_model
 
     print("== 4. prediction vs the simulated ground truth (reserved bytes, h100-80gb)")
     model = load_default_model()

@@ -32,8 +32,8 @@ DEVICES = ["a100-80gb", "h100-80gb"]
 def learn_step(out: Path, *, jobs: int = 72, rows: int = 5) -> None:
     from memgnn.dataset.build import BuildConfig, build_corpus
     from memgnn.dataset.corpus import Corpus
-    from memgnn.predictor.gnn import GNNConfig
-    from memgnn.predictor.onnx_model import OnnxMemoryModel
+    from memgnn.predictor.memory.gnn import GNNConfig
+    from memgnn.predictor.memory.onnx_model import OnnxMemoryModel
     from memgnn.training.fit import FitConfig
     from memgnn.training.train import TrainConfig, run_training
 
@@ -82,8 +82,9 @@ def learn_step(out: Path, *, jobs: int = 72, rows: int = 5) -> None:
 def _held_out_table(corpus, records, model, rows: int) -> None:
     """Measured reserved bytes of held-out configs next to the demo model, the shipped
     model (trained on thousands of records, this family included) and the analytic sweep."""
-    from memgnn.predictor.onnx_model import load_default_model
-    from memgnn.predictor.predict import AnalyticModel, Query
+    from memgnn.predictor.memory.analytic import AnalyticModel
+    from memgnn.predictor.memory.base import Query
+    from memgnn.predictor.memory.onnx_model import load_default_model
 
     others = {"shipped": load_default_model(), "analytic": AnalyticModel()}
     held = [r for r in records if r["family"] == HELD_OUT and r["peak_reserved_bytes"]]

@@ -1,8 +1,8 @@
 """`memgnn plan`: the best training config under --budget or --threshold, and why.
 
-The search (`predictor.plan`) runs over batch, accumulation, checkpointing, precision,
+The search (`predictor.plan.search`) runs over batch, accumulation, checkpointing, precision,
 optimizer implementation, sharding and GPU count; the answer is printed next to the
-numbers a user reasons with (`predictor.decision`): state bytes (parameters, gradients,
+numbers a user reasons with (`predictor.plan.decision`): state bytes (parameters, gradients,
 optimizer state: one rank's share), activation bytes per sample (the slope of the bound
 in B), the straight-line largest batch, and the chosen B, G and checkpointed blocks.
 `graphs` says how many captured graphs the search used (each captured once or read from
@@ -69,11 +69,12 @@ def _counting(graph_for):
 
 def plan_cmd(args: argparse.Namespace) -> int:
     from memgnn.commands import _graph_for, _model_info, resolve_bundle
-    from memgnn.dataset.replay.exact import ReplayModel
-    from memgnn.predictor.devices import get_profile
+    from memgnn.predictor.answer.exact import ReplayModel
     from memgnn.predictor.errors import UserError
-    from memgnn.predictor.onnx_model import load_default_model
-    from memgnn.predictor.plan import PlanConfig, SearchSpace, capture_spec, plan, variants
+    from memgnn.predictor.memory.onnx_model import load_default_model
+    from memgnn.predictor.plan.search import PlanConfig, plan
+    from memgnn.predictor.plan.space import SearchSpace, capture_spec, variants
+    from memgnn.predictor.spec.devices import get_profile
 
     if args.batch is not None:
         raise UserError("plan searches the batch size: cap it with --max-batch N, not --batch")

@@ -46,8 +46,8 @@ def add_snapshot_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def replay_cmd(args: argparse.Namespace) -> int:
-    from memgnn.dataset.snapshot.loader import load_snapshot
-    from memgnn.dataset.snapshot.whatif import replay_report
+    from memgnn.predictor.snapshot.loader import load_snapshot
+    from memgnn.predictor.snapshot.whatif import replay_report
 
     capacity = None if args.capacity is None else parse_bytes(args.capacity)
     snap = load_snapshot(args.file, device=args.device)
@@ -150,9 +150,9 @@ def _print_report(path: str, r: dict[str, Any]) -> None:
 
 
 def plot_cmd(args: argparse.Namespace) -> int:
-    from memgnn.dataset.snapshot.conf import allocator_config, recorded_alloc_conf
-    from memgnn.dataset.snapshot.loader import load_snapshot
-    from memgnn.dataset.snapshot.plot import PlotConfig, plot_snapshot
+    from memgnn.predictor.snapshot.conf import allocator_config, recorded_alloc_conf
+    from memgnn.predictor.snapshot.loader import load_snapshot
+    from memgnn.predictor.snapshot.plot import PlotConfig, plot_snapshot
 
     snap = load_snapshot(args.file, device=args.device)
     capacity = None if args.capacity is None else parse_bytes(args.capacity)
@@ -176,9 +176,9 @@ def plot_prediction(
     path: str, graph, sizes: dict[str, int], device, pred, *, scenario: str, title: str
 ) -> None:
     """`memgnn predict --plot`: the simulated step's timeline with the prediction drawn."""
-    from memgnn.dataset.snapshot.export import simulated_step_snapshot
-    from memgnn.dataset.snapshot.loader import snapshot_from_dict
-    from memgnn.dataset.snapshot.plot import PlotConfig, plot_snapshot
+    from memgnn.predictor.snapshot.export import simulated_step_snapshot
+    from memgnn.predictor.snapshot.loader import snapshot_from_dict
+    from memgnn.predictor.snapshot.plot import PlotConfig, plot_snapshot
 
     snap = snapshot_from_dict(
         simulated_step_snapshot(graph, sizes, device, scenario=scenario), what="simulated step"
@@ -199,8 +199,8 @@ def plot_prediction(
 def tag_export(path: str, args: argparse.Namespace, sizes: dict[str, int], device: str) -> None:
     """Record in a `profile --snapshot` file what it was made from, so `snapshot replay
     --capacity` can look for a batch that fits."""
-    from memgnn.dataset.snapshot.export import write_snapshot
-    from memgnn.dataset.snapshot.loader import read_snapshot_data
+    from memgnn.predictor.snapshot.export import write_snapshot
+    from memgnn.predictor.snapshot.loader import read_snapshot_data
 
     data = read_snapshot_data(path)
     data["memgnn"] = {
@@ -217,12 +217,12 @@ def tag_export(path: str, args: argparse.Namespace, sizes: dict[str, int], devic
 def smaller_batch(meta: dict[str, Any], capacity: int, alloc_conf: str | None) -> dict[str, Any]:
     """The largest batch below the export's whose simulated step fits ``capacity``
     (binary search; one symbolic capture, then a simulation per probe)."""
-    from memgnn.dataset.sim import simulate
-    from memgnn.dataset.snapshot.conf import allocator_config
-    from memgnn.dataset.zoo import resolve
-    from memgnn.predictor.devices import get_profile
-    from memgnn.predictor.predict import capture_cached
-    from memgnn.predictor.spec import TrainSpec
+    from memgnn.predictor.capture.cache import capture_cached
+    from memgnn.predictor.sim.simulate import simulate
+    from memgnn.predictor.snapshot.conf import allocator_config
+    from memgnn.predictor.spec.devices import get_profile
+    from memgnn.predictor.spec.train import TrainSpec
+    from memgnn.predictor.zoo import resolve
 
     sizes = {k: int(v) for k, v in meta["sizes"].items()}
     was = sizes.get("B")

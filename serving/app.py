@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi_offline import FastAPIOffline
-from memgnn.predictor.predict import MemoryModel
+from memgnn.predictor.memory.base import MemoryModel
 from memgnn.serving.config import ServeConfig
 from memgnn.serving.engine import Engine
 from memgnn.serving.errors import install_error_handlers

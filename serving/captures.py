@@ -66,9 +66,9 @@ class Work:
 
 def _worker_main(conn: Any) -> None:  # pragma: no cover - runs in the child process
     """The child: capture each job it is sent, answer ("ok", gzip bytes) or an error."""
-    from memgnn.dataset.zoo import resolve
-    from memgnn.predictor.predict import capture_cached
-    from memgnn.predictor.spec import TrainSpec
+    from memgnn.predictor.capture.cache import capture_cached
+    from memgnn.predictor.spec.train import TrainSpec
+    from memgnn.predictor.zoo import resolve
     from memgnn.serving.graphs import graph_bytes
 
     conn.send(("ready",))

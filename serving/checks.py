@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from memgnn.predictor.devices import get_profile
 from memgnn.predictor.errors import UserError
-from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.predict import Query
-from memgnn.predictor.spec import ModelBundle
+from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.memory.base import Query
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.devices import get_profile
 from memgnn.serving.graphs import RequestError
 
 
@@ -81,7 +81,7 @@ def check_measurement(graph: StepGraph, query: Query, measured_bytes: int) -> No
 def check_hparams(spec: str, bundle: ModelBundle, scale: float) -> None:
     """A zoo model's integer hparams stay within `scale` (max_hparam_scale) x the largest
     value of the zoo's range (or its default): a capture's cost grows with them."""
-    from memgnn.dataset.zoo import get_family
+    from memgnn.predictor.zoo import get_family
 
     family = get_family(spec)
     for name, value in bundle.hparams.items():

@@ -19,9 +19,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memgnn.predictor.errors import UserError
-from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.predict import EncodingModel, MemoryModel, Prediction, Query
-from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.memory.base import EncodingModel, MemoryModel, Prediction, Query
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.captures import CaptureWorker, Work
 from memgnn.serving.checks import check_hparams, check_measurement, check_sizes
 from memgnn.serving.config import ServeConfig
@@ -305,7 +306,7 @@ class Engine:
         with self._lock:
             bundle = self._bundles.get(key)
         if bundle is None:
-            from memgnn.dataset.zoo import resolve
+            from memgnn.predictor.zoo import resolve
 
             try:
                 bundle = resolve(spec, model_args, task)

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from memgnn.predictor.errors import UserError
-from memgnn.predictor.graph import FORMAT, StepGraph
+from memgnn.predictor.ir.graph import FORMAT, StepGraph
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Which `MemoryModel` the server answers with: the shipped default, the analytic baseline,
 an exported model directory, or an mlflow registry/run URI.
 
-The server codes against the `EncodingModel` protocol (`predictor.predict`): a model that
+The server codes against the `EncodingModel` protocol (`predictor.memory.base`): a model that
 encodes a graph once and answers batches from the encoding. A plain `MemoryModel` is
 served through `Unencoded` (nothing cached per graph, calls serialised). The plain
 analytic baseline is swapped for `EncodedAnalytic`, which gives the same answers with the
@@ -16,16 +16,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from memgnn.predictor.encoded_analytic import EncodedAnalytic
-from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.onnx_model import load_default_model
-from memgnn.predictor.predict import (
-    AnalyticModel,
-    EncodingModel,
-    MemoryModel,
-    Prediction,
-    Query,
-)
+from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.memory.base import EncodingModel, MemoryModel, Prediction, Query
+from memgnn.predictor.memory.encoded_analytic import EncodedAnalytic
+from memgnn.predictor.memory.onnx_model import load_default_model
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +56,7 @@ def as_encoding_model(model: MemoryModel) -> EncodingModel:
 
 def op_checker(model: Any) -> Callable[[str], bool] | None:
     """A predicate "this op is unknown to the model": from the model's `op_vocab` when it
-    has one, from the learned models' feature vocabulary (`predictor.features.op_id`) for
+    has one, from the learned models' feature vocabulary (`predictor.memory.features.op_id`) for
     `OnnxMemoryModel`; None (the caller checks the torch op registry) otherwise."""
     if isinstance(model, Unencoded):
         model = model.model
@@ -70,11 +65,11 @@ def op_checker(model: Any) -> Callable[[str], bool] | None:
         known = {str(op) for op in vocab}
         return lambda op: op not in known
     try:
-        from memgnn.predictor.onnx_model import OnnxMemoryModel
+        from memgnn.predictor.memory.onnx_model import OnnxMemoryModel
     except ImportError:
         return None
     if isinstance(model, OnnxMemoryModel):
-        from memgnn.predictor.features import op_id
+        from memgnn.predictor.memory.features import op_id
 
         return lambda op: op_id(op)[1]
     return None
@@ -82,11 +77,11 @@ def op_checker(model: Any) -> Callable[[str], bool] | None:
 
 def _load_dir(path: Path) -> MemoryModel:
     try:
-        from memgnn.predictor.onnx_model import OnnxMemoryModel
+        from memgnn.predictor.memory.onnx_model import OnnxMemoryModel
     except ImportError as exc:
         raise ValueError(
             f"cannot load a model from {path}: this install has no learned-model loader "
-            f"(predictor.onnx_model: {exc})"
+            f"(predictor.memory.onnx_model: {exc})"
         ) from None
     return OnnxMemoryModel.load(path)
 

@@ -1,4 +1,4 @@
-"""`/plan` on the engine: `predictor.plan.plan` over the served model (cached encodings,
+"""`/plan` on the engine: `predictor.plan.search.plan` over the served model (cached encodings,
 residual corrections), on graphs captured from a model SPEC or uploaded per variant."""
 
 from __future__ import annotations
@@ -7,13 +7,16 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from memgnn.predictor.devices import DeviceProfile, get_profile
-from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.limits import resolve_limit
-from memgnn.predictor.plan import Candidate, PlanConfig, SearchSpace, capture_spec, plan
-from memgnn.predictor.plan import variants as plan_variants
-from memgnn.predictor.predict import AnalyticModel, Prediction, Query
-from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
+from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.memory.base import Prediction, Query
+from memgnn.predictor.plan.search import Candidate, PlanConfig, plan
+from memgnn.predictor.plan.space import SearchSpace, capture_spec
+from memgnn.predictor.plan.space import variants as plan_variants
+from memgnn.predictor.spec.bundle import ModelBundle, default_blocks
+from memgnn.predictor.spec.devices import DeviceProfile, get_profile
+from memgnn.predictor.spec.limits import resolve_limit
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.captures import Work
 from memgnn.serving.engine import Engine, GraphEntry
 from memgnn.serving.graphs import RequestError

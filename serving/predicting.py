@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from memgnn.predictor.devices import get_profile
-from memgnn.predictor.limits import resolve_limit
-from memgnn.predictor.parallel import annotate
-from memgnn.predictor.predict import Query
+from memgnn.predictor.emulate.parallel import annotate
+from memgnn.predictor.memory.base import Query
+from memgnn.predictor.spec.devices import get_profile
+from memgnn.predictor.spec.limits import resolve_limit
 from memgnn.serving.captures import Work
 from memgnn.serving.engine import Engine, GraphEntry, Served
 from memgnn.serving.graphs import RequestError, build_graph

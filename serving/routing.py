@@ -2,7 +2,7 @@
 
 `/predict` and `/plan` take ``method`` (``auto``, ``replay``, ``gnn``, ``analytic``) and
 ``replay_budget_ms`` like the CLI: ``auto`` replays a graph's schedule through the
-compiled allocator (`dataset.replay.exact.ReplayModel`, the simulator's exact bytes)
+compiled allocator (`predictor.answer.exact.ReplayModel`, the simulator's exact bytes)
 when its estimated cost fits the budget, and asks the served model otherwise.
 
 The compiled core is numba code: a process's first replay compiles it (50-80 s on a cold
@@ -16,7 +16,7 @@ served meanwhile. The decision while it warms:
   the exact bytes, not a fast guess.
 
 Without a warm-up (``Route.warmup`` None), ``auto`` counts the JIT's first call in its
-estimate (`dataset.replay.exact.decide`), so a cold process answers by the model rather
+estimate (`predictor.answer.exact.decide`), so a cold process answers by the model rather
 than blow the budget on a compile. Every answer's ``breakdown["route"]`` says which path
 ran and why, with the estimate it was decided on.
 
@@ -32,9 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from memgnn.dataset.replay.exact import Choice, ExactConfig, ReplayModel, decide, with_route
+from memgnn.predictor.answer.exact import Choice, ExactConfig, ReplayModel, decide, with_route
 from memgnn.predictor.errors import UserError
-from memgnn.predictor.predict import AnalyticModel, Query
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.memory.base import Query
 from memgnn.serving.checks import check_sizes
 from memgnn.serving.engine import MAX_BYTES, Engine, GraphEntry, Served
 from memgnn.serving.graphs import RequestError
@@ -59,8 +60,8 @@ def warm_replay() -> None:
     """Compile the replay kernel: one tiny trace through the same entry point the exact
     path uses (`replay_trace_fast`), so its machine code is ready (or loaded from
     numba's on-disk cache) before a request needs it."""
-    from memgnn.dataset.allocator import AllocatorConfig
-    from memgnn.dataset.replay.trace import replay_trace_fast
+    from memgnn.predictor.sim.allocator import AllocatorConfig
+    from memgnn.predictor.sim.replay.trace import replay_trace_fast
 
     events = [("mark", "forward", 0), ("alloc", 0, 4096), ("alloc", 1, 3 << 20),
               ("free", 0, 0), ("mark", "backward", 1), ("free", 1, 0)]  # fmt: skip

@@ -9,9 +9,9 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from memgnn.dataset.zoo import TASKS
-from memgnn.predictor.devices import PROFILES
-from memgnn.predictor.spec import (
+from memgnn.predictor.ir.vocab import Metric, Scenario, SearchMode, Sharding
+from memgnn.predictor.spec.devices import PROFILES
+from memgnn.predictor.spec.train import (
     ATTENTIONS,
     BNB_VERSION,
     GRAD_SYNCS,
@@ -24,7 +24,7 @@ from memgnn.predictor.spec import (
     STEP_KINDS,
     TrainSpec,
 )
-from memgnn.predictor.vocab import Metric, Scenario, SearchMode, Sharding
+from memgnn.predictor.zoo import TASKS
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
 
 MAX_SIZE = (1 << 31) - 1
@@ -64,7 +64,7 @@ class ConfigIn(Strict):
 
 
 class TrainIn(Strict):
-    """How the step trains (`predictor.spec.TrainSpec`)."""
+    """How the step trains (`predictor.spec.train.TrainSpec`)."""
 
     precision: Precision = "fp32"
     optimizer: Literal[OPTIMIZERS] = "adamw"  # type: ignore[valid-type]
@@ -187,7 +187,7 @@ class GraphOut(BaseModel):
 
 
 class SpaceIn(Strict):
-    """The search space (`predictor.plan.SearchSpace`): B is searched up to max_batch."""
+    """The search space (`predictor.plan.space.SearchSpace`): B is searched up to max_batch."""
 
     sizes: Sizes = Field(default_factory=dict, examples=[{"S": 1024}])
     max_batch: int = Field(default=4096, ge=1, le=1 << 20)

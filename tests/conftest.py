@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from memgnn.predictor.spec import ModelBundle
+from memgnn.predictor.spec.bundle import ModelBundle
 from tiny_models import (
     CondModel,
     EarlyExit,

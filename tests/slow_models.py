@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from memgnn.predictor.spec import ModelBundle
+from memgnn.predictor.spec.bundle import ModelBundle
 from torch import nn
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from memgnn.predictor.spec import ModelBundle
+from memgnn.predictor.spec.bundle import ModelBundle
 from torch import nn
 
 
@@ -199,7 +199,7 @@ def tiny_llama_config(max_positions: int = 64):
 
 def tiny_hf_llama_bundle(directory, max_positions: int = 64) -> ModelBundle:
     """The tiny Llama above, its config.json written in `directory` (needs transformers)."""
-    from memgnn.dataset import zoo
+    from memgnn.predictor import zoo
 
     path = directory / "config.json"
     tiny_llama_config(max_positions).to_json_file(str(path))

@@ -4,16 +4,16 @@
 head (on the frozen encoder's embeddings) is trained on the other folds and scores the
 held-out one, so every record gets a (mu, upper) from a head that never saw its family.
 `calibrate_groups` turns those residuals into the card's ``bound_calibration``
-(`predictor.calibration.fit_group` per group: ``cpu/allocated``, ``gpu/allocated``,
+(`predictor.memory.calibration.fit_group` per group: ``cpu/allocated``, ``gpu/allocated``,
 ``gpu/reserved``, ``gpu/device_total``; the device total may take the reserved bound plus
 the CUDA context as its bound, the ``derived`` form). Records whose answer is exact (CPU allocated
-bytes of a one-path graph: `predictor.trust.exact_reason`) are answered by the sweep
+bytes of a one-path graph: `predictor.memory.trust.exact_reason`) are answered by the sweep
 with no bound of the model's, so they are left out of their group.
 
 `calibrated` applies a card's calibration to (mu, upper) arrays of a Dataset's records:
 what `OnnxMemoryModel` answers, for evaluations in training and the benchmarks (a
 correction outside the group's calibrated range falls back to the network-free bound,
-as served: `predictor.calibration.served_bound_log`; `fell_back` says which did).
+as served: `predictor.memory.calibration.served_bound_log`; `fell_back` says which did).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from memgnn.predictor.calibration import (
+from memgnn.predictor.ir.vocab import METRICS
+from memgnn.predictor.memory.calibration import (
     MIN_RESIDUALS,
     derived_log,
     fit_group,
@@ -32,8 +33,7 @@ from memgnn.predictor.calibration import (
     outside_range,
     served_bound_log,
 )
-from memgnn.predictor.gnn import MemoryGNN, memory_loss
-from memgnn.predictor.vocab import METRICS
+from memgnn.predictor.memory.gnn import MemoryGNN, memory_loss
 from memgnn.training.data import Dataset
 from memgnn.training.fit import GraphSet, _embeddings, predict_log, summarize
 from memgnn.training.fit_config import FitConfig
@@ -47,7 +47,7 @@ __all__ = ["calibrate_groups", "calibrated", "cross_fit", "evaluate", "fell_back
 def groups_of(data: Dataset) -> np.ndarray:
     """Per record, per metric [R, 3]: its calibration group ('' where unlabelled or
     answered exactly)."""
-    from memgnn.predictor.devices import get_profile
+    from memgnn.predictor.spec.devices import get_profile
 
     gpu = np.array([get_profile(d).is_gpu for d in data.device])
     exact = data.exact if data.exact is not None else np.zeros(len(data), dtype=bool)

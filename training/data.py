@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from memgnn.predictor.features import GraphInputs, graph_inputs
-from memgnn.predictor.query_features import PathContext
-from memgnn.predictor.trust import exact_reason
-from memgnn.predictor.vocab import METRICS
+from memgnn.predictor.ir.vocab import METRICS
+from memgnn.predictor.memory.features import GraphInputs, graph_inputs
+from memgnn.predictor.memory.query_features import PathContext
+from memgnn.predictor.memory.trust import exact_reason
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Dataset:
     # what `load_dataset(allow_corrupt=True)` left out: corrupt parts (file -> why),
     # corrupt graphs (id -> why) and the number of records that named them
     dropped: dict[str, Any] = field(default_factory=dict)
-    # per record: its allocated answer is exact (`predictor.trust.exact_reason`: the sweep
+    # per record: its allocated answer is exact (`predictor.memory.trust.exact_reason`: the sweep
     # on a CPU target), so the learned model does not correct it
     exact: np.ndarray | None = None
 
@@ -79,7 +79,7 @@ def load_dataset(
     naming them, unless `allow_corrupt`: then their records are left out and the Dataset's
     `dropped` says what was left out."""
     from memgnn.dataset.corpus import Corpus
-    from memgnn.predictor.devices import get_profile
+    from memgnn.predictor.spec.devices import get_profile
 
     corpus = Corpus(corpus_dir)
     rows = [r for r in corpus.records() if r["graph_id"]]

@@ -17,13 +17,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from memgnn.predictor.features import (
+from memgnn.predictor.memory.features import (
     FEATURE_SCHEMA_VERSION,
     NUM_NODE_FEATURES,
     NUM_QUERY_FEATURES,
     GraphInputs,
 )
-from memgnn.predictor.gnn import MemoryGNN
+from memgnn.predictor.memory.gnn import MemoryGNN
 from torch import nn
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from memgnn.predictor.gnn import GNNConfig, MemoryGNN, memory_loss
-from memgnn.predictor.vocab import METRICS
+from memgnn.predictor.ir.vocab import METRICS
+from memgnn.predictor.memory.gnn import GNNConfig, MemoryGNN, memory_loss
 from memgnn.training.data import Dataset, error_summary
 from memgnn.training.fit_config import FitConfig
 from torch_geometric.data import Batch, Data

@@ -11,13 +11,13 @@ class MemgnnPyfunc(PythonModel):
     dicts."""
 
     def load_context(self, context) -> None:
-        from memgnn.predictor.onnx_model import OnnxMemoryModel
+        from memgnn.predictor.memory.onnx_model import OnnxMemoryModel
 
         self.model = OnnxMemoryModel.load(context.artifacts["model_dir"])
 
     def predict(self, context, model_input, params=None):
-        from memgnn.predictor.graph import StepGraph
-        from memgnn.predictor.predict import Query
+        from memgnn.predictor.ir.graph import StepGraph
+        from memgnn.predictor.memory.base import Query
 
         graph = StepGraph.load(model_input["graph"])
         queries = [Query(**q) for q in model_input["queries"]]

@@ -1,6 +1,6 @@
-"""Train the model shipped in `predictor/default_model/`, end to end, with one command:
+"""Train the model shipped in `predictor/memory/default_model/`, end to end, with one command:
 
-    .venv/bin/python -m memgnn.training.ship            # corpus -> train -> predictor/default_model
+    .venv/bin/python -m memgnn.training.ship    # corpus -> train -> predictor/memory/default_model
 
 1. builds (or finishes: it is resumable) the corpus of `--preset` (default v2, the
    shipped model's: `dataset.presets`) in `runs/corpus`, the same as
@@ -9,7 +9,7 @@
 2. trains on every family (`memgnn train --holdout-families none`: held-out-family
    accuracy is measured by `benchmarks/accuracy.py`, which cross-validates by family),
    tracked in `runs/default-model/mlflow.db` and registered as `memgnn@champion`;
-3. copies encoder.onnx, head.onnx and model_card.json into `predictor/default_model/`.
+3. copies encoder.onnx, head.onnx and model_card.json into `predictor/memory/default_model/`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from memgnn.training.train import TrainConfig, run_training
 log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "predictor" / "default_model"
+SHIPPED = ROOT / "predictor" / "memory" / "default_model"
 FILES = ("encoder.onnx", "head.onnx", "model_card.json")
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from memgnn.predictor.gnn_config import GNNConfig
+from memgnn.predictor.memory.gnn_config import GNNConfig
 from memgnn.training.fit_config import FitConfig
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
 
 
 def _finish(cfg, data, sp, model, history, tracker, out: Path, t0: float) -> dict[str, Any]:
-    from memgnn.predictor.trust import training_range
+    from memgnn.predictor.memory.trust import training_range
     from memgnn.training.calibrate import calibrate_groups, cross_fit, evaluate
     from memgnn.training.export import export_onnx, weights_hash, write_card
     from memgnn.training.fit import predict_log
@@ -214,7 +214,7 @@ def _finish(cfg, data, sp, model, history, tracker, out: Path, t0: float) -> dic
 
     seen = np.concatenate([sp.train, sp.val])
     # per (target kind, metric) conformal bounds from family-cross-fitted residuals; the
-    # head's own per-metric shift stays zero (predictor.calibration)
+    # head's own per-metric shift stays zero (predictor.memory.calibration)
     rows, mu, upper = cross_fit(model, data, seen, cfg.fit)
     bound_calibration = calibrate_groups(data, rows, mu, upper, cfg.fit.target_miss)
     model.head.calibration.zero_()

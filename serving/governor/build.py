@@ -12,10 +12,11 @@ import logging
 from typing import Any
 
 import torch
-from memgnn.predictor.onnx_model import load_default_model
-from memgnn.predictor.predict import MemoryModel
-from memgnn.predictor.spec import ModelBundle, TrainSpec
-from memgnn.predictor.step import build_optimizer
+from memgnn.predictor.capture.step import build_optimizer
+from memgnn.predictor.memory.base import MemoryModel
+from memgnn.predictor.memory.onnx_model import load_default_model
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor.checks import check_module
 from memgnn.serving.governor.config import GovernorConfig
 from memgnn.serving.governor.correction import GovernedPredictor, ResidualCorrector
@@ -54,7 +55,9 @@ def default_optimizer(
 ) -> torch.optim.Optimizer:
     """The TrainSpec's optimizer over the trainable parameters, its state on `device`."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if train.optimizer == "adamw8bit":  # predictor.optim8bit models memory only: train with bnb's
+    if (
+        train.optimizer == "adamw8bit"
+    ):  # predictor.emulate.optim8bit models memory only: train with bnb's
         try:
             from bitsandbytes.optim import AdamW8bit
         except ImportError as exc:

@@ -16,7 +16,8 @@ import logging
 from collections import Counter
 
 import torch
-from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.train import TrainSpec
 from torch import nn
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memgnn.predictor.vocab import SCENARIOS
+from memgnn.predictor.ir.vocab import SCENARIOS
 from memgnn.serving.governor.alerts import AlertConfig
 from memgnn.serving.governor.batching import BatchingConfig
 from memgnn.serving.governor.correction import CorrectorConfig

@@ -31,9 +31,10 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.predict import MemoryModel
-from memgnn.predictor.spec import ModelBundle, TrainSpec, default_blocks
+from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.memory.base import MemoryModel
+from memgnn.predictor.spec.bundle import ModelBundle, default_blocks
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor.alerts import Alert, AlertBook, StepRecord
 from memgnn.serving.governor.batching import (
     LengthBuckets,

@@ -8,7 +8,7 @@ over live samples: its mean moves predictions toward what the device measures, i
 `GovernedPredictor` wraps any `MemoryModel`: each (graph, sizes) is predicted once (the
 learned model's head-only path, `encode` once per graph then `predict_encoded`, when the
 model has it), and the corrected values are served from the cache in microseconds. It is
-itself a `MemoryModel`, so `predictor.plan.plan` searches on corrected predictions unchanged.
+itself a `MemoryModel`, so `predictor.plan.search.plan` searches on corrected predictions unchanged.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.predict import MemoryModel, Prediction, Query
+from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.memory.base import MemoryModel, Prediction, Query
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 import torch
-from memgnn.predictor.devices import PROFILES
+from memgnn.predictor.spec.devices import PROFILES
 from torch.utils._pytree import tree_map
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from memgnn.dataset.zoo import make_bundle
-from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.zoo import make_bundle
 from memgnn.serving.governor.batching import BatchingConfig, pad_collate, sample_length
 from memgnn.serving.governor.config import GovernorConfig
 from memgnn.serving.governor.core import MemoryGovernor

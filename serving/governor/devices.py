@@ -1,9 +1,9 @@
 """Devices the governor reads: a memory-capped emulated GPU, the CPU tracker, and CUDA.
 
 `EmulatedDevice` runs the real model on the CPU and puts every storage the step creates
-through `dataset.allocator.CachingAllocatorSim` with a capacity: a `TorchDispatchMode`
+through `predictor.sim.allocator.CachingAllocatorSim` with a capacity: a `TorchDispatchMode`
 sees each op's outputs, allocates each new storage once (views and in-place ops alias an
-existing one, as in `predictor.recorder.StepRecorder`), and frees it when the storage dies
+existing one, as in `predictor.ir.recorder.StepRecorder`), and frees it when the storage dies
 (`weakref.finalize`). When the simulated device would run out of memory, the op raises
 `SimulatedOOM` (a `torch.OutOfMemoryError`) right there, as `torch.cuda` would. Tensors the
 step reads that were made outside the device (a batch on the host) are adopted when first
@@ -33,7 +33,7 @@ import weakref
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
-from memgnn.dataset.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
+from memgnn.predictor.sim.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
 from memgnn.serving.governor.cuda import CudaDevice
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -2,7 +2,7 @@
 
 A configuration is (precision, checkpointing, G=1 | G>=2): accumulation steps 2..G repeat
 step 2's live state exactly, so two captures cover every G. Each is captured once with
-symbolic sizes (`predictor.predict.capture_cached`, on disk under `cache_dir`), outside any
+symbolic sizes (`predictor.capture.cache.capture_cached`, on disk under `cache_dir`), outside any
 device's dispatch mode, or is the one graph given (`fixed`) for every configuration.
 """
 
@@ -13,9 +13,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.predict import capture_cached
-from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.capture.cache import capture_cached
+from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.train import TrainSpec
 from torch.utils._python_dispatch import _disable_current_modes
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from collections import deque
 from typing import Any
 
 import torch
-from memgnn.predictor.graph import StepGraph
+from memgnn.predictor.ir.graph import StepGraph
 from memgnn.serving.governor.alerts import Alert, AlertBook, StepRecord, tier_of
 from memgnn.serving.governor.config import GovernorConfig
 from memgnn.serving.governor.correction import GovernedPredictor

@@ -1,7 +1,7 @@
 """The governor's decisions: micro-batch B, accumulation G, checkpointing C, precision P.
 
 Per length bucket (the padded sequence length S of a batch) the policy keeps the micro-batch
-size it uses. A new bucket is planned with `predictor.plan.plan` on corrected predictions,
+size it uses. A new bucket is planned with `predictor.plan.search.plan` on corrected predictions,
 ranked by throughput: tokens / (overhead + tokens x cost(C, P)) per micro-batch, so
 checkpointing (a third more compute) is chosen only where the batch it frees is small enough
 for the fixed per-micro-batch cost to matter. The default search doubles B through the
@@ -23,10 +23,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.plan import Candidate, PlanConfig, SearchSpace, cost, plan
-from memgnn.predictor.spec import PRECISIONS, TrainSpec
-from memgnn.predictor.vocab import SEARCH_MODES
+from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.ir.vocab import SEARCH_MODES
+from memgnn.predictor.plan.search import Candidate, PlanConfig, plan
+from memgnn.predictor.plan.space import SearchSpace, cost
+from memgnn.predictor.spec.train import PRECISIONS, TrainSpec
 from memgnn.serving.governor.correction import GovernedPredictor
 from memgnn.serving.governor.world import World, WorldChoice, agree, resolve_world
 

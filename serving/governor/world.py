@@ -5,7 +5,7 @@ all-reduce and FSDP's all-gathers expect each rank to run as many micro-batches 
 same size, so a micro-batch chosen per rank would hang or desynchronise the collectives.
 Each rank's governor judges its own device (its capacity, its live measurements, its
 corrected predictions: a per-rank budget, threshold x that rank's memory; the graph is
-one rank's step, see `predictor.parallel`), then the ranks agree:
+one rank's step, see `predictor.emulate.parallel`), then the ranks agree:
 
 - every rank's decision is gathered (`torch.distributed.all_gather_object`) and all take
   the most constrained one: the smallest micro-batch, ties to the most memory-saving

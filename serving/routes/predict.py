@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
-from memgnn.predictor.devices import PROFILES
+from memgnn.predictor.spec.devices import PROFILES
 from memgnn.serving import schemas as s
 from memgnn.serving.deps import Config, Eng, NewWork, Persist, run_watched
 from memgnn.serving.graphs import RequestError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
-from memgnn.predictor.predict import Query as PredictQuery
+from memgnn.predictor.memory.base import Query as PredictQuery
 from memgnn.serving import schemas as s
 from memgnn.serving.deps import Eng, Writer
 

@@ -2,7 +2,7 @@
 allocator simulator (the `memgnn snapshot replay` report, same fields, all bytes).
 
 The body is the snapshot file itself (pickle, plain or gzip), loaded by the data-only
-loader (`dataset.snapshot.loader`: no code is ever imported from it). Limits: the body
+loader (`predictor.snapshot.loader`: no code is ever imported from it). Limits: the body
 (the server's `max_request_bytes`), the decompressed pickle (`max_decompressed_bytes`)
 and the number of trace events (`MAX_EVENTS`). Nothing is stored, so no token is needed.
 """
@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from memgnn.dataset.snapshot.loader import LoadLimits, loads_snapshot
-from memgnn.dataset.snapshot.whatif import replay_report
+from memgnn.predictor.snapshot.loader import LoadLimits, loads_snapshot
+from memgnn.predictor.snapshot.whatif import replay_report
 from memgnn.serving.graphs import RequestError
 from pydantic import BaseModel, ConfigDict
 

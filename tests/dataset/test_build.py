@@ -185,7 +185,7 @@ def test_kill_9_mid_build_then_resume_then_corrupt_part(tmp_path):
 
 def test_a_truncated_graph_fails_stats_and_is_re_captured_by_the_next_build(tmp_path, capsys):
     from memgnn.dataset.stats import add_stats_arguments, stats_cmd
-    from memgnn.predictor.graph import file_sha256
+    from memgnn.predictor.ir.graph import file_sha256
 
     cfg = tiny(tmp_path, ["mlp"], 3)
     assert build_corpus(cfg).profiled == 3
@@ -306,8 +306,8 @@ def _labels(row):
 
 def test_sim_labels_use_the_symbolic_graph_once_it_agrees_with_a_concrete_capture(tmp_path):
     from memgnn.dataset.profile import ProfileConfig, profile
-    from memgnn.dataset.zoo import make_bundle
-    from memgnn.predictor.spec import TrainSpec
+    from memgnn.predictor.spec.train import TrainSpec
+    from memgnn.predictor.zoo import make_bundle
 
     build_corpus(tiny(tmp_path, ["gpt2"], 3, devices=["a100-80gb"]))
     rows = Corpus(tmp_path).records()

@@ -96,8 +96,8 @@ def test_reading_a_corrupt_part_changes_nothing(tmp_path):
 
 @pytest.fixture(scope="module")
 def mlp_graph():
-    from memgnn.predictor.capture import capture
-    from memgnn.predictor.spec import TrainSpec
+    from memgnn.predictor.capture.capture import capture
+    from memgnn.predictor.spec.train import TrainSpec
 
     from tests.conftest import tiny_mlp_bundle
 

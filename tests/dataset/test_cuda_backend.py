@@ -17,8 +17,9 @@ from memgnn.dataset.cuda_backend import (
     nearest_known,
     profile_cuda,
 )
-from memgnn.predictor.devices import PROFILES, GiB, MiB
-from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.devices import PROFILES, GiB, MiB
+from memgnn.predictor.spec.train import TrainSpec
 from torch import nn
 
 PHASES = {"input", "forward", "backward", "optimizer", "zero_grad"}

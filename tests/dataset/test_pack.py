@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from memgnn.dataset.corpus import Corpus
 from memgnn.dataset.pack import main, pack_corpus
-from memgnn.predictor.features import FEATURE_SCHEMA_VERSION
+from memgnn.predictor.memory.features import FEATURE_SCHEMA_VERSION
 
 DEMO = Path(__file__).resolve().parents[2] / "dataset" / "data" / "demo-corpus"
 

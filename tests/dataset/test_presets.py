@@ -88,7 +88,7 @@ def test_the_repository_corpus_is_preset_v2_packed():
     from pathlib import Path
 
     from memgnn.dataset.pack import preset_job_ids
-    from memgnn.predictor.features import FEATURE_SCHEMA_VERSION
+    from memgnn.predictor.memory.features import FEATURE_SCHEMA_VERSION
 
     root = Path(__file__).resolve().parents[2] / "dataset" / "data" / "corpus-v2"
     manifest = json.loads((root / "manifest.json").read_text())

@@ -1,7 +1,8 @@
 import pytest
 import torch
 from memgnn.dataset.profile import ProfileConfig, profile, profile_many
-from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.train import TrainSpec
 
 CONFIGS = [
     TrainSpec(),
@@ -42,7 +43,7 @@ def test_gpu_sim_reports_all_metrics_and_phases(tiny_gpt):
 
 
 def test_sim_flags_oom_on_a_small_device(tiny_gpt):
-    from memgnn.dataset.allocator import AllocatorConfig
+    from memgnn.predictor.sim.allocator import AllocatorConfig
 
     rec = profile(
         tiny_gpt,
@@ -105,7 +106,7 @@ def test_batch_continues_past_a_model_that_raises(tiny_mlp):
     "train", [TrainSpec(), TrainSpec(precision="amp-fp16", checkpointing="full", grad_accum=2)]
 )
 def test_compiled_replay_gives_the_python_simulators_record(tiny_gpt, train, capacity):
-    from memgnn.dataset.allocator import AllocatorConfig
+    from memgnn.predictor.sim.allocator import AllocatorConfig
 
     records = {}
     for replay in ("compiled", "python"):

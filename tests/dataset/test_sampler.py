@@ -12,8 +12,8 @@ from memgnn.dataset.sampler import (
     sample_jobs,
     skip_reason,
 )
-from memgnn.dataset.zoo import FAMILIES, get_family
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.zoo import FAMILIES, get_family
 
 CHEAP = ["mlp", "resnet", "lstm", "unet"]
 
@@ -137,7 +137,7 @@ def test_config_validation(kwargs, message):
 
 def test_job_ids_ignore_training_fields_added_later_at_their_defaults():
     from memgnn.dataset.sampler import canonical_id
-    from memgnn.predictor.spec import TrainSpec
+    from memgnn.predictor.spec.train import TrainSpec
 
     train = TrainSpec().to_dict()
     old = {k: v for k, v in train.items() if k not in ("attention", "quantize_base", "gpus")}

@@ -9,7 +9,7 @@ from collections import Counter
 import memgnn.dataset.sampler_finetune as ft
 import pytest
 from memgnn.dataset.sampler import SamplerConfig, sample_jobs
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.spec.train import TrainSpec
 from torch import nn
 
 MODULES = {"attention": ["k_proj", "q_proj"], "all": ["k_proj", "q_proj", "up"], "default": []}

@@ -21,7 +21,7 @@ from memgnn.dataset.validate_gpu import (
     run_validation,
     summarize,
 )
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.spec.train import TrainSpec
 
 # ---- the matrix --------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 
-from memgnn.predictor.spec import ModelBundle
+from memgnn.predictor.spec.bundle import ModelBundle
 
 
 class Block(nn.Module):
@@ -62,12 +62,14 @@ def guarded(tmp_path, monkeypatch):
     ],
 )
 def test_answers_never_build_real_weights_and_name_the_model(capsys, monkeypatch, guarded, argv):
-    import memgnn.predictor.onnx_model
-    import memgnn.predictor.predict
+    import memgnn.predictor.memory.analytic
+    import memgnn.predictor.memory.onnx_model
 
     # the baseline answers: this is about what gets built, not the GNN's numbers
     monkeypatch.setattr(
-        memgnn.predictor.onnx_model, "load_default_model", memgnn.predictor.predict.AnalyticModel
+        memgnn.predictor.memory.onnx_model,
+        "load_default_model",
+        memgnn.predictor.memory.analytic.AnalyticModel,
     )
     code, out, err = run_cli(capsys, *argv, "--model", guarded, "--device", "a100-80gb", "--json")
     assert code == 0, err

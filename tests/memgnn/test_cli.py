@@ -143,7 +143,7 @@ def test_predict_qlora_with_8bit_adamw(capsys):
 def test_one_shot_predict_replays_through_a_cached_jit_load(capsys, monkeypatch):
     """A CLI answer pays the compiled core's load from numba's cache (it is one answer per
     process); the server's per-request 250 ms does not, and a compile does not either."""
-    import memgnn.dataset.replay.exact as exact
+    import memgnn.predictor.answer.exact as exact
 
     argv = ["predict", "--model", "mlp", "--batch", "8", "--device", "a100-80gb", "--json"]
     for state, budget, method in [

@@ -19,7 +19,7 @@ USER_MODEL = textwrap.dedent(
     import torch.nn.functional as F
     from torch import nn
 
-    from memgnn.predictor.spec import ModelBundle
+    from memgnn.predictor.spec.bundle import ModelBundle
 
 
     def make(width="32"):
@@ -169,7 +169,7 @@ def test_help_describes_the_tool_and_shows_defaults(capsys):
 
 
 def test_capture_progress_goes_to_stderr(user_dir, capsys, caplog, monkeypatch):
-    from memgnn.predictor.predict import Progress
+    from memgnn.predictor.capture.query import Progress
 
     monkeypatch.setattr(Progress, "first", 0.0)  # this capture is quicker than 2 s
     caplog.set_level(logging.INFO, logger="predictor.progress")
@@ -187,7 +187,7 @@ POSITIONS_MODEL = textwrap.dedent(
     import torch.nn.functional as F
     from torch import nn
 
-    from memgnn.predictor.spec import ModelBundle
+    from memgnn.predictor.spec.bundle import ModelBundle
 
 
     class Positions(nn.Module):

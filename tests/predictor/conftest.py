@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from memgnn.predictor.capture import CaptureConfig, capture
-from memgnn.predictor.graph import StepGraph
-from memgnn.predictor.spec import ModelBundle, TrainSpec
+from memgnn.predictor.capture.capture import CaptureConfig, capture
+from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.train import TrainSpec
 from tiny_models import tiny_hf_llama_bundle
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from memgnn.predictor.capture import capture
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.capture.capture import capture
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.app import create_app
 from memgnn.serving.client import free_port, local_server
 from memgnn.serving.config import ServeConfig

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from memgnn.predictor.capture import capture
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.capture.capture import capture
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.client import free_port
 from tiny_models import tiny_mlp_bundle
 

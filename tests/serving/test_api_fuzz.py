@@ -20,8 +20,8 @@ import pytest
 schemathesis = pytest.importorskip("schemathesis")
 
 from hypothesis import HealthCheck, settings  # noqa: E402
-from memgnn.predictor.capture import capture  # noqa: E402
-from memgnn.predictor.spec import TrainSpec  # noqa: E402
+from memgnn.predictor.capture.capture import capture  # noqa: E402
+from memgnn.predictor.spec.train import TrainSpec  # noqa: E402
 from memgnn.serving.app import create_app  # noqa: E402
 from memgnn.serving.config import ServeConfig  # noqa: E402
 from memgnn.serving.graphs import graph_bytes  # noqa: E402

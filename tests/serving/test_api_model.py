@@ -9,9 +9,9 @@ from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
-from memgnn.predictor.capture import capture
-from memgnn.predictor.predict import AnalyticModel
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.capture.capture import capture
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.app import create_app
 from memgnn.serving.config import ServeConfig
 from tiny_models import tiny_mlp_bundle

@@ -8,9 +8,9 @@ import math
 
 import pytest
 from fastapi.testclient import TestClient
-from memgnn.predictor.capture import capture
-from memgnn.predictor.predict import Query
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.capture.capture import capture
+from memgnn.predictor.memory.base import Query
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.app import create_app
 from memgnn.serving.checks import resident_bytes
 from memgnn.serving.config import ServeConfig

@@ -4,10 +4,10 @@ answers are in test_api_safety.py, test_api_samples.py and test_api_captures.py)
 from __future__ import annotations
 
 import pytest
-from memgnn.dataset.zoo import resolve
-from memgnn.predictor.capture import capture
-from memgnn.predictor.predict import Query
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.capture.capture import capture
+from memgnn.predictor.memory.base import Query
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.zoo import resolve
 from memgnn.serving.checks import check_hparams, check_measurement, check_sizes, resident_bytes
 from memgnn.serving.graphs import RequestError
 from tiny_models import tiny_mlp_bundle

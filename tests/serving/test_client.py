@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from memgnn.predictor.capture import capture
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.capture.capture import capture
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.cli import add_serve_arguments, config_from_args
 from memgnn.serving.client import (
     MemgnnClient,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from memgnn.predictor.encoded_analytic import EncodedAnalytic
-from memgnn.predictor.predict import AnalyticModel, EncodingModel
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.memory.base import EncodingModel
+from memgnn.predictor.memory.encoded_analytic import EncodedAnalytic
 from memgnn.serving.models import Unencoded, as_encoding_model, load_model
 
 

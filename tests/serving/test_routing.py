@@ -8,12 +8,13 @@ from dataclasses import replace
 
 import pytest
 from fastapi.testclient import TestClient
-from memgnn.dataset.replay import exact
-from memgnn.dataset.replay.cost import ReplayCost
-from memgnn.dataset.replay.exact import ExactConfig, ReplayModel, estimated_seconds
-from memgnn.predictor.capture import CaptureConfig, capture
-from memgnn.predictor.predict import AnalyticModel, Query
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.answer import exact
+from memgnn.predictor.answer.exact import ExactConfig, ReplayModel, estimated_seconds
+from memgnn.predictor.capture.capture import CaptureConfig, capture
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.memory.base import Query
+from memgnn.predictor.sim.replay.cost import ReplayCost
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.app import create_app
 from memgnn.serving.config import ServeConfig
 from memgnn.serving.routing import ReplayWarmup, warm_replay

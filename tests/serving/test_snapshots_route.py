@@ -6,9 +6,9 @@ import pickle
 
 import pytest
 from fastapi.testclient import TestClient
-from memgnn.dataset.allocator import MiB
-from memgnn.dataset.snapshot.export import SnapshotRecorder
-from memgnn.dataset.snapshot.whatif import CONTRACT_FIELDS
+from memgnn.predictor.sim.allocator import MiB
+from memgnn.predictor.snapshot.export import SnapshotRecorder
+from memgnn.predictor.snapshot.whatif import CONTRACT_FIELDS
 from memgnn.serving.app import create_app
 from memgnn.serving.config import ServeConfig
 

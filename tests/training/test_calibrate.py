@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from memgnn.predictor.calibration import FORMS
+from memgnn.predictor.memory.calibration import FORMS
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_out_of_range_corrections_get_the_network_free_bound(data):
 
 def test_cross_fit_scores_every_record(data):
     import torch
-    from memgnn.predictor.gnn import GNNConfig, MemoryGNN
+    from memgnn.predictor.memory.gnn import GNNConfig, MemoryGNN
     from memgnn.training.calibrate import cross_fit
     from memgnn.training.fit_config import FitConfig
 

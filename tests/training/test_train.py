@@ -6,9 +6,9 @@ import argparse
 import json
 
 import pytest
-from memgnn.predictor.features import NUM_QUERY_FEATURES
-from memgnn.predictor.onnx_model import OnnxMemoryModel
-from memgnn.predictor.predict import Query
+from memgnn.predictor.memory.base import Query
+from memgnn.predictor.memory.features import NUM_QUERY_FEATURES
+from memgnn.predictor.memory.onnx_model import OnnxMemoryModel
 from memgnn.training.train import add_train_arguments, train_cmd
 
 

@@ -6,8 +6,8 @@ from dataclasses import fields
 from typing import Any
 
 import torch
-from memgnn.predictor.predict import AnalyticModel
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor import (
     AlertConfig,
     BatchingConfig,

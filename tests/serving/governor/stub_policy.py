@@ -7,8 +7,8 @@ bound equal to the prediction.
 
 from __future__ import annotations
 
-from memgnn.predictor.predict import Prediction
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.memory.base import Prediction
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor.correction import GovernedPredictor
 from memgnn.serving.governor.policy import Policy, PolicyConfig
 from memgnn.serving.governor.world import World

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 from governed import config, governor
-from memgnn.predictor.predict import AnalyticModel
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor import EmulatedDevice, MemoryGovernor
 from memgnn.serving.governor.batching import LengthBuckets, even_chunks, split
 from memgnn.serving.governor.correction import ResidualCorrector

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from memgnn.dataset.allocator import SimulatedOOM
-from memgnn.predictor.spec import TrainSpec
-from memgnn.predictor.step import build_optimizer
+from memgnn.predictor.capture.step import build_optimizer
+from memgnn.predictor.sim.allocator import SimulatedOOM
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor.devices import CpuDevice, EmulatedDevice, resolve_device
 
 MiB = 1 << 20

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from governed import config
-from memgnn.predictor.predict import AnalyticModel
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor import MemoryGovernor
 from memgnn.serving.governor.batching import pad_collate
 from memgnn.serving.governor.demo import long_tail_samples, tiny_varlen_bundle
@@ -84,7 +84,7 @@ def test_hf_trainer_callback_configures_and_logs(cache, tmp_path):
         "transformers", reason="transformers is not installed (pip install memgnn[transformers])"
     )
     pytest.importorskip("accelerate", reason="the HF Trainer needs accelerate (not installed)")
-    from memgnn.dataset.zoo import make_bundle
+    from memgnn.predictor.zoo import make_bundle
     from memgnn.serving.governor.integrations.hf import GovernorTrainerCallback
 
     bundle = make_bundle("gpt2", {"layers": 2, "hidden": 32, "heads": 2, "vocab": 128,

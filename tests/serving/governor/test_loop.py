@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from governed import governor
-from memgnn.predictor.predict import AnalyticModel
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor import EmulatedDevice, MemoryGovernor
 from memgnn.serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
 
@@ -137,9 +137,9 @@ def test_the_optimizer_must_be_the_one_predicted_for(cache, monkeypatch, caplog)
 
 
 def test_adamw8bit_must_be_bitsandbytes_own(cache, monkeypatch):
-    """predictor.optim8bit's AdamW8bit models memory only (its update is no AdamW): the
+    """predictor.emulate.optim8bit's AdamW8bit models memory only (its update is no AdamW): the
     governor, which trains, takes bitsandbytes' class and refuses the stand-in."""
-    from memgnn.predictor.optim8bit import AdamW8bit
+    from memgnn.predictor.emulate.optim8bit import AdamW8bit
 
     monkeypatch.setenv("MEMGNN_CACHE", str(cache))
     model = build(tiny_varlen_bundle(), EmulatedDevice(256 * MiB))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from memgnn.predictor.spec import TrainSpec
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor.correction import GovernedPredictor
 from memgnn.serving.governor.policy import Policy, PolicyConfig
 from stub_policy import BASE, StubGraph, StubModel, stub_policy

@@ -1,0 +1,128 @@
+"""A captured graph for a query's sizes, and how long captures say they are running.
+
+`graph_for_query` takes the cached capture of a model's step when its shape guards hold at
+the query's sizes, else captures at those sizes; `Progress` tells the user a long capture
+is still running; `unused_sizes` warns of a size no tensor depends on.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from memgnn.predictor.capture.branches import CaptureError
+from memgnn.predictor.capture.cache import capture_cached
+from memgnn.predictor.capture.capture import CaptureConfig, capture
+from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.memory.base import GuardViolation
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.train import TrainSpec
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Progress", "graph_for_query", "unused_sizes"]
+
+
+def graph_for_query(
+    bundle: ModelBundle,
+    train: TrainSpec,
+    sizes: dict[str, int],
+    *,
+    target: str = "cuda",
+    sm: int = 80,
+    scenario: str = "worst",
+    directory: Path | None = None,
+    use_cache: bool = True,
+    capture_mode: str = "blocks",
+) -> StepGraph:
+    """A captured graph whose guards hold at `sizes` (`capture_mode`: CaptureConfig.mode).
+
+    The cached capture (traced at the example sizes) when its guards hold there; else a
+    capture traced at `sizes` themselves (logged; not cached: the cache keys on the
+    example sizes). `GuardViolation` when even that graph's guards fail at `sizes`: the
+    model itself cannot run there (e.g. more positions than its position table)."""
+    with Progress(f"capturing {bundle.name} for a {target} target"):
+        graph = capture_cached(
+            bundle, train, target=target, sm=sm, sizes=sizes, directory=directory,
+            use_cache=use_cache, mode=capture_mode,
+        )  # fmt: skip
+    bad = graph.violated_guards(graph.resolve_sizes(sizes, scenario))
+    if not bad:
+        return graph
+    log.info(
+        "%s: the graph traced at %s does not hold at %s (guards %s): capturing at %s",
+        bundle.name, graph.symbols, sizes, ", ".join(bad), sizes,
+    )  # fmt: skip
+    trace = bundle.sizes(sizes)
+    try:
+        with Progress(f"capturing {bundle.name} at {trace}"):
+            cfg = CaptureConfig(target=target, sm=sm, sizes=trace, mode=capture_mode)
+            graph = capture(bundle, train, cfg)
+    except CaptureError as exc:
+        raise GuardViolation(f"{bundle.name} cannot run at {sizes}: {exc}", bad, sizes) from exc
+    bad = graph.violated_guards(graph.resolve_sizes(sizes, scenario))
+    if bad:
+        raise GuardViolation(
+            f"{bundle.name} cannot run at {sizes}: {', '.join(bad)} fails even when traced "
+            "at these sizes (a limit of the model)",
+            bad,
+            dict(sizes),
+        )
+    return graph
+
+
+def unused_sizes(graph: StepGraph, names: Sequence[str]) -> list[str]:
+    """A warning per size in `names` that no byte count of `graph` depends on: the model's
+    make_inputs ignored it, so the answer is the same at any value of it."""
+    used: set[str] = set()
+    texts = [*graph.exprs, *(d[k] for d in graph.data_symbols.values() for k in ("lo", "hi"))]
+    for text in texts:
+        used.update(_NAME_RE.findall(text))
+    return [
+        f"size {name} never reaches the captured step (no tensor's bytes depend on it): "
+        f"the answer is the same at any {name}; does make_inputs read sizes[{name!r}]?"
+        for name in names
+        if name in graph.symbols and name not in used
+    ]
+
+
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class Progress:
+    """`with Progress("capturing gpt2"):` says on the `predictor.progress` logger (the CLI
+    shows it on stderr) that the block is still running, after `first` seconds and then
+    every `every` seconds, and when it ends; a block faster than `first` says nothing."""
+
+    first = 2.0
+    every = 10.0
+
+    def __init__(self, what: str):
+        self.what = what
+        self._done = threading.Event()
+        self._t0 = 0.0
+        self._said = False
+
+    def _beat(self) -> None:
+        wait = self.first
+        while not self._done.wait(wait):
+            self._said = True
+            _progress.info("%s ... (%.0f s)", self.what, time.perf_counter() - self._t0)
+            wait = self.every
+
+    def __enter__(self) -> Progress:
+        self._t0 = time.perf_counter()
+        threading.Thread(target=self._beat, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._said and exc[0] is None:
+            _progress.info("%s: done in %.1f s", self.what, time.perf_counter() - self._t0)
+
+
+_progress = logging.getLogger("predictor.progress")

@@ -1,0 +1,327 @@
+"""One rank of a data/model-parallel training step, run by PyTorch's own machinery.
+
+A `TrainSpec` with `gpus=N, sharding=...` runs rank 0 of an N-rank job in this one process
+over a fake process group (`torch.testing._internal.distributed.fake_pg`: collectives move
+no data, but every buffer they take is allocated as in a real job). The model is wrapped by
+what a user runs, so the all-gather and reduce-scatter buffers, DDP's gradient buckets and
+FSDP2's prefetching are PyTorch's, recorded node for node by the same `StepRecorder`:
+
+- `ddp`: `DistributedDataParallel` (default `bucket_cap_mb`, `gradient_as_bucket_view=False`):
+  parameters, gradients and optimizer state replicated, plus the gradient buckets (`comm`).
+- `fsdp`: FSDP2 `fully_shard` on every repeated block, then on the root (as torchtitan does),
+  `reshard_after_forward` from the spec. Parameters, gradients and optimizer state are
+  sharded (rank 0 holds the largest, padded shard); unsharded groups live between their
+  all-gather and their reshard.
+- `zero3`: the same as `fsdp` with `reshard_after_forward=True` (ZeRO-3 = full sharding).
+- `hsdp`: `fully_shard` over a 2-D mesh (replicate x shard, `TrainSpec.shard_group_size`
+  ranks per shard group): sharded within a group, gradients all-reduced across groups.
+- `zero1`: DDP + `torch.distributed.optim.ZeroRedundancyOptimizer`: optimizer state sharded
+  (rank 0's partition), parameters and gradients replicated (with DDP's buckets).
+- `zero2`: gradients and optimizer state sharded, parameters kept whole on every rank.
+  PyTorch has no ZeRO-2 wrapper; `fully_shard(reshard_after_forward=False)` alone is not it
+  (it reshards after backward, so parameters are sharded at rest and all-gathered every
+  step). We run `fully_shard(reshard_after_forward=False)` and `set_reshard_after_backward
+  (False)`: after the first step the unsharded parameters stay allocated (no more
+  all-gathers), gradients are reduce-scattered to shards, the optimizer steps on shards.
+  Per rank that is full parameters + a parameter shard (DeepSpeed ZeRO-2's fp32 master
+  partition) + gradient shards + optimizer-state shards.
+
+Gradient accumulation (`TrainSpec.grad_sync`): `every` syncs on every micro-step (FSDP2's
+default: each backward reduce-scatters into the sharded gradients); `last` runs every
+micro-step but the last without sync, as users accumulate without communication: DDP's
+`no_sync()` (gradients accumulate in `.grad`, no all-reduce until the last backward) and
+FSDP2's `set_requires_gradient_sync(False)` ("the equivalence of `no_sync` in FSDP1",
+which is what Lightning's `no_backward_sync` calls under its FSDPStrategy): each group's
+post-backward still reshards its parameters but keeps the unsharded gradient of every
+parameter on the rank (`FSDPParam._unsharded_param.grad`) until the last micro-step
+reduce-scatters the sum. Per rank that is one whole unsharded copy of the gradients.
+
+Under fake tensors two things differ from a real job, neither in bytes: DDP's
+parameter-shape check across ranks is skipped (it reads tensor data) and DDP's one-time
+bucket rebuild after the first iteration is not run (it reads data too); the buckets keep
+their construction layout (reverse parameter order, same total bytes). DDP's all-reduce runs
+through a comm hook equal to the built-in one (divide in place, all-reduce in place).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+from memgnn.predictor.ir.recorder import RecorderObserver, StepRecorder, unrecorded
+from memgnn.predictor.spec.train import TrainSpec
+from torch import nn
+from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "World",
+    "annotate",
+    "rank_note",
+    "comm_hooks",
+    "fake_world",
+    "gradient_sync",
+    "unsharded_gradients",
+    "parallelize",
+    "resident_tensors",
+    "ShardedObserver",
+    "zero_optimizer",
+]
+
+
+@dataclass(kw_only=True, slots=True)
+class World:
+    """The fake job one rank runs in: world size, rank and the device mesh (FSDP2)."""
+
+    size: int
+    rank: int
+    mesh: Any  # torch.distributed.device_mesh.DeviceMesh (1-D, or 2-D for hsdp)
+
+
+@contextlib.contextmanager
+def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
+    """Rank `rank` of a `train.gpus`-rank fake process group, destroyed on exit.
+
+    Enter it outside any FakeTensorMode (the device mesh is a real tensor). Refuses to
+    run inside an already initialised process group (it would replace the user's)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if train.sharding == "none":
+        raise ValueError("fake_world needs a sharded TrainSpec (--sharding ddp|fsdp|...)")
+    if not 0 <= rank < train.gpus:
+        raise ValueError(f"rank must be in [0, {train.gpus}), got {rank}")
+    if dist.is_initialized():
+        raise RuntimeError(
+            "a torch.distributed process group is already initialised in this process; "
+            "memgnn's sharded capture runs its own fake one"
+        )
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=train.gpus)
+    propagator = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def shape_only(self: Any, op_schema: Any) -> Any:  # allocates nothing on a real job
+        with unrecorded():
+            return propagator(self, op_schema)
+
+    try:
+        ShardingPropagator._propagate_tensor_meta_non_cached = shape_only
+        shard = train.shard_group_size
+        if train.sharding == "hsdp":
+            shape, names = (train.gpus // shard, shard), ("replicate", "shard")
+        else:
+            shape, names = (train.gpus,), ("dp",)
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        yield World(size=train.gpus, rank=rank, mesh=mesh)
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagator
+        dist.destroy_process_group()
+
+
+def parallelize(
+    model: nn.Module, blocks: list[nn.Module], train: TrainSpec, world: World
+) -> nn.Module:
+    """Wrap `model` as `train.sharding` says (module docstring); returns what to call."""
+    if train.sharding in ("ddp", "zero1"):
+        return _ddp(model, world)
+    from torch.distributed.fsdp import fully_shard
+
+    if not blocks:
+        raise ValueError(
+            f"--sharding {train.sharding}: the model has no repeated blocks to shard "
+            "(fully_shard is applied per block, then to the root)"
+        )
+    reshard = train.fsdp_reshard_after_forward and train.sharding != "zero2"
+    for block in blocks:
+        fully_shard(block, mesh=world.mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=world.mesh, reshard_after_forward=reshard)
+    if train.sharding == "zero2":
+        model.set_reshard_after_backward(False)  # parameters stay whole (see docstring)
+    return model
+
+
+class _NoBucketRebuild:
+    """DDP's reducer, except that its one-time bucket rebuild reports 'not rebuilt'."""
+
+    def __init__(self, reducer: Any):
+        self._reducer = reducer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+
+def _ddp(model: nn.Module, world: World) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    skip = "torch.nn.parallel.distributed._verify_param_shape_across_processes"
+    with mock.patch(skip, lambda *a, **k: None):
+        ddp = DistributedDataParallel(model)
+    size = world.size
+
+    def allreduce(state, bucket):  # unannotated: DDP checks annotations it cannot read here
+        buf = bucket.buffer()
+        buf.div_(size)
+        return dist.all_reduce(buf, async_op=True).get_future().then(lambda _: buf)
+
+    ddp.register_comm_hook(None, allreduce)
+    ddp.reducer = _NoBucketRebuild(ddp.reducer)
+    return ddp
+
+
+def zero_optimizer(params: list[nn.Parameter], make: Callable[..., Any]) -> Any:
+    """ZeRO-1: `ZeroRedundancyOptimizer` over `make`'s optimizer class and flags."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    probe = make([torch.nn.Parameter(torch.empty(0))])
+    cls, flags = type(probe), dict(probe.defaults)
+    for key in ("differentiable", "decoupled_weight_decay"):
+        flags.pop(key, None)
+    return ZeroRedundancyOptimizer(params, optimizer_class=cls, **flags)
+
+
+def _fsdp_params(model: nn.Module) -> Iterator[Any]:
+    """Every `FSDPParam` of the FSDP2 modules in `model`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            group = module._get_fsdp_state()._fsdp_param_group
+            yield from group.fsdp_params if group is not None else ()
+
+
+@contextlib.contextmanager
+def gradient_sync(model: nn.Module, train: TrainSpec, last: bool) -> Iterator[None]:
+    """One micro-step's forward and backward, synced or not (see the module docstring):
+    unsynced where `train.grad_sync == "last"` and this is not the last micro-step."""
+    sync = last or train.grad_sync == "every" or train.sharding == "none"
+    if train.sharding in ("ddp", "zero1"):
+        with contextlib.nullcontext() if sync else model.no_sync():
+            yield
+        return
+    if train.sharding != "none" and train.grad_sync != "every":
+        model.set_requires_gradient_sync(sync)
+    yield
+
+
+def unsharded_gradients(model: nn.Module) -> list[torch.Tensor]:
+    """The unsharded gradients FSDP2 keeps between unsynced micro-steps."""
+    out = []
+    for fp in _fsdp_params(model):
+        unsharded = getattr(fp, "_unsharded_param", None)
+        for g in (
+            getattr(fp, "unsharded_accumulated_grad", None),
+            getattr(unsharded, "grad", None),
+        ):
+            if g is not None:
+                out.append(g)
+    return out
+
+
+def resident_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Unsharded FSDP2 parameters still allocated between steps (zero2 keeps them)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    out = []
+    for module in model.modules():
+        if not isinstance(module, FSDPModule):
+            continue
+        group = module._get_fsdp_state()._fsdp_param_group
+        for fp in group.fsdp_params if group is not None else ():
+            for t in getattr(fp, "all_gather_outputs", ()):
+                if t.untyped_storage().nbytes() > 0:
+                    out.append(t)
+    return out
+
+
+def _buffers(args: tuple, index: int) -> list[torch.Tensor]:
+    """The tensor(s) at `args[index]` of a c10d op (a tensor or a list of them)."""
+    got = args[index]
+    return list(got) if isinstance(got, (list, tuple)) else [got]
+
+
+def comm_hooks(gloo: bool = False) -> dict[Any, Callable]:
+    """Recorder hooks that run c10d collectives and mark their buffers `comm`: all-gather
+    outputs, reduce-scatter inputs, all-reduce buffers (DDP buckets; HSDP's all-reduce of
+    gradient shards is re-marked `gradient` when backward ends).
+
+    `gloo` (a CPU target): the gloo backend stages a copy of the buffer inside the op (its
+    all-gather gathers into a temporary of the output's size, its reduce-scatter clones
+    the input and all-reduces it), allocated and freed within the collective: the node's
+    scratch. NCCL keeps its staging outside PyTorch's allocator: none on a CUDA target."""
+    c10d = torch.ops.c10d
+    staged = {c10d._allgather_base_.default, c10d._reduce_scatter_base_.default}
+    which = {  # op -> the argument holding its buffer(s)
+        c10d._allgather_base_.default: 0,  # output
+        c10d.allgather_into_tensor_coalesced_.default: 0,
+        c10d._reduce_scatter_base_.default: 1,  # input
+        c10d.reduce_scatter_tensor_coalesced_.default: 1,
+        c10d.allreduce_.default: 0,  # in place
+    }
+
+    def make(part: int) -> Callable:
+        def hook(rec: StepRecorder, func: Any, args: tuple, kwargs: dict) -> Any:
+            out = func(*args, **kwargs)
+            node = rec.record_op(str(func).removeprefix("aten."), (args, kwargs), out)
+            rec.categorize(_buffers(args, part), "comm")
+            if gloo and func in staged:
+                node.scratch = sum(t.numel() * t.element_size() for t in _buffers(args, part))
+            return out
+
+        return hook
+
+    return {op: make(part) for op, part in which.items()}
+
+
+class ShardedObserver(RecorderObserver):
+    """A `RecorderObserver` for one rank: unsharded FSDP parameters are `parameter` (not
+    `activation`, though forward allocates them); gradients are the local shards of DTensor
+    grads, and `gradient` even where a collective ran on them (HSDP all-reduce)."""
+
+    def __init__(self, recorder: StepRecorder, model: nn.Module, **kwargs: Any):
+        super().__init__(recorder, **kwargs)
+        self.model = model
+
+    def on_phase(self, phase: str, step: int, micro: int) -> None:
+        self.rec.categorize(resident_tensors(self.model), "parameter")
+        super().on_phase(phase, step, micro)
+
+    def on_backward_end(self, model: nn.Module, step: int, micro: int) -> None:
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        self.rec.categorize([*grads, *unsharded_gradients(model)], "gradient", force=True)
+
+    def on_optimizer_end(self, optimizer: Any, step: int) -> None:
+        super().on_optimizer_end(getattr(optimizer, "optim", optimizer), step)
+
+
+def rank_note(train: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What a sharded answer is: one rank's peak (rank 0 of `world_size`); None for a
+    single-GPU step (`train` is a graph's `train` dict)."""
+    sharding = train.get("sharding", "none")
+    if sharding == "none":
+        return None
+    spec = TrainSpec(**{k: v for k, v in train.items() if k in TrainSpec.__slots__})
+    return {
+        "per_rank": True,
+        "rank": 0,
+        "world_size": spec.gpus,
+        "sharding": sharding,
+        "shard_group_size": spec.shard_group_size,
+        "fsdp_reshard_after_forward": spec.fsdp_reshard_after_forward,
+    }
+
+
+def annotate(breakdown: dict[str, Any], train: Mapping[str, Any]) -> dict[str, Any]:
+    """`breakdown` with `parallel` (see `rank_note`) where the step is sharded."""
+    note = rank_note(train)
+    if note is not None:
+        breakdown["parallel"] = note
+    return breakdown

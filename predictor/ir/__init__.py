@@ -1,0 +1,1 @@
+"""The graph representation: size expressions, the op recorder, `StepGraph`."""

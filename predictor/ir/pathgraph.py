@@ -1,0 +1,80 @@
+"""Turn a finished recorder into a columnar `PathGraph`, interning size expressions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from memgnn.predictor.capture.branches import CaptureError
+from memgnn.predictor.ir.expr import sympy_to_source
+from memgnn.predictor.ir.graph import PathGraph
+from memgnn.predictor.ir.recorder import CATEGORIES, PHASES, StepRecorder, live_categories
+
+
+class ExprInterner:
+    """Size expressions -> indices into one shared table of sources."""
+
+    def __init__(self) -> None:
+        self.sources: list[str] = []
+        self._index: dict[str, int] = {}
+        self._cache: dict[Any, str] = {}
+
+    def source(self, value: Any, names: dict[Any, str], env: Any | None) -> str:
+        if not isinstance(value, torch.SymInt):
+            return str(int(value))
+        expr = value.node.expr
+        key = (expr, id(names))
+        src = self._cache.get(key)
+        if src is None:
+            import sympy
+
+            canonical = sympy.expand(env.replace(expr) if env is not None else expr)
+            src = self._cache[key] = sympy_to_source(canonical, names)
+        return src
+
+    def add(self, value: Any, names: dict[Any, str], env: Any | None) -> int:
+        src = self.source(value, names, env)
+        idx = self._index.get(src)
+        if idx is None:
+            idx = self._index[src] = len(self.sources)
+            self.sources.append(src)
+        return idx
+
+
+def path_from_recorder(
+    rec: StepRecorder,
+    conditions: list[dict[str, Any]],
+    interner: ExprInterner,
+    names: dict[Any, str],
+    env: Any | None,
+) -> PathGraph:
+    live_categories(rec)
+    phase_code = {p: i for i, p in enumerate(PHASES)}
+    cat_code = {c: i for i, c in enumerate(CATEGORIES)}
+    nodes: dict[str, list] = {k: [] for k in ("op", "phase", "step", "micro", "module")}
+    nodes["scratch"] = []
+    nodes["inputs"], nodes["outputs"] = [], []
+    for n in rec.nodes:
+        nodes["op"].append(n.op)
+        nodes["phase"].append(phase_code[n.phase])
+        nodes["step"].append(n.step)
+        nodes["micro"].append(n.micro)
+        nodes["module"].append(n.module)
+        nodes["inputs"].append(list(n.inputs))
+        nodes["outputs"].append(list(n.outputs))
+        nodes["scratch"].append(interner.add(n.scratch, names, env))
+    storages: dict[str, list] = {k: [] for k in ("nbytes", "dtype", "category", "alloc", "free")}
+    for s in rec.storages:
+        try:
+            storages["nbytes"].append(interner.add(s.nbytes, names, env))
+        except ValueError as exc:
+            node = rec.nodes[s.alloc_node] if s.alloc_node >= 0 else None
+            where = f"op {node.op!r} in module {node.module!r}" if node else "a pre-step tensor"
+            raise CaptureError(
+                f"size of a storage made by {where} is not capturable: {exc}"
+            ) from None
+        storages["dtype"].append(s.dtype)
+        storages["category"].append(cat_code[s.category])
+        storages["alloc"].append(s.alloc_node)
+        storages["free"].append(-1 if s.free_node is None else s.free_node)
+    return PathGraph(conditions=conditions, nodes=nodes, storages=storages)

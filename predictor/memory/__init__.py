@@ -1,0 +1,1 @@
+"""Memory models: the analytic sweep, the learned GNN served by onnxruntime, features."""

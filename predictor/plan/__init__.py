@@ -1,0 +1,1 @@
+"""The best training configuration under a memory limit, searched on predictions."""

@@ -1,0 +1,150 @@
+"""The plan's search space: what a user can change, the valid combinations of it, the
+capture each needs, and the relative cost of each (see `predictor.plan.search`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from memgnn.predictor.ir.vocab import SEARCH_MODES, SHARDINGS
+from memgnn.predictor.spec.train import OPTIMIZER_IMPLS, PRECISIONS, TrainSpec
+
+__all__ = ["SearchSpace", "capture_spec", "cost", "variants"]
+
+log = logging.getLogger(__name__)
+
+# Relative cost of a precision (1.0 = fp32 / AMP, the numerics users start from).
+PRECISION_COST = {"fp32": 1.0, "amp-bf16": 1.0, "amp-fp16": 1.05, "bf16": 1.1, "fp16": 1.2}
+RECOMPUTE_COST = 1.0 / 3.0  # a full extra forward pass ~ a third of a training step
+# Tie-breaking priors, not measurements: the optimizer update is a small share of a step;
+# fused is one kernel per group, foreach a few per group, for-loop a few per tensor.
+IMPL_COST = {"fused": 0.99, "foreach": 1.0, "auto": 1.0, "for-loop": 1.02}
+# Communication volume per step relative to DDP's all-reduce (ZeRO paper, Rajbhandari et
+# al. 2020, sec. 7: ZeRO-1/2 move as much as DDP, ZeRO-3 1.5x: an extra parameter
+# all-gather in backward; FSDP without resharding after forward skips it), times the
+# share of a step that communication is assumed to leave exposed.
+COMM_VOLUME = {"none": 0.0, "ddp": 1.0, "zero1": 1.0, "zero2": 1.0, "zero3": 1.5, "fsdp": 1.5,
+               "hsdp": 1.5}  # fmt: skip
+EXPOSED_COMM = 0.05
+
+
+@dataclass(kw_only=True, slots=True)
+class SearchSpace:
+    sizes: dict[str, int] = field(default_factory=dict)  # other dims, e.g. {"S": 1024}
+    max_batch: int = 4096
+    grad_accum: list[int] = field(default_factory=lambda: [1])
+    checkpointing: list[str] = field(default_factory=lambda: ["none", "full"])
+    precision: list[str] = field(default_factory=lambda: ["fp32"])
+    effective_batch: int | None = None  # keep B*G at least this (G = ceil(E / B)), per rank
+    mode: str = "binsearch"  # power | binsearch
+    power_of_two: bool = True  # batch granularity for the result
+    optimizer_impl: list[str] = field(default_factory=list)  # [] = the base spec's
+    sharding: list[str] = field(default_factory=list)  # [] = the base spec's
+    gpus: list[int] = field(default_factory=list)  # [] = the base spec's; 1 pairs with none
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1:
+            raise ValueError("max_batch must be >= 1")
+        if not self.grad_accum or min(self.grad_accum) < 1:
+            raise ValueError("grad_accum choices must be >= 1")
+        for p in self.precision:
+            if p not in PRECISIONS:
+                raise ValueError(f"unknown precision {p!r} in search space")
+        for c in self.checkpointing:
+            TrainSpec(checkpointing=c)  # validates the form
+        if self.mode not in SEARCH_MODES:
+            raise ValueError(f"mode must be power or binsearch, got {self.mode!r}")
+        if self.effective_batch is not None and self.effective_batch < 1:
+            raise ValueError("effective_batch must be >= 1")
+        for impl in self.optimizer_impl:
+            if impl not in OPTIMIZER_IMPLS:
+                raise ValueError(
+                    f"unknown optimizer implementation {impl!r} in search space; expected "
+                    f"one of {OPTIMIZER_IMPLS}"
+                )
+        for sharding in self.sharding:
+            if sharding not in SHARDINGS:
+                raise ValueError(f"unknown sharding {sharding!r} in search space ({SHARDINGS})")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.gpus):
+            raise ValueError(f"gpus choices must be integers >= 1, got {self.gpus}")
+
+
+def cost(train: TrainSpec, n_blocks: int | None = None) -> float:
+    """Relative step cost of checkpointing, precision, optimizer implementation and
+    communication (1.0 = plain fp32 on one GPU, the optimizer PyTorch picks)."""
+    blocks = train.checkpoint_blocks
+    if blocks is None:
+        recompute = 0.0
+    elif blocks < 0 or not n_blocks:
+        recompute = RECOMPUTE_COST
+    else:
+        recompute = RECOMPUTE_COST * min(blocks, n_blocks) / n_blocks
+    volume = COMM_VOLUME[train.sharding]
+    if train.sharding in ("fsdp", "hsdp") and not train.fsdp_reshard_after_forward:
+        volume = 1.0
+    comm = 1.0 + EXPOSED_COMM * volume
+    return (
+        (1.0 + recompute) * PRECISION_COST[train.precision] * IMPL_COST[train.optimizer_impl] * comm
+    )
+
+
+def capture_spec(train: TrainSpec) -> TrainSpec:
+    """The spec whose captured graph answers `train`: G >= 2 as G = 2 (the same graph)."""
+    return replace(train, grad_accum=min(train.grad_accum, 2))
+
+
+def _parallel_choices(base: TrainSpec, space: SearchSpace) -> list[tuple[int, str]]:
+    """(gpus, sharding) pairs: one GPU runs unsharded; several take each sharding but none."""
+    gpus = space.gpus or [base.gpus]
+    shardings = space.sharding or [base.sharding]
+    pairs = []
+    for n in sorted(set(gpus)):
+        if n == 1:
+            pairs.append((1, "none"))
+        else:
+            pairs += [(n, s) for s in dict.fromkeys(shardings) if s != "none"]
+    return pairs
+
+
+def variants(base: TrainSpec, space: SearchSpace) -> list[TrainSpec]:
+    """Every valid training configuration of the space (an invalid combination, e.g. hsdp
+    on 2 GPUs, is left out; ValueError naming the first when none is valid)."""
+    out: list[TrainSpec] = []
+    first_error: ValueError | None = None
+    impls = space.optimizer_impl or [base.optimizer_impl]
+    for precision in space.precision:
+        for ckpt in space.checkpointing:
+            for impl in dict.fromkeys(impls):
+                for n, sharding in _parallel_choices(base, space):
+                    fsdp_like = sharding in ("fsdp", "hsdp")
+                    for g in _accum_choices(space):
+                        try:
+                            out.append(
+                                replace(
+                                    base,
+                                    precision=precision,
+                                    checkpointing=ckpt,
+                                    optimizer_impl=impl,
+                                    gpus=n,
+                                    sharding=sharding,
+                                    fsdp_reshard_after_forward=(
+                                        base.fsdp_reshard_after_forward or not fsdp_like
+                                    ),
+                                    hsdp_shard_size=base.hsdp_shard_size if n == base.gpus else 0,
+                                    grad_accum=g,
+                                )
+                            )
+                        except ValueError as exc:
+                            log.info("plan: leaving out %s", exc)
+                            first_error = first_error or exc
+    if not out:
+        raise ValueError(f"no valid configuration in the search space: {first_error}")
+    return out
+
+
+def _accum_choices(space: SearchSpace) -> Sequence[int]:
+    # G = 1 and G >= 2 are different graphs; with a target effective batch G is derived.
+    if space.effective_batch is not None:
+        return [1, 2]
+    return sorted(set(space.grad_accum))

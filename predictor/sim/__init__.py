@@ -1,0 +1,1 @@
+"""The CUDA caching allocator simulator, and its compiled (numba) replay."""

@@ -1,0 +1,1 @@
+"""What to predict: the training spec, the model bundle, device profiles, limits."""

@@ -1,0 +1,142 @@
+import numpy as np
+import pytest
+import sympy
+import torch
+from memgnn.predictor.capture.capture import CaptureConfig, capture
+from memgnn.predictor.emulate.kernels import choose_sdpa, mkldnn_rnn_workspace_bytes
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.train import TrainSpec
+
+
+def _qkv(dtype, d=64, kv_heads=4):
+    q = torch.empty(2, 4, 16, d, dtype=dtype, device="meta")
+    k = torch.empty(2, kv_heads, 16, d, dtype=dtype, device="meta")
+    return q, k, k
+
+
+def test_choose_sdpa_follows_cuda_rules():
+    assert choose_sdpa(*_qkv(torch.bfloat16), None, sm=90) == "flash"
+    assert choose_sdpa(*_qkv(torch.float16), None, sm=75) == "efficient"
+    assert choose_sdpa(*_qkv(torch.float32), None, sm=90) == "efficient"
+    mask = torch.empty(16, 16, dtype=torch.bool, device="meta")
+    assert choose_sdpa(*_qkv(torch.bfloat16), mask, sm=90) == "efficient"
+    assert choose_sdpa(*_qkv(torch.bfloat16, d=512), None, sm=90) == "efficient"  # no flash
+    assert choose_sdpa(*_qkv(torch.bfloat16, kv_heads=2), None, sm=90) == "math"
+    assert choose_sdpa(*_qkv(torch.bfloat16), None, sm=70) == "math"
+
+
+def _ops(graph):
+    return set(graph.paths[0].nodes["op"])
+
+
+def test_cuda_target_uses_cuda_attention_kernels_and_records_scratch(tiny_gpt):
+    bf16 = capture(tiny_gpt, TrainSpec(precision="amp-bf16"), CaptureConfig(target="cuda"))
+    assert "_scaled_dot_product_flash_attention.default" in _ops(bf16)
+    assert "_scaled_dot_product_flash_attention_backward.default" in _ops(bf16)
+    p = bf16.paths[0]
+    scratch = bf16.scratch_bytes(0, bf16.resolve_sizes({"B": 2, "S": 100}))
+    bwd = [
+        i
+        for i, op in enumerate(p.nodes["op"])
+        if op.startswith("_scaled_dot_product_flash") and "backward" in op
+    ]
+    # 2 heads, S rounded to 128, head dim 16: softmax_d + dq_accum, fp32
+    assert all(int(scratch[i]) == 2 * 2 * 128 * 4 + 2 * 128 * 2 * 16 * 4 for i in bwd)
+    assert int(scratch.sum()) == len(bwd) * (2 * 2 * 128 * 4 + 2 * 128 * 2 * 16 * 4)
+    fp32 = capture(tiny_gpt, TrainSpec(), CaptureConfig(target="cuda"))
+    assert "_scaled_dot_product_efficient_attention.default" in _ops(fp32)
+    # the efficient backward (a dispatch hook: predictor.emulate.kernels.symbolic_hooks) keeps its
+    # delta = rowsum(dO * O) scratch, fp32 per (batch, head, query)
+    scratch = fp32.scratch_bytes(0, fp32.resolve_sizes({"B": 2, "S": 100}))
+    eff = [i for i, op in enumerate(fp32.paths[0].nodes["op"])
+           if op == "_scaled_dot_product_efficient_attention_backward.default"]  # fmt: skip
+    assert eff and all(int(scratch[i]) == 2 * 2 * 100 * 4 for i in eff)
+    cpu = capture(tiny_gpt, TrainSpec(), CaptureConfig(target="cpu"))
+    assert not any(
+        "efficient" in op or op.startswith("_scaled_dot_product_flash_attention.")
+        for op in _ops(cpu)
+    )
+    assert int(cpu.scratch_bytes(0, cpu.resolve_sizes({"B": 2, "S": 9})).sum()) == 0
+
+
+_MKLDNN_LSTM = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available(), reason="this torch build has no oneDNN"
+)
+
+
+def _real_workspace(t, b, i, h, dtype):
+    x = torch.randn(t, b, i, dtype=dtype)
+    w_ih, w_hh = torch.randn(4 * h, i, dtype=dtype), torch.randn(4 * h, h, dtype=dtype)
+    b_ih, b_hh = torch.randn(4 * h, dtype=dtype), torch.randn(4 * h, dtype=dtype)
+    hx, cx = torch.randn(b, h, dtype=dtype), torch.randn(b, h, dtype=dtype)
+    out = torch.ops.aten.mkldnn_rnn_layer(
+        x, w_ih, w_hh, b_ih, b_hh, hx, cx, False, [], 2, h, 1, True, False, False, True
+    )
+    return out[3].numel()
+
+
+@_MKLDNN_LSTM
+@pytest.mark.parametrize(
+    ("t", "b", "i", "h"), [(32, 4, 16, 32), (17, 3, 16, 40), (5, 9, 70, 64), (1, 1, 3, 1)]
+)
+def test_mkldnn_rnn_workspace_formula_matches_the_real_op(t, b, i, h):
+    assert mkldnn_rnn_workspace_bytes(t, b, i, h, elem=4) == _real_workspace(
+        t, b, i, h, torch.float32
+    )
+
+
+@_MKLDNN_LSTM
+def test_mkldnn_rnn_workspace_formula_bf16():
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("this CPU has no oneDNN bf16 support")
+    assert mkldnn_rnn_workspace_bytes(10, 7, 16, 48, elem=2) == _real_workspace(
+        10, 7, 16, 48, torch.bfloat16
+    )
+
+
+def test_mkldnn_rnn_workspace_formula_takes_symbols():
+    t, b = sympy.symbols("T B", positive=True, integer=True)
+    expr = mkldnn_rnn_workspace_bytes(t, b, 16, 48, elem=4)
+    assert expr.subs({t: 10, b: 7}) == 237568  # measured on torch 2.13's oneDNN
+
+
+class _Lstm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = torch.nn.LSTM(70, 40, num_layers=2, batch_first=True)
+
+    def forward(self, x):
+        return self.rnn(x)[0]
+
+
+def _lstm_inputs(s, device, float_dtype=torch.float32):
+    return {"x": torch.randn(s["B"], s["S"], 70, device=device, dtype=float_dtype)}
+
+
+@_MKLDNN_LSTM
+def test_cpu_target_lstm_capture_holds_the_onednn_workspace():
+    bundle = ModelBundle(
+        name="lstm2",
+        family="test",
+        build=_Lstm,
+        make_inputs=_lstm_inputs,
+        loss=lambda m, i: m(i["x"]).sum(),
+        dims={"B": 4, "S": 9},
+        static_dims=("B", "S"),
+    )
+    graph = capture(bundle, TrainSpec(optimizer="sgd"), CaptureConfig(symbolic=False, target="cpu"))
+    p = graph.paths[0]
+    nbytes = graph.storage_bytes(0, {"B": 4, "S": 9})
+    ws = [
+        int(nbytes[u])
+        for i, op in enumerate(p.nodes["op"])
+        if op == "mkldnn_rnn_layer.default"
+        for u in np.flatnonzero(np.asarray(p.storages["alloc"]) == i)
+        if p.storages["dtype"][u] == "uint8"
+    ]
+    layers = [
+        _real_workspace(9, 4, 70, 40, torch.float32),
+        _real_workspace(9, 4, 40, 40, torch.float32),
+    ]
+    assert layers[0] != layers[1]
+    assert ws == layers * 2  # first and steady step

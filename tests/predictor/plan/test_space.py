@@ -1,0 +1,114 @@
+import pytest
+from memgnn.predictor.capture.capture import CaptureConfig, capture
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.plan.search import PlanConfig, plan
+from memgnn.predictor.plan.space import SearchSpace, capture_spec, cost, variants
+from memgnn.predictor.spec.train import TrainSpec
+from tiny_models import tiny_mlp_bundle
+
+
+def test_variants_span_the_space_and_pair_one_gpu_with_no_sharding():
+    space = SearchSpace(
+        checkpointing=["none"],
+        grad_accum=[1, 2],
+        optimizer_impl=["foreach", "fused"],
+        gpus=[1, 4],
+        sharding=["ddp", "fsdp"],
+    )
+    got = {
+        (t.optimizer_impl, t.gpus, t.sharding, t.grad_accum) for t in variants(TrainSpec(), space)
+    }
+    parallel = {(1, "none"), (4, "ddp"), (4, "fsdp")}
+    assert got == {(i, n, s, g) for i in ("foreach", "fused") for n, s in parallel for g in (1, 2)}
+
+
+def test_invalid_combinations_are_left_out_and_none_valid_is_an_error():
+    # hsdp needs >= 2 shard groups of >= 2 ranks: not on 2 GPUs, fine on 4
+    space = SearchSpace(checkpointing=["none"], gpus=[2, 4], sharding=["hsdp"])
+    assert {t.gpus for t in variants(TrainSpec(), space)} == {4}
+    with pytest.raises(ValueError, match="no valid configuration.*hsdp"):
+        variants(TrainSpec(), SearchSpace(checkpointing=["none"], gpus=[2], sharding=["hsdp"]))
+    with pytest.raises(ValueError, match="adafactor has no fused"):
+        variants(TrainSpec(optimizer="adafactor"), SearchSpace(optimizer_impl=["fused"]))
+
+
+def test_bad_choices_are_named():
+    with pytest.raises(ValueError, match="optimizer implementation 'turbo'"):
+        SearchSpace(optimizer_impl=["turbo"])
+    with pytest.raises(ValueError, match="sharding 'zero4'"):
+        SearchSpace(sharding=["zero4"])
+    with pytest.raises(ValueError, match="gpus choices"):
+        SearchSpace(gpus=[0])
+
+
+def test_accumulation_past_two_shares_the_graph_of_two():
+    assert capture_spec(TrainSpec(grad_accum=8)) == TrainSpec(grad_accum=2)
+    assert capture_spec(TrainSpec(grad_accum=1)) == TrainSpec(grad_accum=1)
+
+
+def test_cost_ranks_implementations_and_communication():
+    assert cost(TrainSpec(optimizer_impl="fused")) < cost(TrainSpec()) == 1.0
+    assert cost(TrainSpec(optimizer_impl="for-loop")) > 1.0
+    ddp = cost(TrainSpec(gpus=4, sharding="ddp"))
+    fsdp = cost(TrainSpec(gpus=4, sharding="fsdp"))
+    keep = cost(TrainSpec(gpus=4, sharding="fsdp", fsdp_reshard_after_forward=False))
+    assert 1.0 < ddp == keep < fsdp  # ZeRO-3 / FSDP move 1.5x DDP's volume
+
+
+class Counting:
+    def __init__(self):
+        self.asked: list[TrainSpec] = []
+        self.graphs = {}
+
+    def __call__(self, train):
+        self.asked.append(train)
+        key = repr(train.to_dict())
+        if key not in self.graphs:
+            self.graphs[key] = capture(tiny_mlp_bundle(), train, CaptureConfig(target="cpu"))
+        return self.graphs[key]
+
+
+@pytest.fixture(scope="module")
+def counting():
+    return Counting()
+
+
+def test_plan_asks_for_one_graph_per_distinct_capture(counting):
+    space = SearchSpace(
+        checkpointing=["none"], grad_accum=[1, 2, 4, 8], optimizer_impl=["foreach", "fused"],
+        max_batch=64,
+    )  # fmt: skip
+    res = plan(
+        AnalyticModel(),
+        counting,
+        TrainSpec(),
+        space,
+        PlanConfig(budget_bytes=1 << 20, device="cpu"),
+    )
+    assert res.variants == 8 and res.graphs == 4  # {G=1, G>=2} x {foreach, fused}
+    assert len(counting.asked) == 4 and {t.grad_accum for t in counting.asked} == {1, 2}
+    best = res.best
+    assert best.grad_accum == 8 and best.optimizer_impl == "fused"  # B*G / cost
+    assert best.decision["state_bytes"] == 30816
+
+
+@pytest.mark.parametrize(
+    "limit, fitting",
+    [
+        # peaks at B=1 on the cpu target: fused 31,184; foreach 38,520 (a temporary of the
+        # whole parameter group); for-loop 43,104 (two temporaries of the largest tensor)
+        (35_000, {"fused"}),
+        (40_000, {"fused", "foreach"}),
+        (44_000, {"fused", "foreach", "for-loop"}),
+    ],
+)
+def test_optimizer_implementation_decides_what_fits(counting, limit, fitting):
+    space = SearchSpace(
+        checkpointing=["none"], optimizer_impl=["foreach", "for-loop", "fused"], max_batch=1
+    )
+    res = plan(
+        AnalyticModel(), counting, TrainSpec(), space, PlanConfig(budget_bytes=limit, device="cpu")
+    )
+    got = {c.optimizer_impl for c in [res.best, *res.runners_up]}
+    assert got == fitting
+    assert res.best.optimizer_impl == "fused"

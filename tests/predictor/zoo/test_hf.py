@@ -1,0 +1,117 @@
+"""hf:PATH specs as Hub configs are written: a config's own dtype, attention support."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from memgnn.predictor import zoo
+from memgnn.predictor.capture.step import TrainingStep
+from memgnn.predictor.spec.train import TrainSpec
+from tiny_models import write_tiny_gpt2_config
+
+pytest.importorskip("transformers")
+
+CPU = torch.device("cpu")
+
+
+def _hub_style_config(tmp_path: Path, **extra) -> Path:
+    """A tiny GPT-2 config.json written with a dtype, as every Hub config is."""
+    path = write_tiny_gpt2_config(tmp_path / "cfg" / "config.json")
+    data = json.loads(path.read_text()) | extra
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+@pytest.mark.parametrize(
+    "precision, expected",
+    [("fp32", torch.float32), ("amp-bf16", torch.float32), ("bf16", torch.bfloat16)],
+)
+def test_training_spec_decides_param_dtype_not_the_config(tmp_path, key, precision, expected):
+    path = _hub_style_config(tmp_path, **{key: "float16"})
+    bundle = zoo.resolve(f"hf:{path}")
+    step = TrainingStep(bundle, TrainSpec(precision=precision), device=CPU, target="cpu")
+    dtypes = {p.dtype for p in step.model.parameters()}
+    assert dtypes == {expected}
+
+
+def _write_config(tmp_path: Path, model_type: str, **kwargs) -> Path:
+    import transformers
+
+    folder = tmp_path / model_type
+    transformers.AutoConfig.for_model(model_type, **kwargs).save_pretrained(str(folder))
+    return folder / "config.json"
+
+
+@pytest.mark.parametrize(
+    "model_type, task, kwargs, attention",
+    [
+        ("bloom", "causal-lm", dict(n_layer=1, hidden_size=32, n_head=2, vocab_size=64), "eager"),
+        (
+            "deberta-v2",
+            "masked-lm",
+            dict(
+                num_hidden_layers=1,
+                hidden_size=32,
+                num_attention_heads=2,
+                intermediate_size=64,
+                vocab_size=64,
+                max_position_embeddings=64,
+            ),
+            "eager",
+        ),
+        ("gpt2", "causal-lm", dict(n_layer=1, n_embd=32, n_head=2, vocab_size=64), "sdpa"),
+    ],
+)
+def test_attention_follows_what_the_model_class_supports(
+    tmp_path, model_type, task, kwargs, attention
+):
+    from memgnn.predictor.zoo.hf import attention_for
+
+    path = _write_config(tmp_path, model_type, **kwargs)
+    bundle = zoo.resolve(f"hf:{path}", task=task)
+    model = bundle.build()
+    assert model.config._attn_implementation == attention
+    config = type(model.config).from_json_file(str(path))
+    assert attention_for(config, task) == attention
+    loss = bundle.loss(model, bundle.make_inputs({"B": 2, "S": 8}, CPU, torch.float32))
+    loss.backward()
+
+
+def test_a_task_the_config_has_no_model_for_names_the_ones_it_has(tmp_path):
+    path = _write_config(tmp_path, "deberta-v2", num_hidden_layers=1, hidden_size=32)
+    with pytest.raises(ValueError, match=r"no AutoModelForCausalLM.*masked-lm"):
+        zoo.resolve(f"hf:{path}", task="causal-lm")
+
+
+def _write(tmp_path: Path, config) -> str:
+    path = tmp_path / type(config).__name__ / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    config.to_json_file(str(path))
+    return str(path)
+
+
+def test_configs_with_alike_layers_get_a_depth_knob(tmp_path):
+    from memgnn.predictor.zoo.hf import repeated_layers
+    from transformers import GPT2Config, LlamaConfig
+
+    llama = LlamaConfig(
+        num_hidden_layers=6, hidden_size=32, intermediate_size=64, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=128,
+    )  # fmt: skip
+    bundle = zoo.resolve(f"hf:{_write(tmp_path, llama)}")
+    assert bundle.layers == 6
+    small = bundle.with_layers(4)
+    with torch.device("meta"):
+        assert len(small.build().model.layers) == 4
+    assert repeated_layers(GPT2Config(n_layer=5)) == 5  # n_layer through the attribute map
+    llama.layer_types = ["full_attention", "sliding_attention"] * 3
+    assert repeated_layers(llama) is None  # layers that differ: captured in full
+    assert zoo.resolve(f"hf:{_write(tmp_path, llama)}").layers is None
+    llama.layer_types = ["full_attention"] * 6
+    assert repeated_layers(llama) == 6
+    llama.mlp_only_layers = [0]
+    assert repeated_layers(llama) is None
