@@ -25,7 +25,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     bundle = make_bundle("gpt2", GPT2_SMALL)
     n_params = sum(p.numel() for p in bundle.build().parameters())
-    train = TrainSpec(optimizer="adamw")
+    train = TrainSpec.of(optimizer="adamw")
     t0 = time.perf_counter()
     graph = capture(bundle, train)
     capture_s = time.perf_counter() - t0

@@ -52,8 +52,8 @@ PROFILE = OUT / "capture_speed_profile.json"
 SMALL = {"hidden": 256, "heads": 4, "kv_heads": 2, "ffn": 688, "vocab": 4096}
 LLAMA_7B = {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 32, "ffn": 11008,
             "vocab": 32000, "max_positions": 2048}  # fmt: skip
-FP32 = TrainSpec(optimizer="adamw")
-BF16 = TrainSpec(precision="bf16", optimizer="adamw")
+FP32 = TrainSpec.of(optimizer="adamw")
+BF16 = TrainSpec.of(precision="bf16", optimizer="adamw")
 
 
 class StorageTracker(TorchDispatchMode):

@@ -54,7 +54,7 @@ import tempfile
 import time
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +85,7 @@ from results_io import write_results  # noqa: E402
 CACHE = Path(tempfile.gettempdir()) / "memgnn-governor-bench"
 MiB, GiB = 1 << 20, 1 << 30
 MAX_LEN = 512
-TRAIN = TrainSpec(optimizer="adamw", optimizer_impl="foreach")
+TRAIN = TrainSpec.of(optimizer="adamw", optimizer_impl="foreach")
 T_MICRO, T_TOKEN, T_OPT = 1.0e-3, 5.0e-6, 2.0e-3  # seconds
 log = logging.getLogger("benchmarks.governor")
 
@@ -352,7 +352,9 @@ def run_oracle(w: Workload, n: int, fraction: float = 1.0) -> dict:
     budget = int(w.capacity * fraction)
     bundle = w.bundle()
     graphs = {
-        c: capture_cached(bundle, replace(TRAIN, checkpointing=c), target="cpu", directory=CACHE)
+        c: capture_cached(
+            bundle, TRAIN.with_options(checkpointing=c), target="cpu", directory=CACHE
+        )
         for c in ("none", "full")
     }
     buckets = LengthBuckets(max_length=MAX_LEN)
@@ -485,7 +487,7 @@ def main() -> int:
             "lengths": "log-normal median 56, sigma 0.8, clipped to [8, 512]",
             "model": f"varlen {w.bundle().hparams}",
             "parameters": parameters,
-            "train": TRAIN.to_dict(),
+            "train": TRAIN.flat(),
         },  # fmt: skip
         "device": {
             "capacity_bytes": w.capacity,

@@ -125,7 +125,7 @@ def run_one(model_type: str, task: str, folder: Path, timeout: int) -> dict[str,
         row["stage"] = "resolve"
         bundle = resolve(f"hf:{path}", task=task)
         row["stage"] = "capture"
-        graph = capture(bundle, TrainSpec(steps="first"), CaptureConfig(target="cpu"))
+        graph = capture(bundle, TrainSpec.of(steps="first"), CaptureConfig(target="cpu"))
         info = graph.meta["model_info"]
         row |= {
             "status": "ok",

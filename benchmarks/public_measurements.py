@@ -9,9 +9,7 @@ the same metric (`memgnn predict --json`, one subprocess per row under a time li
 captures cached), the relative error (predicted - measured) / measured, the method memgnn
 used, and for rows memgnn cannot express, why. Each row's settings and their sources are
 in public_rows.py. OOM rows: memgnn's verdict is predicted device_total > the profile's
-device memory. Rows needing a TrainSpec field this checkout lacks (`quantize_base` for
-QLoRA, `gpus`/`sharding` for several GPUs) are listed as pending and filled by a rerun
-once those land (feature-detected). Results are kept per row in the .json: a rerun skips
+device memory. Results are kept per row in the .json: a rerun skips
 rows already done unless --force (or --only names them).
 """
 
@@ -31,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from memgnn.predictor.spec.devices import get_profile
-from memgnn.predictor.spec.train import TrainSpec
 from public_analysis import analyses, tinyllama_analysis
 from public_rows import BY_ID, DIFFERENCES, PROBES, Row
+
+from memgnn.args import option_flags
 
 log = logging.getLogger("public_measurements")
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,23 +49,11 @@ RUN_FIRST = (
 MEMGNN = [str(Path(sys.executable).with_name("memgnn"))]
 
 
-def spec_fields() -> set[str]:
-    return {f.name for f in dataclasses.fields(TrainSpec)}
-
-
 def measured_bytes(value: str, unit: str) -> int | None:
     """The CSV figure in bytes (None for OOM); `unit` is the row's reading of it."""
     if value.strip().upper() == "OOM":
         return None
     return int(round(float(value) * UNITS[unit]))
-
-
-def pending_reason(row: Row, fields: set[str]) -> str:
-    if row.quantize_base and "quantize_base" not in fields:
-        return "needs --quantize-base nf4 (TrainSpec.quantize_base, branch qlora)"
-    if row.gpus > 1 and not {"gpus", "sharding"} <= fields:
-        return f"waiting for sharding (--gpus {row.gpus} --sharding {row.sharding})"
-    return ""
 
 
 def predict_args(row: Row) -> list[str]:
@@ -79,48 +66,27 @@ def predict_args(row: Row) -> list[str]:
         args += ["--seq", str(row.seq)]
     for k, v in row.dims.items():
         args += ["--dim", f"{k}={v}"]
-    args += ["--precision", row.precision, "--optimizer", row.optimizer]
-    args += ["--optimizer-impl", row.optimizer_impl, "--checkpointing", row.checkpointing]
-    args += ["--grad-accum", str(row.grad_accum), "--zero-grad", row.zero_grad]
-    args += ["--device", row.device]
-    args += ["--metric", row.metric, "--method", row.method]
-    if row.peft != "none":
-        args += ["--peft", row.peft, "--lora-r", str(row.lora_r)]
-        args += ["--lora-alpha", str(row.lora_alpha), "--lora-dropout", str(row.lora_dropout)]
-        args += ["--lora-targets", row.lora_targets]
-        if row.lora_dtype != "fp32":
-            args += ["--lora-dtype", row.lora_dtype]
-    if row.quantize_base:
-        args += ["--quantize-base", row.quantize_base]
-    if row.bnb_version:
-        args += ["--bnb-version", row.bnb_version]
-    if row.hold_outputs:
-        args += ["--hold-outputs"]
-    if row.gpus > 1:
-        args += ["--gpus", str(row.gpus), "--sharding", row.sharding]
-        if row.grad_sync != "every":
-            args += ["--grad-sync", row.grad_sync]
-    return args
+    args += ["--device", row.device, "--metric", row.metric, "--method", row.method]
+    return args + option_flags(row.train)
 
 
-def run_row(
-    row: Row, csv_row: dict[str, str], fields: set[str], timeout: float, dry: bool = False
-) -> dict:
+def run_row(row: Row, csv_row: dict[str, str], timeout: float, dry: bool = False) -> dict:
     """One row's result record (measured, predicted, error or the reason there is none);
     `dry`: stop short of running memgnn (status "not run")."""
     out: dict[str, Any] = {
         "id": row.id,
         "csv": {k: csv_row[k] for k in ("model", "task", "batch", "seq_or_image", "precision",
                                         "optimizer", "gpu", "metric", "measured", "unit")},
-        "settings": {k: v for k, v in dataclasses.asdict(row).items() if k != "why_not"},
+        "settings": {
+            **{k: v for k, v in dataclasses.asdict(row).items() if k not in ("why_not", "train")},
+            **row.spec.flat(),
+        },
         "measured_bytes": None,
         "measured_oom": csv_row["measured"].strip().upper() == "OOM",
     }  # fmt: skip
     if row.why_not:
         return out | {"status": "not expressible", "why": row.why_not}
     out["measured_bytes"] = measured_bytes(csv_row["measured"], row.unit)
-    if reason := pending_reason(row, fields):
-        return out | {"status": "pending", "why": reason}
     niceness = os.nice(0)  # captures run at niceness 10 (the shared machine's rule), not 10 more
     cmd = [*(["nice", "-n", str(10 - niceness)] if niceness < 10 else []), *MEMGNN]
     out["command"] = "memgnn " + " ".join(predict_args(row))
@@ -295,11 +261,11 @@ def priority(row: Row) -> tuple[int, int]:
         return 0, rank[row.id]
     if row.id.startswith("vit"):
         return 1, 0
-    if row.quantize_base and row.gpus == 1:
+    if row.spec.quant.base != "none" and row.spec.parallel.gpus == 1:
         return 2, -row.batch
     if row.id.startswith("peft"):
         return 3, 0
-    return (4 if row.gpus == 1 else 5), 0
+    return (4 if row.spec.parallel.gpus == 1 else 5), 0
 
 
 def save(jpath: Path, results: dict[str, dict], order: list[str], rid: str | None = None) -> None:
@@ -338,7 +304,6 @@ def main() -> int:
     saved = json.loads(jpath.read_text()) if jpath.is_file() else {}
     results: dict[str, dict] = saved.get("rows", {})
     only = {x.strip() for x in args.only.split(",") if x.strip()}
-    fields = spec_fields()
     order = list(csv_rows)
     if args.report_only:  # rows not done get what is known without running them
         for rid, r in results.items():  # descriptions may have been edited since the run
@@ -346,7 +311,7 @@ def main() -> int:
             r["settings"] |= {k: getattr(row, k) for k in ("suspect", "approximate", "notes")}
         for rid in order:
             if results.get(rid, {}).get("status") not in ("done", "error", "timeout"):
-                results[rid] = run_row(BY_ID[rid], csv_rows[rid], fields, args.timeout, dry=True)
+                results[rid] = run_row(BY_ID[rid], csv_rows[rid], args.timeout, dry=True)
     for k, rid in enumerate(sorted(order, key=lambda i: priority(BY_ID[i])), 1):
         if args.report_only or (only and rid not in only):
             continue
@@ -354,7 +319,7 @@ def main() -> int:
         if old.get("status") in ("done", "not expressible") and not (args.force or only):
             continue
         log.info("[%d/%d] %s ...", k, len(order), rid)
-        results[rid] = run_row(BY_ID[rid], csv_rows[rid], fields, args.timeout)
+        results[rid] = run_row(BY_ID[rid], csv_rows[rid], args.timeout)
         r = results[rid]
         shown = f"{100 * r['rel_error']:+.1f}%" if "rel_error" in r else r.get("why", "")
         log.info("[%d/%d] %s: %s %s", k, len(order), rid, r["status"], shown)
@@ -362,7 +327,7 @@ def main() -> int:
         for pid, (base, probe) in PROBES.items():
             if base == rid and (args.force or results.get(pid, {}).get("status") != "done"):
                 log.info("probe %s ...", pid)
-                results[pid] = run_row(probe, csv_rows[base], fields, args.timeout)
+                results[pid] = run_row(probe, csv_rows[base], args.timeout)
                 results[pid]["probe_of"] = base
                 save(jpath, results, order, pid)
     save(jpath, results, order)

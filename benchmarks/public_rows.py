@@ -29,6 +29,9 @@ What LitGPT does differently, and which of it memgnn models: `DIFFERENCES`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from memgnn.predictor.spec.train import BY_NAME, TrainSpec
 
 DIFFERENCES = """\
 LitGPT runs its own model code, not Hugging Face's; memgnn captures the HF class of the
@@ -106,7 +109,9 @@ QV = "q_proj,v_proj"
 
 @dataclass(kw_only=True, slots=True)
 class Row:
-    """memgnn's reading of one CSV row. `why_not` set: memgnn cannot express it (one line)."""
+    """memgnn's reading of one CSV row. `why_not` set: memgnn cannot express it (one line).
+    `train` holds the row's training options by their flat names (`predictor.spec.train`),
+    only those that differ from the defaults; `row(...)` sorts keyword arguments into them."""
 
     id: str
     model: str = ""
@@ -115,24 +120,7 @@ class Row:
     batch: int = 1
     seq: int | None = None
     dims: dict[str, int] = field(default_factory=dict)
-    precision: str = "fp32"
-    optimizer: str = "adamw"
-    optimizer_impl: str = "auto"
-    checkpointing: str = "none"
-    grad_accum: int = 1
-    zero_grad: str = "none"  # none: zero_grad(set_to_none=True) after the step; zero: kept
-    peft: str = "none"
-    lora_r: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0
-    lora_targets: str = ""
-    lora_dtype: str = "fp32"  # fp32: peft's default upcast; model: LitGPT's bf16 adapters
-    quantize_base: str = ""  # needs TrainSpec.quantize_base (branch qlora)
-    bnb_version: str = ""  # "": memgnn's default (the bitsandbytes it models now)
-    hold_outputs: bool = False  # the loop keeps the last step's loss/outputs into the next
-    gpus: int = 1  # > 1 needs TrainSpec.gpus / sharding (branch fsdp)
-    sharding: str = "none"
-    grad_sync: str = "every"  # last: accumulation under no_sync (LitGPT's no_backward_sync)
+    train: dict[str, Any] = field(default_factory=dict)
     device: str = "a10g-24gb"
     metric: str = "allocated"
     unit: str = "GB(1e9)"  # how the measured figure in the CSV is to be read
@@ -142,6 +130,20 @@ class Row:
     source: str = ""
     notes: str = ""
     why_not: str = ""
+
+    @property
+    def spec(self) -> TrainSpec:
+        return TrainSpec.of(**self.train)
+
+
+def row(**kw: Any) -> Row:
+    """A Row: the keywords that name a training option (`TrainSpec.of`'s flat names, and
+    `zero_grad="zero"` for set_to_none=False as the CLI spells it) go to `train`."""
+    if "zero_grad" in kw:
+        kw["set_to_none"] = kw.pop("zero_grad") == "none"
+    train = {k: kw.pop(k) for k in list(kw) if k in BY_NAME}
+    TrainSpec.of(**train)  # a row's options are a valid spec
+    return Row(**kw, train=train)
 
 
 def _lit(id: str, model: str, yaml: str, batch: int, accum: int, **kw) -> Row:
@@ -165,7 +167,7 @@ def _lit(id: str, model: str, yaml: str, batch: int, accum: int, **kw) -> Row:
         kw["model_args"] = kw["model_args"] | {"hidden_act": "gelu_pytorch_tanh"}
     if kw.get("quantize_base"):  # pyproject.toml pinned bitsandbytes==0.42.0 when the
         kw.setdefault("bnb_version", "0.42.0")  # README table was measured (43c44323, e5493986)
-    return Row(
+    return row(
         id=id, model=model, batch=batch, seq=512, precision="bf16", grad_accum=accum,
         source=LITGPT + yaml, **kw,
     )  # fmt: skip
@@ -209,56 +211,56 @@ LORA_ACCUM = "; gradient accumulation {} in the yaml modelled as 1 (LoRA gradien
 
 # fmt: off
 ROWS: list[Row] = [
-    Row(id="vit1", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
+    row(id="vit1", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
         batch=64, precision="fp32",
         optimizer="adam", device="a100-80gb", metric="reserved", method="replay",
         source=RASBT + "01_pytorch-vit.py (batch_size=64; logs.md's '32' bullet is stale)",
         notes=VIT_NOTE + ZERO_GRAD_NOTE),
-    Row(id="vit2", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
+    row(id="vit2", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
         batch=64, precision="amp-fp16",
         optimizer="adam", device="a100-80gb", metric="reserved", method="replay",
         source=RASBT + "02_mixed-precision.py (Fabric precision='16-mixed')",
         notes=VIT_NOTE + ZERO_GRAD_NOTE),
-    Row(id="vit3", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
+    row(id="vit3", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
         batch=64, precision="bf16",
         optimizer="adam", device="a100-80gb", metric="reserved", method="replay",
         source=RASBT + "03_bfloat16.py (precision='bf16-true')",
         notes=VIT_NOTE + ZERO_GRAD_NOTE),
-    Row(id="vit4", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
+    row(id="vit4", model=VIT, model_args={"num_labels": "10"}, zero_grad="zero",
         batch=16, precision="bf16",
         optimizer="adam", device="a100-80gb", metric="reserved", method="replay",
         source=RASBT + "04_lower-batchsize.py (batch_size=16)",
         notes=VIT_NOTE + ZERO_GRAD_NOTE),
-    Row(id="vit5", model=VIT, model_args={"num_labels": "10"}, batch=4, grad_accum=4,
+    row(id="vit5", model=VIT, model_args={"num_labels": "10"}, batch=4, grad_accum=4,
         precision="bf16", optimizer="adam", device="a100-80gb", metric="reserved",
         method="replay", source=RASBT + "05_gradient-accum.py (micro-batch 4 x 4 steps)",
         notes=VIT_NOTE),
-    Row(id="vit6", model=VIT, batch=1, precision="fp32", optimizer="adam",
+    row(id="vit6", model=VIT, batch=1, precision="fp32", optimizer="adam",
         optimizer_impl="foreach", device="a100-80gb", metric="allocated", unit="GB(1e9)",
         approximate=True, method="replay",
         source="pytorch.org tutorials optimizer_step_in_backward_tutorial (1000-class head)",
         notes=VIT_NOTE.replace("the 10-class head", "the 1000-class head (304,326,632)")
         + "; value read off a memory-snapshot plot (allocated), +-0.5 GB"),
-    Row(id="vit7", why_not="the optimizer steps inside backward (per-parameter hooks free "
+    row(id="vit7", why_not="the optimizer steps inside backward (per-parameter hooks free "
         "each gradient at once): memgnn's step runs backward, then the optimizer"),
-    Row(id="peft1", model="hf:bigscience/T0_3B", batch=8, seq=64, dims={"T": 4},
+    row(id="peft1", model="hf:bigscience/T0_3B", batch=8, seq=64, dims={"T": 4},
         optimizer="adamw", optimizer_impl="for-loop", device="a100-80gb", unit="GiB",
         method="analytic", source="huggingface/peft@5d602fdb README.md + examples/"
         "conditional_generation/peft_lora_seq2seq_accelerate_ds_zero3_offload.py",
         notes=T0_NOTE),
-    Row(id="peft2", model="hf:bigscience/T0_3B", batch=8, seq=64, dims={"T": 4},
+    row(id="peft2", model="hf:bigscience/T0_3B", batch=8, seq=64, dims={"T": 4},
         optimizer="adamw", optimizer_impl="for-loop", device="a100-80gb", unit="GiB",
         method="analytic", **_lora(8, 32.0, 0.1, "q,v"),
         source="huggingface/peft@5d602fdb (LoraConfig r=8, lora_alpha=32, lora_dropout=0.1; "
         "peft's T5 default targets q, v)", notes=T0_NOTE),
-    Row(id="ttitan1", gpus=8, sharding="fsdp", device="h100-80gb",
+    row(id="ttitan1", gpus=8, sharding="fsdp", device="h100-80gb",
         why_not="torchtitan FSDP2 with fp32 sharded master weights and bf16 "
         "compute (MixedPrecisionPolicy) and op-level selective activation checkpointing: "
         "neither is a memgnn option; H100 96 GB has no profile"),
-    Row(id="ttitan2", gpus=8, sharding="fsdp", device="h100-80gb",
+    row(id="ttitan2", gpus=8, sharding="fsdp", device="h100-80gb",
         why_not="as ttitan1, plus torch.compile (fused kernels change which "
         "intermediates exist); memgnn captures eager aten ops"),
-    Row(id="ttitan3", gpus=128, sharding="fsdp", device="h100-80gb",
+    row(id="ttitan3", gpus=128, sharding="fsdp", device="h100-80gb",
         why_not="as ttitan1 on 128 GPUs (FSDP over 128 ranks)"),
     _lit("litgpt1", "hf:tiiuae/falcon-7b", "falcon-7b/lora.yaml", 1, 1,
          **_lora(32, 16.0, 0.05, "query_key_value"),

@@ -49,14 +49,14 @@ CASES = {
     "gpt2-small": (
         "gpt2",
         {"layers": 12, "hidden": 768, "heads": 12, "vocab": 50257, "max_positions": 1024},
-        TrainSpec(optimizer="adamw"),
+        TrainSpec.of(optimizer="adamw"),
         {"B": 8, "S": 1024},
     ),
     "llama-7b": (
         "llama",
         {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 32, "ffn": 11008,
          "vocab": 32000, "max_positions": 2048},
-        TrainSpec(precision="bf16", optimizer="adamw"),
+        TrainSpec.of(precision="bf16", optimizer="adamw"),
         {"B": 1, "S": 2048},
     ),
 }  # fmt: skip

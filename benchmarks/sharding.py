@@ -221,7 +221,7 @@ def main() -> int:
     n_params = sum(p.numel() for p in bundle.build().parameters())
     hand = []
     for sharding, gpus in (("fsdp", 2), ("ddp", 2), ("fsdp", 8)):
-        train = TrainSpec(gpus=gpus, sharding=sharding)
+        train = TrainSpec.of(gpus=gpus, sharding=sharding)
         ours, fake, cats, secs, _ = memgnn_peak(bundle, train, SMALL_SIZES)
         tracker = tracker_peak(bundle, train, SMALL_SIZES) if sharding == "fsdp" else None
         real = real_peak(spec, args, sharding, SMALL_SIZES)[0] if gpus == 2 else None
@@ -231,7 +231,7 @@ def main() -> int:
     if not a.quick:
         spec, args = CATALOG
         bundle = resolve(spec, args)
-        train = TrainSpec(gpus=8, sharding="fsdp")
+        train = TrainSpec.of(gpus=8, sharding="fsdp")
         ours, fake, cats, secs, graph = memgnn_peak(bundle, train, CATALOG_SIZES)
         tracker = tracker_peak(bundle, train, CATALOG_SIZES)
         rows.append((spec, CATALOG_SIZES, "fsdp", 8, ours, fake, tracker, None, cats, secs))
@@ -290,7 +290,7 @@ def accum_main() -> int:
     ]
     for sharding in ("fsdp", "ddp"):
         for sync in ("every", "last"):
-            train = TrainSpec(gpus=2, sharding=sharding, grad_accum=2, grad_sync=sync)
+            train = TrainSpec.of(gpus=2, sharding=sharding, grad_accum=2, grad_sync=sync)
             ours, fake, cats, secs, _ = memgnn_peak(bundle, train, SMALL_SIZES)
             fsdp = sharding == "fsdp"
             tracker = accum_tracker_peak(bundle, train, SMALL_SIZES) if fsdp else None

@@ -31,10 +31,10 @@ MODELS = [
     ("unet", {}, {"B": 2}),
 ]
 TRAINS = [
-    TrainSpec(optimizer="adamw"),
-    TrainSpec(optimizer="sgd", grad_accum=2),
-    TrainSpec(optimizer="adam", precision="amp-bf16"),
-    TrainSpec(optimizer="adafactor", checkpointing="full", steps="steady"),
+    TrainSpec.of(optimizer="adamw"),
+    TrainSpec.of(optimizer="sgd", grad_accum=2),
+    TrainSpec.of(optimizer="adam", precision="amp-bf16"),
+    TrainSpec.of(optimizer="adafactor", checkpointing="full", steps="steady"),
 ]
 
 
@@ -47,7 +47,7 @@ def run() -> dict:
     rows = []
     for name, hp, sizes, train in configs():
         bundle = make_bundle(name, hp)
-        row = {"model": name, "sizes": sizes, "train": train.to_dict()}
+        row = {"model": name, "sizes": sizes, "train": train.flat()}
         try:
             t0 = time.perf_counter()
             real = profile(bundle, train, sizes, ProfileConfig(backend="cpu"))
@@ -69,7 +69,8 @@ def run() -> dict:
         }
         rows.append(row)
         print(
-            f"{name:8s} {train.optimizer:9s} {train.precision:8s} {train.checkpointing:5s} "
+            f"{name:8s} {train.optim.name:9s} {train.numerics.precision:8s} "
+            f"{train.activations.checkpointing:5s} "
             f"err {row['rel_error']:+.4%}",
             file=sys.stderr,
         )

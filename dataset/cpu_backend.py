@@ -66,7 +66,7 @@ def record_cpu_step(
     path = path_from_recorder(rec, [], interner, {}, None)
     graph = StepGraph(
         model={"name": bundle.name, "family": bundle.family, "hparams": bundle.hparams},
-        train=train.to_dict(),
+        train=train.flat(),
         symbols=dict(sizes),
         data_symbols={},
         guards=[],

@@ -62,7 +62,7 @@ def _run_jobs(jobs: list, cache_dir: str | None) -> Result:
     first = jobs[0]
     try:
         bundle = make_bundle(first.model, first.hparams)
-        train = TrainSpec(**first.train)
+        train = TrainSpec.of(**first.train)
     except Exception as exc:  # a bad config: every job fails the same way
         return {"rows": [error_row(j, exc) for j in jobs], "graphs": {}}
     device = None if first.device == "auto" else first.device

@@ -84,13 +84,14 @@ def profile(
     is captured concretely as usual.
     """
     sizes = bundle.sizes(sizes)
-    if train.sharding != "none" and config.backend != "sim":
+    if train.parallel.sharding != "none" and config.backend != "sim":
         raise ValueError(
-            f"--sharding {train.sharding} --gpus {train.gpus}: the {config.backend} backend "
+            f"--sharding {train.parallel.sharding} --gpus {train.parallel.gpus}: the "
+            f"{config.backend} backend "
             "runs one process; --backend sim runs rank 0 over a fake process group"
         )
     device = config.device_profile()
-    device.check_precision(train.precision)
+    device.check_precision(train.numerics.precision)
     t0 = time.perf_counter()
     result = _run_backend(bundle, train, sizes, config, device, graph)
     graph = result.pop("graph", None)
@@ -103,7 +104,7 @@ def profile(
         family=bundle.family,
         hparams=bundle.hparams,
         sizes=sizes,
-        train=train.to_dict(),
+        train=train.flat(),
         graph_id=graph.graph_id if graph is not None and config.backend == "sim" else None,
         seconds=round(time.perf_counter() - t0, 3),
         **result,
@@ -250,4 +251,4 @@ def profile_many(
         except Exception as exc:  # a model failing mid-step must not stop the batch
             log.warning("profile of %s %s failed: %s", bundle.name, sizes, exc)
             log.debug("%s", traceback.format_exc())
-            yield failed_record(bundle.name, bundle.family, sizes, train.to_dict(), config, exc)
+            yield failed_record(bundle.name, bundle.family, sizes, train.flat(), config, exc)

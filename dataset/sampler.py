@@ -43,8 +43,9 @@ from memgnn.dataset.sampler_finetune import (
     lora_modules,
     peft_default,
 )
+from memgnn.predictor.spec.choices import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS
 from memgnn.predictor.spec.devices import PROFILES
-from memgnn.predictor.spec.train import OPTIMIZER_IMPLS, PRECISIONS, TORCH_OPTIMIZERS, TrainSpec
+from memgnn.predictor.spec.train import TrainSpec
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ _ID_TRAIN_FIELDS = frozenset(
 
 
 def _id_train(train: dict[str, Any]) -> dict[str, Any]:
-    defaults = TrainSpec().to_dict()
+    defaults = TrainSpec().flat()
     return {
         k: v for k, v in train.items() if k in _ID_TRAIN_FIELDS or v != defaults.get(k, object())
     }
@@ -269,7 +270,7 @@ def _draw_config(
             lora_share=cfg.lora_share,
             kernels=facts["attention_kernels"],
         )
-        train = TrainSpec(**train | extra).to_dict()
+        train = TrainSpec.of(**train | extra).flat()
     if skip is not None and device in PROFILES:  # known not to run: redraw
         log.debug("config of %s on %s redrawn: %s", name, device, skip)
         return None
@@ -354,14 +355,14 @@ def _draw_train(
         checkpointing = "full"
     else:
         checkpointing = f"blocks:{rng.randint(1, blocks - 1)}"
-    train = TrainSpec(
+    train = TrainSpec.of(
         precision=precision,
         optimizer=optimizer,
         optimizer_impl=impl,
         checkpointing=checkpointing,
         grad_accum=rng.choice(GRAD_ACCUM),
     )
-    return train.to_dict(), skip_reason(train, blocks, device, conv=facts["conv"])
+    return train.flat(), skip_reason(train, blocks, device, conv=facts["conv"])
 
 
 def skip_reason(train: TrainSpec, blocks: int, device: str, *, conv: bool = False) -> str | None:
@@ -371,21 +372,21 @@ def skip_reason(train: TrainSpec, blocks: int, device: str, *, conv: bool = Fals
     from memgnn.predictor.spec.devices import PROFILES
 
     profile = PROFILES.get(device)
-    if profile is not None and "bf16" in train.precision and not profile.bf16:
-        return f"{train.precision} needs bfloat16, which {device} (sm {profile.sm}) lacks"
-    n = train.checkpoint_blocks
+    if profile is not None and "bf16" in train.numerics.precision and not profile.bf16:
+        return f"{train.numerics.precision} needs bfloat16, which {device} (sm {profile.sm}) lacks"
+    n = train.activations.checkpoint_blocks
     if n is not None and blocks == 0:
         return "checkpointing needs repeated blocks; the model has none"
     if n is not None and n > blocks:
         return f"checkpointing {n} blocks; the model has {blocks}"
     on_cpu = profile is not None and not profile.is_gpu
-    if on_cpu and conv and "fp16" in train.precision:
+    if on_cpu and conv and "fp16" in train.numerics.precision:
         return "fp16 convolutions on the CPU run a slow reference kernel (~100x fp32)"
-    if train.optimizer_impl == "fused":
-        if train.optimizer == "adafactor":
+    if train.optim.impl == "fused":
+        if train.optim.name == "adafactor":
             return "adafactor has no fused implementation"
         if on_cpu and _torch_version() < (2, 4):
-            return f"fused {train.optimizer} on CPU needs torch >= 2.4 (have {torch.__version__})"
+            return f"fused {train.optim.name} on CPU needs torch >= 2.4 (have {torch.__version__})"
     return None
 
 

@@ -26,10 +26,9 @@ from __future__ import annotations
 import functools
 import importlib.util
 import random
-from dataclasses import fields
 from typing import Any
 
-from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.spec.train import BY_NAME, TrainSpec
 from torch import nn
 
 __all__ = [
@@ -88,7 +87,7 @@ def attention_kernels(model: nn.Module) -> list[str]:
     kernels = []
     for kernel in ATTENTION_KERNELS:
         try:
-            apply_attention(model, TrainSpec(attention=kernel), fake=True)
+            apply_attention(model, TrainSpec.of(attention=kernel), fake=True)
         except (ValueError, ImportError):
             continue
         kernels.append(kernel)
@@ -111,13 +110,13 @@ def _peft_installed() -> bool:
 
 
 def supported(name: str) -> bool:
-    """Does the installed TrainSpec have the field `name`?"""
-    return name in {f.name for f in fields(TrainSpec)}
+    """Does the installed TrainSpec have the option `name`?"""
+    return name in BY_NAME
 
 
 def _valid(base: dict[str, Any], extra: dict[str, Any]) -> bool:
     try:
-        TrainSpec(**base | extra)
+        TrainSpec.of(**base | extra)
     except (TypeError, ValueError):
         return False
     return True

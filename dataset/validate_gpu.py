@@ -98,12 +98,12 @@ class ValidationConfig:
                 raise ValueError(f"{self.model}: {sym!r} is not an input dim ({list(fam.dims)})")
             check_size(sym, value)
         try:
-            self.train = TrainSpec(**self.train).to_dict()  # explicit defaults: stable ids
+            self.train = TrainSpec.of(**self.train).flat()  # explicit defaults: stable ids
         except TypeError as exc:
             raise ValueError(f"bad train options {self.train}: {exc}") from None
 
     def train_spec(self) -> TrainSpec:
-        return TrainSpec(**self.train)
+        return TrainSpec.of(**self.train)
 
     def canonical(self) -> dict[str, Any]:
         return {"model": self.model, "hparams": self.hparams, "sizes": self.sizes,

@@ -6,20 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from memgnn.predictor.ir.vocab import SHARDINGS
-from memgnn.predictor.spec.train import (
-    ATTENTIONS,
-    BNB_VERSION,
-    GRAD_SYNCS,
-    LORA_DTYPES,
-    OPTIMIZER_IMPLS,
-    OPTIMIZERS,
-    PEFT_METHODS,
-    PRECISIONS,
-    QUANTIZE_BASES,
-    STEP_KINDS,
-    TrainSpec,
-)
+from memgnn.predictor.spec.train import BY_NAME, OPTIONS, TrainSpec
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -27,13 +14,6 @@ def _key_value(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     key, value = text.split("=", 1)
     return key.strip(), value.strip()
-
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value not in ("true", "false"):
-        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-    return value == "true"
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -51,78 +31,82 @@ def add_size_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dim", action="append", type=_key_value, default=[], metavar="SYM=N")
 
 
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return value == "true"
+
+
 def add_train_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("training")
-    g.add_argument("--precision", choices=PRECISIONS, default="fp32")
-    g.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    g.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto")
-    g.add_argument(
-        "--checkpointing",
-        default="none",
-        help="none | full | blocks:N (the first N blocks) | hf (transformers' own, every layer)",
-    )
-    g.add_argument("--grad-accum", type=int, default=1)
-    g.add_argument("--steps", choices=STEP_KINDS, default="both")
-    g.add_argument(
-        "--zero-grad",
-        choices=("none", "zero"),
-        default="none",
-        help="zero_grad(set_to_none=True) ('none', the default) or keep zeroed grads",
-    )
-    g.add_argument("--peft", choices=PEFT_METHODS, default="none", help="LoRA through peft")
-    g.add_argument("--lora-r", type=int, default=8)
-    g.add_argument("--lora-alpha", type=float, default=16.0)
-    g.add_argument("--lora-dropout", type=float, default=0.0)
-    g.add_argument("--lora-targets", default="", help="q_proj,v_proj,...; default: peft's")
-    g.add_argument(
-        "--lora-dtype",
-        choices=LORA_DTYPES,
-        default="fp32",
-        help="adapters in fp32 (peft's default upcast) or in the model's dtype (LitGPT's LoRA)",
-    )
-    g.add_argument("--gpus", type=int, default=1, help="world size; the answer is one rank's")
-    g.add_argument("--sharding", choices=SHARDINGS, default="none", help="how ranks split")
-    g.add_argument(
-        "--fsdp-reshard-after-forward",
-        type=_bool,
-        default=True,
-        metavar="true|false",
-        help="fsdp/hsdp: free all-gathered parameters after forward (default true)",
-    )
-    g.add_argument("--hsdp-shard-size", type=int, default=0, help="hsdp: ranks per shard group")
-    g.add_argument(
-        "--grad-sync",
-        choices=GRAD_SYNCS,
-        default="every",
-        help="with --grad-accum on several GPUs: sync gradients every micro-step, or the last "
-        "only (DDP/FSDP no_sync: unsharded gradients kept until then)",
-    )
-    g.add_argument(
-        "--quantize-base",
-        choices=QUANTIZE_BASES,
-        default="none",
-        help="QLoRA: the frozen base's Linears in bitsandbytes nf4 (nf4-dq: double quant) "
-        "or int8; GPU devices, with --peft lora",
-    )
-    g.add_argument(
-        "--bnb-version",
-        default=BNB_VERSION,
-        help=f"bitsandbytes release of --quantize-base's kernels (default {BNB_VERSION}); "
-        "before 0.43.2 every 4-bit matmul kept its input until the graph was freed",
-    )
-    g.add_argument(
-        "--hold-outputs",
-        action="store_true",
-        help="the loop keeps the last micro-step's loss/outputs (and graph) until the next "
-        "forward's (`loss = model(b).loss` in a for loop; LitGPT); default: freed after backward",
-    )
-    g.add_argument(
-        "--attention",
-        choices=ATTENTIONS,
-        default="auto",
-        help="HF attn_implementation: eager | sdpa | flash (flash_attention_2, CUDA sm80+); "
-        "auto: the model class's default",
-    )
+    """One flag per training option (`predictor.spec.train.OPTIONS`), in its group.
+
+    Defaults are None (SUPPRESS-like) so `explicit_train_options` can tell a flag the user
+    gave from one left at its default: a config file's values count unless a flag overrides."""
+    for group in dict.fromkeys(o.group for o in OPTIONS):
+        g = p.add_argument_group(f"training: {group}")
+        for o in (o for o in OPTIONS if o.group == group and o.cli != "none"):
+            kw: dict = {"dest": o.dest, "default": None, "help": _help(o)}
+            if o.cli == "switch":
+                kw["action"] = "store_const"
+                kw["const"] = True
+            elif o.cli == "bool":
+                kw.update(type=_bool, metavar="true|false")
+            elif o.cli_values is not None:
+                kw["choices"] = tuple(o.cli_values)
+            elif o.choices is not None:
+                kw.update(choices=o.choices, type=o.type)
+            else:
+                kw["type"] = o.type
+            g.add_argument(o.flag, **kw)
+
+
+def _help(o) -> str:
+    shown = _flag_value(o, o.default)
+    return f"{o.help} (default: {shown})".replace("%", "%%")
+
+
+def _flag_value(o, value):
+    if o.cli_values is not None:
+        return next(k for k, v in o.cli_values.items() if v == value)
+    if o.cli == "switch":
+        return "off" if not value else "on"
+    return str(value).lower() if isinstance(value, bool) else value
+
+
+def explicit_train_options(args: argparse.Namespace) -> dict:
+    """{option name: value} for each training flag given on the command line."""
+    out = {}
+    for o in OPTIONS:
+        if o.cli == "none":
+            continue
+        value = getattr(args, o.dest, None)
+        if value is None:
+            continue
+        out[o.name] = o.cli_values[value] if o.cli_values is not None else value
+    return out
+
+
+def option_flags(options: dict) -> list[str]:
+    """The command-line flags that set `options` ({option name: value}), skipping values
+    at their default: the inverse of `explicit_train_options`."""
+    out: list[str] = []
+    for name, value in options.items():
+        o = BY_NAME[name]
+        if value == o.default:
+            continue
+        if o.cli == "none":
+            raise ValueError(f"training option {name} has no command-line flag")
+        if o.cli == "switch":
+            out.append(o.flag)
+        else:
+            out += [o.flag, str(_flag_value(o, value))]
+    return out
+
+
+def train_spec(args: argparse.Namespace) -> TrainSpec:
+    """The TrainSpec of the training flags (defaults where a flag was not given)."""
+    return TrainSpec.of(**explicit_train_options(args))
 
 
 # A one-shot CLI answer: the compiled replay core's load from numba's on-disk cache
@@ -206,33 +190,6 @@ def model_args(args: argparse.Namespace) -> dict[str, str]:
     return out
 
 
-def train_spec(args: argparse.Namespace) -> TrainSpec:
-    return TrainSpec(
-        precision=args.precision,
-        optimizer=args.optimizer,
-        optimizer_impl=args.optimizer_impl,
-        checkpointing=args.checkpointing,
-        grad_accum=args.grad_accum,
-        steps=args.steps,
-        set_to_none=args.zero_grad == "none",
-        peft=args.peft,
-        lora_r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
-        lora_targets=args.lora_targets,
-        lora_dtype=args.lora_dtype,
-        gpus=args.gpus,
-        sharding=args.sharding,
-        fsdp_reshard_after_forward=args.fsdp_reshard_after_forward,
-        hsdp_shard_size=args.hsdp_shard_size,
-        grad_sync=args.grad_sync,
-        quantize_base=args.quantize_base,
-        attention=args.attention,
-        bnb_version=args.bnb_version,
-        hold_outputs=args.hold_outputs,
-    )
-
-
 __all__ = [
     "CLI_REPLAY_BUDGET_MS",
     "add_cache_arg",
@@ -240,8 +197,10 @@ __all__ = [
     "add_model_args",
     "add_size_args",
     "add_train_args",
+    "explicit_train_options",
     "memory_limit",
     "model_args",
+    "option_flags",
     "parse_sizes",
     "train_spec",
 ]

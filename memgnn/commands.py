@@ -243,7 +243,7 @@ def _graph_for(
     graphs: dict[str, Any] = {}
 
     def graph_for(train):
-        key = json.dumps(train.to_dict(), sort_keys=True)
+        key = json.dumps(train.flat(), sort_keys=True)
         if key not in graphs:
             graphs[key] = graph_for_query(
                 bundle, train, sizes, target=target, sm=device.sm or 80, scenario=scenario,
@@ -305,7 +305,7 @@ def predict_cmd(args: argparse.Namespace) -> int:
     bundle = resolve_bundle(args)
     device = get_profile(args.device)
     train = train_spec(args)
-    device.check_precision(train.precision)
+    device.check_precision(train.numerics.precision)
     sizes = bundle.sizes(parse_sizes(args))
     query = Query(sizes=sizes, device=device.name, metric=args.metric, scenario=args.scenario)
     query.resolved_metric(device.is_gpu)

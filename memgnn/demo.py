@@ -40,8 +40,11 @@ def run_demo(out: Path) -> int:
 
     out.mkdir(parents=True, exist_ok=True)
     bundle = make_bundle(DEMO_MODEL, DEMO_ARGS)
-    train = TrainSpec(optimizer="adamw")
-    print(f"== 1. capture {bundle.name} {bundle.hparams} ({train.optimizer}, {train.precision})")
+    train = TrainSpec.of(optimizer="adamw")
+    print(
+        f"== 1. capture {bundle.name} {bundle.hparams} "
+        f"({train.optim.name}, {train.numerics.precision})"
+    )
     t0 = time.perf_counter()
     graph = capture(bundle, train)
     gid = graph.save(out / "step.json.gz")

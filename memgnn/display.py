@@ -98,7 +98,7 @@ def model_line(info: Mapping[str, Any]) -> str:
 
 def loop_line(train: TrainSpec) -> str:
     """What the answer assumed of the training loop around the step."""
-    if train.hold_outputs:
+    if train.loop.hold_outputs:
         return "loop: keeps each step's outputs and loss until the next forward (--hold-outputs)"
     return (
         "loop: outputs freed with the forward, the loss after backward (HF Trainer); "

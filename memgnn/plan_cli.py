@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import replace
 from typing import Any
 
 from memgnn.args import memory_limit, parse_sizes, train_spec
@@ -58,7 +57,7 @@ def _counting(graph_for):
     seen: dict[str, float] = {}
 
     def wrapped(train):
-        key = json.dumps(train.to_dict(), sort_keys=True)
+        key = json.dumps(train.flat(), sort_keys=True)
         t0 = time.perf_counter()
         graph = graph_for(train)
         seen.setdefault(key, round(time.perf_counter() - t0, 3))
@@ -86,7 +85,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
     bundle = resolve_bundle(args)
     base = train_spec(args)
     sizes = bundle.sizes(parse_sizes(args))
-    precisions = _csv(args.precision_choices, "--precision-choices") or [base.precision]
+    precisions = _csv(args.precision_choices, "--precision-choices") or [base.numerics.precision]
     for p in precisions:
         device.check_precision(p)
     space = SearchSpace(
@@ -122,7 +121,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
     if res.best is None:
         raise UserError(res.reason)
     best = res.best
-    picked = replace(first, **_train_fields(best))
+    picked = first.with_options(**_train_fields(best))
     chosen = capture_spec(picked)  # captured already
     out = {
         "batch_size": best.batch_size,

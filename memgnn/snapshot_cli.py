@@ -207,7 +207,7 @@ def tag_export(path: str, args: argparse.Namespace, sizes: dict[str, int], devic
         "model": args.model,
         "model_args": dict(args.model_arg),
         "task": args.task,
-        "train": train_spec(args).to_dict(),
+        "train": train_spec(args).flat(),
         "sizes": sizes,
         "device": device,
     }
@@ -231,7 +231,7 @@ def smaller_batch(meta: dict[str, Any], capacity: int, alloc_conf: str | None) -
         out["reason"] = "the export has no batch dim B above 1"
         return out
     bundle = resolve(meta["model"], meta.get("model_args") or {}, meta.get("task"))
-    train = TrainSpec(**meta["train"])
+    train = TrainSpec.of(**meta["train"])
     device = get_profile(meta["device"])
     graph = capture_cached(bundle, train, target="cuda", sm=device.sm or 80, sizes=sizes)
     cfg = allocator_config(alloc_conf or "", capacity_bytes=capacity)

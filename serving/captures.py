@@ -81,7 +81,7 @@ def _worker_main(conn: Any) -> None:  # pragma: no cover - runs in the child pro
             bundle = resolve(job["spec"], job["model_args"], job["task"])
             graph = capture_cached(
                 bundle,
-                TrainSpec(**job["train"]),
+                TrainSpec.of(**job["train"]),
                 target=job["target"],
                 sm=job["sm"],
                 sizes=job["sizes"],

@@ -338,7 +338,7 @@ class Engine:
         work = work or Work.unbounded()
         static = {d: sizes[d] for d in bundle.static_dims if d in sizes}
         key = json.dumps(
-            [bundle.name, bundle.hparams, bundle.fingerprint, train.to_dict(), target, sm, static],
+            [bundle.name, bundle.hparams, bundle.fingerprint, train.flat(), target, sm, static],
             sort_keys=True,
             default=str,
         )
@@ -355,7 +355,7 @@ class Engine:
             "spec": spec[0],
             "model_args": spec[1],
             "task": spec[2],
-            "train": train.to_dict(),
+            "train": train.flat(),
             "target": target,
             "sm": sm,
             "sizes": sizes,

@@ -46,7 +46,7 @@ class EngineModel:
 
 def _variant(train: TrainSpec) -> tuple[str, str, bool]:
     # G = 1 and G >= 2 are different graphs (accumulation keeps gradients alive)
-    return train.precision, train.checkpointing, train.grad_accum > 1
+    return train.numerics.precision, train.activations.checkpointing, train.loop.grad_accum > 1
 
 
 def spec_graphs(
@@ -90,7 +90,7 @@ def uploaded_graphs(
         except RequestError as exc:
             raise RequestError(str(exc), status=exc.status, loc=("body", "graph_ids", i)) from None
         try:
-            train = TrainSpec(**entry.graph.train)
+            train = TrainSpec.of(**entry.graph.train)
         except (TypeError, ValueError) as exc:
             raise RequestError(
                 f"graph {gid} has no usable training spec: {exc}", loc=("body", "graph_ids", i)
@@ -148,7 +148,7 @@ def run_plan(
             trains = plan_variants(base, SearchSpace(**space_fields))
         except ValueError as exc:
             raise RequestError(str(exc), loc=("body", "space")) from None
-        captures = len({repr(capture_spec(t).to_dict()) for t in trains})
+        captures = len({repr(capture_spec(t).flat()) for t in trains})
         limit = engine.config.max_captures_per_request
         if captures > limit:  # each is a graph to capture: refuse before any
             raise RequestError(
@@ -190,8 +190,9 @@ def run_plan(
             graph = variants.get(_variant(train))
             if graph is None:
                 raise RequestError(
-                    f"no uploaded graph for precision={train.precision}, checkpointing="
-                    f"{train.checkpointing}, grad_accum {'>1' if train.grad_accum > 1 else '1'}",
+                    f"no uploaded graph for precision={train.numerics.precision}, checkpointing="
+                    f"{train.activations.checkpointing}, "
+                    f"grad_accum {'>1' if train.loop.grad_accum > 1 else '1'}",
                     loc=("body", "graph_ids"),
                 )
             return graph

@@ -37,7 +37,7 @@ def _entries(
     for i, config in enumerate(req.configs):
         device = get_profile(config.device)
         try:
-            device.check_precision(train.precision)
+            device.check_precision(train.numerics.precision)
         except ValueError as exc:
             raise RequestError(str(exc), loc=("body", "configs", i, "device")) from None
         try:

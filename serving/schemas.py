@@ -10,22 +10,24 @@ import math
 from typing import Annotated, Any, Literal
 
 from memgnn.predictor.ir.vocab import Metric, Scenario, SearchMode, Sharding
-from memgnn.predictor.spec.devices import PROFILES
-from memgnn.predictor.spec.train import (
-    ATTENTIONS,
-    BNB_VERSION,
-    GRAD_SYNCS,
-    LORA_DTYPES,
+from memgnn.predictor.spec.choices import (
     OPTIMIZER_IMPLS,
-    OPTIMIZERS,
-    PEFT_METHODS,
     PRECISIONS,
-    QUANTIZE_BASES,
-    STEP_KINDS,
-    TrainSpec,
 )
+from memgnn.predictor.spec.devices import PROFILES
+from memgnn.predictor.spec.options import Option
+from memgnn.predictor.spec.train import BY_NAME, OPTIONS, TrainSpec
 from memgnn.predictor.zoo import TASKS
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StringConstraints,
+    create_model,
+    model_validator,
+)
 
 MAX_SIZE = (1 << 31) - 1
 SymbolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
@@ -63,40 +65,71 @@ class ConfigIn(Strict):
         return self
 
 
-class TrainIn(Strict):
-    """How the step trains (`predictor.spec.train.TrainSpec`)."""
+def _option_field(o: Option) -> tuple[Any, Any]:
+    """(annotation, FieldInfo) of one training option, from its `Option` metadata."""
+    if o.choices is not None:
+        kind: Any = Literal[o.choices]  # type: ignore[valid-type]
+    else:
+        kind = {bool: StrictBool, int: StrictInt, float: float, str: str}[o.type]
+    bounds: dict[str, Any] = {}
+    if o.lo is not None:
+        bounds["gt" if o.lo_open else "ge"] = o.lo
+    if o.hi is not None:
+        bounds["lt" if o.hi_open else "le"] = o.hi
+    if o.max_length is not None:
+        bounds["max_length"] = o.max_length
+    if o.pattern is not None:
+        bounds["pattern"] = o.pattern
+    if o.type is float:
+        bounds["allow_inf_nan"] = False
+    return kind, Field(default=o.default, description=o.help, **bounds)
 
-    precision: Precision = "fp32"
-    optimizer: Literal[OPTIMIZERS] = "adamw"  # type: ignore[valid-type]
-    optimizer_impl: Literal[OPTIMIZER_IMPLS] = "auto"  # type: ignore[valid-type]
-    lr: float = Field(default=1e-3, gt=0, le=1e6)
-    checkpointing: Checkpointing = "none"
-    grad_accum: int = Field(default=1, ge=1, le=1_000_000)
-    set_to_none: bool = True
-    steps: Literal[STEP_KINDS] = "both"  # type: ignore[valid-type]
-    peft: Literal[PEFT_METHODS] = "none"  # type: ignore[valid-type]
-    lora_r: int = Field(default=8, ge=1, le=65_536)
-    lora_alpha: float = Field(default=16.0, gt=0, le=1e6)
-    lora_dropout: float = Field(default=0.0, ge=0, lt=1)
-    lora_targets: str = Field(default="", max_length=4096)
-    lora_dtype: Literal[LORA_DTYPES] = "fp32"  # type: ignore[valid-type]
-    gpus: int = Field(default=1, ge=1, le=65_536)  # world size; answers are per rank
-    sharding: Sharding = "none"
-    fsdp_reshard_after_forward: bool = True
-    hsdp_shard_size: int = Field(default=0, ge=0, le=65_536)
-    grad_sync: Literal[GRAD_SYNCS] = "every"  # type: ignore[valid-type]
-    quantize_base: Literal[QUANTIZE_BASES] = "none"  # type: ignore[valid-type]
-    attention: Literal[ATTENTIONS] = "auto"  # type: ignore[valid-type]
-    bnb_version: str = Field(default=BNB_VERSION, max_length=16)
-    hold_outputs: bool = False
+
+def _group_model(group: str) -> type[BaseModel]:
+    fields = {o.field: _option_field(o) for o in OPTIONS if o.group == group}
+    name = "Train" + "".join(w.title() for w in group.split("_")) + "In"
+    return create_model(name, __base__=Strict, **fields)
+
+
+_GROUP_MODELS = {g: _group_model(g) for g in dict.fromkeys(o.group for o in OPTIONS)}
+
+
+class _TrainBase(Strict):
+    """How the step trains (`predictor.spec.train.TrainSpec`), nested by group as the answer
+    shows it (`{"numerics": {"precision": "bf16"}, "adapter": {"method": "lora"}}`); the
+    flat option names of the CLI and of stored records are accepted too
+    (`{"precision": "bf16", "peft": "lora"}`). Every field is generated from the spec's
+    options (`TrainIn` below), so this schema cannot drift from it."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _flat_to_nested(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not any(k in BY_NAME for k in data):
+            return data
+        nested: dict[str, Any] = {}
+        for key, value in data.items():
+            o = BY_NAME.get(key)
+            if o is None:  # a group, or a typo the strict model names
+                nested[key] = value
+            else:
+                nested.setdefault(o.group, {})[o.field] = value
+        return nested
 
     @model_validator(mode="after")
-    def _parallel(self) -> TrainIn:
-        self.to_spec()  # the combination rules (ValueError names the option) live in TrainSpec
+    def _rules(self) -> _TrainBase:
+        self.to_spec()  # the rules across options (ValueError names the option) live in TrainSpec
         return self
 
     def to_spec(self) -> TrainSpec:
-        return TrainSpec(**self.model_dump())
+        return TrainSpec.from_dict(self.model_dump())
+
+
+TrainIn = create_model(
+    "TrainIn",
+    __base__=_TrainBase,
+    __doc__=_TrainBase.__doc__,
+    **{g: (m, Field(default_factory=m)) for g, m in _GROUP_MODELS.items()},
+)
 
 
 class ModelIn(Strict):

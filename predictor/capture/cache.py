@@ -138,7 +138,7 @@ def capture_key(
             "dims": bundle.dims,
             "static_dims": list(bundle.static_dims),
             "model_fingerprint": model_fingerprint(bundle, train, target),
-            "train": train.to_dict(),
+            "train": train.flat(),
             "target": target,
             "sm": sm,
             "static": static,

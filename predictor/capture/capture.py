@@ -141,7 +141,7 @@ class _Run:
         return out, names
 
     def run(self, prefix: list[bool]) -> tuple[StepRecorder, BranchState, dict[Any, str], Any]:
-        if self.train.sharding == "none":
+        if self.train.parallel.sharding == "none":
             return self._run(prefix, None)
         with fake_world(self.train) as world:  # rank 0 of --gpus (predictor/emulate/parallel.py)
             return self._run(prefix, world)
@@ -221,7 +221,7 @@ class _Run:
         if self.cfg.target != "cuda":
             return stack
         stack.enter_context(cuda_sdpa(self.cfg.sm))
-        if self.train.attention == "flash":
+        if self.train.kernels.attention == "flash":
             stack.enter_context(hf_flash_kernels())
         return stack
 
@@ -335,7 +335,7 @@ def _assemble(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes, 
                     guards.append(src)
     return StepGraph(
         model={"name": bundle.name, "family": bundle.family, "hparams": bundle.hparams},
-        train=train.to_dict(),
+        train=train.flat(),
         symbols=dict(sizes),
         data_symbols=data_symbols,
         guards=guards,
@@ -350,9 +350,9 @@ def blocks_ineligible(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig)
         return "the model has no depth knob (ModelBundle.with_layers)"
     if bundle.layers <= cfg.blocks_depth:
         return f"{bundle.layers} blocks: no more than the {cfg.blocks_depth} a replication captures"
-    if train.sharding != "none":
-        return f"--sharding {train.sharding} is captured in full"
-    ck = train.checkpoint_blocks
+    if train.parallel.sharding != "none":
+        return f"--sharding {train.parallel.sharding} is captured in full"
+    ck = train.activations.checkpoint_blocks
     if ck is not None and 0 < ck < bundle.layers:
         return f"checkpointing {ck} of {bundle.layers} blocks: the blocks differ"
     return None

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from memgnn.predictor.emulate.quant import QUANTIZED_TYPES, Linear4bitSim, compute_dtype
 from memgnn.predictor.spec.bundle import ModelBundle, default_blocks
-from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.spec.train import ParallelSpec, TrainSpec
 from torch import nn
 
 __all__ = ["ModelInfo", "describe", "describe_bundle", "structure", "spec_kind"]
@@ -89,8 +89,8 @@ def _class_name(model: nn.Module, train: TrainSpec) -> str:
     """The model's class; under --peft lora the wrapped class, e.g. `LlamaForCausalLM + LoRA
     r=16` (not peft's PeftModel)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lora = f" + LoRA r={train.lora_r}" if train.peft == "lora" else ""
-    quant = f" on {train.quantize_base}" if train.quantize_base != "none" else ""
+    lora = f" + LoRA r={train.adapter.r}" if train.adapter.method == "lora" else ""
+    quant = f" on {train.quant.base}" if train.quant.base != "none" else ""
     return f"{type(base).__name__}{lora}{quant}"
 
 
@@ -116,7 +116,7 @@ def describe(model: nn.Module, bundle: ModelBundle, train: TrainSpec) -> ModelIn
     for p in params:
         dtypes[quantised.get(id(p), (_dtype_name(p.dtype),))[0]] += numel[id(p)]
     config = getattr(model, "config", None)
-    autocast = train.autocast_dtype
+    autocast = train.numerics.autocast_dtype
     info = ModelInfo(
         spec=bundle.name,
         kind=bundle.origin or spec_kind(bundle.name),
@@ -127,7 +127,7 @@ def describe(model: nn.Module, bundle: ModelBundle, train: TrainSpec) -> ModelIn
         parameter_bytes=sum(p.numel() * p.element_size() for p in params),
         buffer_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
         param_dtypes=dict(dtypes),
-        precision=train.precision,
+        precision=train.numerics.precision,
         blocks=len((bundle.blocks or default_blocks)(model)),
         layers=_config_int(config, _LAYER_KEYS),
         hidden=_config_int(config, _HIDDEN_KEYS),
@@ -150,10 +150,8 @@ def fake_step(bundle: ModelBundle, train: TrainSpec, target: str = "cuda") -> An
     from memgnn.predictor.capture.step import TrainingStep
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if train.sharding != "none":
-        train = dataclasses.replace(
-            train, gpus=1, sharding="none", fsdp_reshard_after_forward=True, hsdp_shard_size=0
-        )
+    if train.parallel.sharding != "none":
+        train = dataclasses.replace(train, parallel=ParallelSpec())
     with FakeTensorMode(allow_non_fake_inputs=True):
         return TrainingStep(bundle, train, device=torch.device("cpu"), target=target, fake=True)
 

@@ -55,19 +55,19 @@ class NullObserver:
 
 def resolve_optimizer_impl(train: TrainSpec, target: str) -> str:
     """What PyTorch picks when the user does not say: foreach on CUDA, for-loop on CPU."""
-    if train.optimizer_impl != "auto":
-        return train.optimizer_impl
-    if train.optimizer == "adafactor":
+    if train.optim.impl != "auto":
+        return train.optim.impl
+    if train.optim.name == "adafactor":
         return "foreach" if target == "cuda" else "for-loop"
     return "foreach" if target == "cuda" else "for-loop"
 
 
 def build_optimizer(params: list[nn.Parameter], train: TrainSpec, target: str):
-    if train.optimizer == "adamw8bit":
-        return AdamW8bit(params, lr=train.lr)
+    if train.optim.name == "adamw8bit":
+        return AdamW8bit(params, lr=train.optim.lr)
     impl = resolve_optimizer_impl(train, target)
     flags: dict[str, Any] = {"foreach": impl == "foreach"}
-    if train.optimizer in ("adam", "adamw"):
+    if train.optim.name in ("adam", "adamw"):
         flags["fused"] = impl == "fused"
         if impl == "fused":
             flags["foreach"] = False
@@ -76,10 +76,10 @@ def build_optimizer(params: list[nn.Parameter], train: TrainSpec, target: str):
         "adam": torch.optim.Adam,
         "adamw": torch.optim.AdamW,
         "adafactor": torch.optim.Adafactor,
-    }[train.optimizer]
-    if train.optimizer == "sgd" and impl == "fused":
+    }[train.optim.name]
+    if train.optim.name == "sgd" and impl == "fused":
         flags["fused"], flags["foreach"] = True, False
-    return cls(params, lr=train.lr, **flags)
+    return cls(params, lr=train.optim.lr, **flags)
 
 
 class _FakeSafeGradScaler(torch.amp.GradScaler):
@@ -169,12 +169,12 @@ def check_cuda_only(train: TrainSpec, target: str) -> None:
     model: on a CPU target they are an error that names the option."""
     if target == "cuda":
         return
-    if train.quantize_base != "none":
+    if train.quant.base != "none":
         raise ValueError(
-            f"--quantize-base {train.quantize_base} (QLoRA) models bitsandbytes' CUDA kernels: "
+            f"--quantize-base {train.quant.base} (QLoRA) models bitsandbytes' CUDA kernels: "
             "pick a GPU --device, not cpu"
         )
-    if train.optimizer == "adamw8bit":
+    if train.optim.name == "adamw8bit":
         raise ValueError(
             "--optimizer adamw8bit models bitsandbytes' CUDA kernel: pick a GPU --device, not cpu"
         )
@@ -182,7 +182,7 @@ def check_cuda_only(train: TrainSpec, target: str) -> None:
 
 def step_plan(train: TrainSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(unrecorded warm-up steps, measured steps) for the TrainSpec's `steps`."""
-    return {"first": ((), (0,)), "steady": ((0,), (1,)), "both": ((), (0, 1))}[train.steps]
+    return {"first": ((), (0,)), "steady": ((0,), (1,)), "both": ((), (0, 1))}[train.loop.steps]
 
 
 class TrainingStep:
@@ -205,9 +205,9 @@ class TrainingStep:
     ):
         if target not in ("cpu", "cuda"):
             raise ValueError(f"target must be cpu or cuda, got {target!r}")
-        if (train.sharding != "none") != (world is not None):
+        if (train.parallel.sharding != "none") != (world is not None):
             raise ValueError(
-                f"--sharding {train.sharding} runs one rank inside a process group: "
+                f"--sharding {train.parallel.sharding} runs one rank inside a process group: "
                 "build the step inside predictor.emulate.parallel.fake_world(train) and pass world="
                 if world is None
                 else "world= is for a sharded TrainSpec (--sharding ddp|fsdp|...)"
@@ -216,7 +216,7 @@ class TrainingStep:
         check_cuda_only(train, target)
         self.bundle, self.train, self.device, self.target = bundle, train, device, target
         check_attention(train, target)
-        with torch.device(device), _default_dtype(train.param_dtype):
+        with torch.device(device), _default_dtype(train.numerics.param_dtype):
             model = bundle.build()
         model.train()
         self.model = model
@@ -224,20 +224,22 @@ class TrainingStep:
         self.quantized = quantize_model(model, train)
         self.checkpointed = 0
         blocks = (bundle.blocks or default_blocks)(model)
-        if train.checkpointing == "hf":
+        if train.activations.checkpointing == "hf":
             self.checkpointed = _apply_hf_checkpointing(model, bundle.name)
-        elif train.checkpoint_blocks is not None:
+        elif train.activations.checkpoint_blocks is not None:
             if not blocks:
                 raise ValueError(f"model {bundle.name!r} has no repeated blocks to checkpoint")
-            self.checkpointed = _apply_checkpointing(model, blocks, train.checkpoint_blocks)
+            self.checkpointed = _apply_checkpointing(
+                model, blocks, train.activations.checkpoint_blocks
+            )
             _no_kv_cache(model)
-        if train.peft == "lora":
-            with torch.device(device), _default_dtype(train.param_dtype):
+        if train.adapter.method == "lora":
+            with torch.device(device), _default_dtype(train.numerics.param_dtype):
                 model = self.model = apply_lora(model, train)
         if world is not None:
             model = self.model = parallelize(model, blocks, train, world)
         self.params = [p for p in model.parameters() if p.requires_grad]
-        if train.sharding == "zero1":
+        if train.parallel.sharding == "zero1":
             make = functools.partial(build_optimizer, train=train, target=target)
             self.optimizer = zero_optimizer(self.params, make)
         else:
@@ -246,10 +248,10 @@ class TrainingStep:
         # the next micro-step's replace them
         self._held_loss: torch.Tensor | None = None
         self._held_outputs: Any = None
-        if train.hold_outputs:
+        if train.loop.hold_outputs:
             model.register_forward_hook(self._hold_outputs)
         self.scaler = None
-        if train.uses_grad_scaler:
+        if train.numerics.uses_grad_scaler:
             scaler_cls = _FakeSafeGradScaler if fake else torch.amp.GradScaler
             self.scaler = scaler_cls(device=device.type)
 
@@ -287,7 +289,7 @@ class TrainingStep:
         optimizer = self.local_optimizer
         for group in optimizer.param_groups:
             on_device = group.get("fused") or group.get("capturable")
-            if on_device and self.train.optimizer != "adafactor":
+            if on_device and self.train.optim.name != "adafactor":
                 continue
             for p in group["params"]:
                 step = optimizer.state.get(p, {}).get("step")
@@ -296,10 +298,10 @@ class TrainingStep:
         return out
 
     def float_dtype(self) -> torch.dtype:
-        return self.train.param_dtype
+        return self.train.numerics.param_dtype
 
     def _autocast(self):
-        dtype = self.train.autocast_dtype
+        dtype = self.train.numerics.autocast_dtype
         if dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=dtype)
@@ -318,7 +320,7 @@ class TrainingStep:
         (`parallel.gradient_sync`); micro-steps 2..G-1 of a longer run then hold what the
         last one holds (the accumulated unsharded gradients), less its collectives."""
         obs = observer or NullObserver()
-        g = self.train.grad_accum
+        g = self.train.loop.grad_accum
         n_micro = micro_steps if micro_steps is not None else min(g, 2)
         for step in steps:
             for micro in range(n_micro):
@@ -331,7 +333,7 @@ class TrainingStep:
                 self.optimizer.step()
             obs.on_optimizer_end(self.optimizer, step)
             obs.on_phase("zero_grad", step, 0)
-            self.optimizer.zero_grad(set_to_none=self.train.set_to_none)
+            self.optimizer.zero_grad(set_to_none=self.train.optim.set_to_none)
 
     def _micro_step(
         self, sizes, obs: StepObserver, step: int, micro: int, g: int, last: bool = True
@@ -351,7 +353,7 @@ class TrainingStep:
             if self.scaler is not None:
                 loss = self.scaler.scale(loss)
             loss.backward()
-            if self.train.hold_outputs:
+            if self.train.loop.hold_outputs:
                 self._held_loss = loss
             del loss, inputs
         obs.on_backward_end(self.model, step, micro)

@@ -36,7 +36,7 @@ _SUPPORT_FLAG = {"sdpa": "_supports_sdpa", "flash": "_supports_flash_attn"}
 
 def check_attention(train: TrainSpec, target: str, sm: int | None = None) -> None:
     """ValueError naming --attention when the choice cannot run on the target."""
-    if train.attention != "flash":
+    if train.kernels.attention != "flash":
         return
     if target != "cuda":
         raise ValueError(
@@ -48,7 +48,7 @@ def check_attention(train: TrainSpec, target: str, sm: int | None = None) -> Non
             f"--attention flash needs compute capability 8.0 or newer (FlashAttention-2); "
             f"the target has sm_{sm}: use --attention sdpa or eager"
         )
-    if train.precision == "fp32":
+    if train.numerics.precision == "fp32":
         raise ValueError(
             "--attention flash runs fp16/bf16 only: use --precision bf16, fp16, amp-bf16 or "
             "amp-fp16 (in fp32 transformers passes fp32 tensors and flash-attn refuses them)"
@@ -62,10 +62,10 @@ def _pretrained_models(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_attention(model: nn.Module, train: TrainSpec, *, fake: bool) -> str | None:
-    """Set the model's attention implementation for `train.attention`; return the HF name
+    """Set the model's attention implementation for `train.kernels.attention`; return the HF name
     in effect (None for a model without one). `fake`: the step runs on fake tensors, where
     flash-attn need not be installed (its kernels are stood in for by sizes)."""
-    choice = train.attention
+    choice = train.kernels.attention
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
     if choice == "auto":

@@ -36,7 +36,7 @@ __all__ = ["apply_lora", "lora_targets", "module_names"]
 
 def lora_targets(train: TrainSpec) -> list[str] | None:
     """The target module names of `--lora-targets`; None: peft's default for the model."""
-    names = [t.strip() for t in train.lora_targets.split(",") if t.strip()]
+    names = [t.strip() for t in train.adapter.targets.split(",") if t.strip()]
     return names or None
 
 
@@ -71,19 +71,19 @@ def apply_lora(model: nn.Module, train: TrainSpec) -> nn.Module:
                 f"{', '.join(sorted(have)) or 'none'}"
             )
     config = peft.LoraConfig(
-        r=train.lora_r,
-        lora_alpha=train.lora_alpha,
-        lora_dropout=train.lora_dropout,
+        r=train.adapter.r,
+        lora_alpha=train.adapter.alpha,
+        lora_dropout=train.adapter.dropout,
         target_modules=targets,
     )
-    if train.quantize_base != "none":
+    if train.quant.base != "none":
         from memgnn.predictor.emulate.quant_lora import register_quant_layers
 
         register_quant_layers(config)
     try:
         with _fake_safe_adapter_moves():
             wrapped: Any = peft.get_peft_model(
-                model, config, autocast_adapter_dtype=train.lora_dtype == "fp32"
+                model, config, autocast_adapter_dtype=train.adapter.dtype == "fp32"
             )
     except ValueError as exc:
         hint = ""
@@ -91,7 +91,9 @@ def apply_lora(model: nn.Module, train: TrainSpec) -> nn.Module:
             hint = f"; name them with --lora-targets (modules: {', '.join(module_names(model))})"
         raise ValueError(f"--peft lora on {type(model).__name__}: {exc}{hint}") from exc
     trainable = sum(p.numel() for p in wrapped.parameters() if p.requires_grad)
-    logger.debug("LoRA r=%d targets=%s: %d trainable parameters", train.lora_r, targets, trainable)
+    logger.debug(
+        "LoRA r=%d targets=%s: %d trainable parameters", train.adapter.r, targets, trainable
+    )
     return wrapped
 
 

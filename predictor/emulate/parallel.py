@@ -55,7 +55,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 from memgnn.predictor.ir.recorder import RecorderObserver, StepRecorder, unrecorded
-from memgnn.predictor.spec.train import TrainSpec
+from memgnn.predictor.spec.train import BY_NAME, TrainSpec
 from torch import nn
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
@@ -87,23 +87,23 @@ class World:
 
 @contextlib.contextmanager
 def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
-    """Rank `rank` of a `train.gpus`-rank fake process group, destroyed on exit.
+    """Rank `rank` of a `train.parallel.gpus`-rank fake process group, destroyed on exit.
 
     Enter it outside any FakeTensorMode (the device mesh is a real tensor). Refuses to
     run inside an already initialised process group (it would replace the user's)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    if train.sharding == "none":
+    if train.parallel.sharding == "none":
         raise ValueError("fake_world needs a sharded TrainSpec (--sharding ddp|fsdp|...)")
-    if not 0 <= rank < train.gpus:
-        raise ValueError(f"rank must be in [0, {train.gpus}), got {rank}")
+    if not 0 <= rank < train.parallel.gpus:
+        raise ValueError(f"rank must be in [0, {train.parallel.gpus}), got {rank}")
     if dist.is_initialized():
         raise RuntimeError(
             "a torch.distributed process group is already initialised in this process; "
             "memgnn's sharded capture runs its own fake one"
         )
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=train.gpus)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=train.parallel.gpus)
     propagator = ShardingPropagator._propagate_tensor_meta_non_cached
 
     def shape_only(self: Any, op_schema: Any) -> Any:  # allocates nothing on a real job
@@ -112,13 +112,13 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
 
     try:
         ShardingPropagator._propagate_tensor_meta_non_cached = shape_only
-        shard = train.shard_group_size
-        if train.sharding == "hsdp":
-            shape, names = (train.gpus // shard, shard), ("replicate", "shard")
+        shard = train.parallel.shard_group_size
+        if train.parallel.sharding == "hsdp":
+            shape, names = (train.parallel.gpus // shard, shard), ("replicate", "shard")
         else:
-            shape, names = (train.gpus,), ("dp",)
+            shape, names = (train.parallel.gpus,), ("dp",)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-        yield World(size=train.gpus, rank=rank, mesh=mesh)
+        yield World(size=train.parallel.gpus, rank=rank, mesh=mesh)
     finally:
         ShardingPropagator._propagate_tensor_meta_non_cached = propagator
         dist.destroy_process_group()
@@ -127,21 +127,21 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
 def parallelize(
     model: nn.Module, blocks: list[nn.Module], train: TrainSpec, world: World
 ) -> nn.Module:
-    """Wrap `model` as `train.sharding` says (module docstring); returns what to call."""
-    if train.sharding in ("ddp", "zero1"):
+    """Wrap `model` as `train.parallel.sharding` says (module docstring); returns what to call."""
+    if train.parallel.sharding in ("ddp", "zero1"):
         return _ddp(model, world)
     from torch.distributed.fsdp import fully_shard
 
     if not blocks:
         raise ValueError(
-            f"--sharding {train.sharding}: the model has no repeated blocks to shard "
+            f"--sharding {train.parallel.sharding}: the model has no repeated blocks to shard "
             "(fully_shard is applied per block, then to the root)"
         )
-    reshard = train.fsdp_reshard_after_forward and train.sharding != "zero2"
+    reshard = train.parallel.reshard_after_forward and train.parallel.sharding != "zero2"
     for block in blocks:
         fully_shard(block, mesh=world.mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=world.mesh, reshard_after_forward=reshard)
-    if train.sharding == "zero2":
+    if train.parallel.sharding == "zero2":
         model.set_reshard_after_backward(False)  # parameters stay whole (see docstring)
     return model
 
@@ -201,13 +201,13 @@ def _fsdp_params(model: nn.Module) -> Iterator[Any]:
 @contextlib.contextmanager
 def gradient_sync(model: nn.Module, train: TrainSpec, last: bool) -> Iterator[None]:
     """One micro-step's forward and backward, synced or not (see the module docstring):
-    unsynced where `train.grad_sync == "last"` and this is not the last micro-step."""
-    sync = last or train.grad_sync == "every" or train.sharding == "none"
-    if train.sharding in ("ddp", "zero1"):
+    unsynced where `train.parallel.grad_sync == "last"` and this is not the last micro-step."""
+    sync = last or train.parallel.grad_sync == "every" or train.parallel.sharding == "none"
+    if train.parallel.sharding in ("ddp", "zero1"):
         with contextlib.nullcontext() if sync else model.no_sync():
             yield
         return
-    if train.sharding != "none" and train.grad_sync != "every":
+    if train.parallel.sharding != "none" and train.parallel.grad_sync != "every":
         model.set_requires_gradient_sync(sync)
     yield
 
@@ -308,14 +308,14 @@ def rank_note(train: Mapping[str, Any]) -> dict[str, Any] | None:
     sharding = train.get("sharding", "none")
     if sharding == "none":
         return None
-    spec = TrainSpec(**{k: v for k, v in train.items() if k in TrainSpec.__slots__})
+    spec = TrainSpec.of(**{k: v for k, v in train.items() if k in BY_NAME})
     return {
         "per_rank": True,
         "rank": 0,
-        "world_size": spec.gpus,
+        "world_size": spec.parallel.gpus,
         "sharding": sharding,
-        "shard_group_size": spec.shard_group_size,
-        "fsdp_reshard_after_forward": spec.fsdp_reshard_after_forward,
+        "shard_group_size": spec.parallel.shard_group_size,
+        "fsdp_reshard_after_forward": spec.parallel.reshard_after_forward,
     }
 
 

@@ -75,9 +75,9 @@ def _cdiv(a: int, b: int) -> int:
 def compute_dtype(train: TrainSpec) -> torch.dtype:
     """`bnb_4bit_compute_dtype`: the training precision's low dtype, else fp32 (the
     BitsAndBytesConfig default)."""
-    if "bf16" in train.precision:
+    if "bf16" in train.numerics.precision:
         return torch.bfloat16
-    if "fp16" in train.precision:
+    if "fp16" in train.numerics.precision:
         return torch.float16
     return torch.float32
 
@@ -306,7 +306,7 @@ def quantize_model(model: nn.Module, train: TrainSpec) -> list[str]:
     """Swap the Linear layers transformers would quantise for `--quantize-base`'s modules;
     the names swapped. The replaced fp weights are dropped (a quantising load never holds
     them on the device)."""
-    kind = train.quantize_base
+    kind = train.quant.base
     if kind == "none":
         return []
     skip = modules_to_not_convert(model)
@@ -335,7 +335,7 @@ def quantize_model(model: nn.Module, train: TrainSpec) -> list[str]:
                 nested=kind == "nf4-dq",
                 compute=compute,
                 shared_code=shared,
-                keeps_input=train.bnb_keeps_input,
+                keeps_input=train.quant.keeps_input,
             )
         setattr(parent, leaf, new)
     if not chosen:

@@ -312,18 +312,19 @@ def config_features(train: dict[str, Any], target: str) -> np.ndarray:
     Parallelism (`gpus`, `sharding`) has no column: a sharded graph is captured per rank,
     so its sizes and collectives are in the graph itself, and no corpus draws it."""
     from memgnn.predictor.capture.step import resolve_optimizer_impl
-    from memgnn.predictor.spec.train import TrainSpec
+    from memgnn.predictor.spec.train import BY_NAME, TrainSpec
 
-    spec = TrainSpec(**{k: v for k, v in train.items() if k in TrainSpec.__slots__})
+    spec = TrainSpec.of(**{k: v for k, v in train.items() if k in BY_NAME})
     impl = resolve_optimizer_impl(spec, target)
-    blocks = spec.checkpoint_blocks
-    lora = spec.peft == "lora"
+    blocks = spec.activations.checkpoint_blocks
+    lora = spec.adapter.method == "lora"
     return np.concatenate([
-        [spec.precision == p for p in PRECISIONS], [spec.optimizer == o for o in OPTIMIZERS],
+        [spec.numerics.precision == p for p in PRECISIONS],
+        [spec.optim.name == o for o in OPTIMIZERS],
         [impl == i for i in IMPLS],
         [blocks is None, blocks == -1, 0.0 if blocks in (None, -1) else log_scale(blocks, 4)],
-        [log_scale(spec.grad_accum, 4), float(spec.set_to_none)],
-        [float(lora), log_scale(spec.lora_r, 8) if lora else 0.0,
-         spec.lora_dropout if lora else 0.0],
-        [spec.quantize_base == k for k in QUANTIZED], [spec.attention == a for a in ATTENTION],
+        [log_scale(spec.loop.grad_accum, 4), float(spec.optim.set_to_none)],
+        [float(lora), log_scale(spec.adapter.r, 8) if lora else 0.0,
+         spec.adapter.dropout if lora else 0.0],
+        [spec.quant.base == k for k in QUANTIZED], [spec.kernels.attention == a for a in ATTENTION],
     ]).astype(np.float64)  # fmt: skip

@@ -240,7 +240,7 @@ def plan(
     probers: dict[int, _Prober] = {}
     trains = variants(base, space)
     for train in trains:
-        key = repr(capture_spec(train).to_dict())
+        key = repr(capture_spec(train).flat())
         if key not in graphs:
             graphs[key] = graph_for(capture_spec(train))
         prober = _Prober(model, graphs[key], space, cfg, exact)
@@ -248,7 +248,7 @@ def plan(
         if exact is not None:
             b = prober.settle(b, space.max_batch, space.mode, space.power_of_two)
         refused = refused or prober.refused
-        g = train.grad_accum
+        g = train.loop.grad_accum
         if b == 0 and 1 in prober.cache:
             one = _candidate(prober, 1, g, train, n_blocks)
             if closest is None or one.bound_bytes < closest.bound_bytes:
@@ -284,15 +284,15 @@ def _candidate(prober: _Prober, b: int, g: int, train: TrainSpec, n_blocks: int 
     return Candidate(
         batch_size=b,
         grad_accum=g,
-        checkpointing=train.checkpointing,
-        precision=train.precision,
+        checkpointing=train.activations.checkpointing,
+        precision=train.numerics.precision,
         objective=b * g / cost(train, n_blocks),
         bound_bytes=prober.bound(b),
         prediction=prober.predict(b).to_dict(),
-        optimizer_impl=train.optimizer_impl,
-        gpus=train.gpus,
-        sharding=train.sharding,
-        fsdp_reshard_after_forward=train.fsdp_reshard_after_forward,
+        optimizer_impl=train.optim.impl,
+        gpus=train.parallel.gpus,
+        sharding=train.parallel.sharding,
+        fsdp_reshard_after_forward=train.parallel.reshard_after_forward,
         decision=decision,
     )
 

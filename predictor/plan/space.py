@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from memgnn.predictor.ir.vocab import SEARCH_MODES, SHARDINGS
-from memgnn.predictor.spec.train import OPTIMIZER_IMPLS, PRECISIONS, TrainSpec
+from memgnn.predictor.spec.choices import OPTIMIZER_IMPLS, PRECISIONS
+from memgnn.predictor.spec.train import TrainSpec
 
 __all__ = ["SearchSpace", "capture_spec", "cost", "variants"]
 
@@ -52,7 +53,7 @@ class SearchSpace:
             if p not in PRECISIONS:
                 raise ValueError(f"unknown precision {p!r} in search space")
         for c in self.checkpointing:
-            TrainSpec(checkpointing=c)  # validates the form
+            TrainSpec.of(checkpointing=c)  # validates the form
         if self.mode not in SEARCH_MODES:
             raise ValueError(f"mode must be power or binsearch, got {self.mode!r}")
         if self.effective_batch is not None and self.effective_batch < 1:
@@ -73,31 +74,34 @@ class SearchSpace:
 def cost(train: TrainSpec, n_blocks: int | None = None) -> float:
     """Relative step cost of checkpointing, precision, optimizer implementation and
     communication (1.0 = plain fp32 on one GPU, the optimizer PyTorch picks)."""
-    blocks = train.checkpoint_blocks
+    blocks = train.activations.checkpoint_blocks
     if blocks is None:
         recompute = 0.0
     elif blocks < 0 or not n_blocks:
         recompute = RECOMPUTE_COST
     else:
         recompute = RECOMPUTE_COST * min(blocks, n_blocks) / n_blocks
-    volume = COMM_VOLUME[train.sharding]
-    if train.sharding in ("fsdp", "hsdp") and not train.fsdp_reshard_after_forward:
+    volume = COMM_VOLUME[train.parallel.sharding]
+    if train.parallel.sharding in ("fsdp", "hsdp") and not train.parallel.reshard_after_forward:
         volume = 1.0
     comm = 1.0 + EXPOSED_COMM * volume
     return (
-        (1.0 + recompute) * PRECISION_COST[train.precision] * IMPL_COST[train.optimizer_impl] * comm
+        (1.0 + recompute)
+        * PRECISION_COST[train.numerics.precision]
+        * IMPL_COST[train.optim.impl]
+        * comm
     )
 
 
 def capture_spec(train: TrainSpec) -> TrainSpec:
     """The spec whose captured graph answers `train`: G >= 2 as G = 2 (the same graph)."""
-    return replace(train, grad_accum=min(train.grad_accum, 2))
+    return train.with_options(grad_accum=min(train.loop.grad_accum, 2))
 
 
 def _parallel_choices(base: TrainSpec, space: SearchSpace) -> list[tuple[int, str]]:
     """(gpus, sharding) pairs: one GPU runs unsharded; several take each sharding but none."""
-    gpus = space.gpus or [base.gpus]
-    shardings = space.sharding or [base.sharding]
+    gpus = space.gpus or [base.parallel.gpus]
+    shardings = space.sharding or [base.parallel.sharding]
     pairs = []
     for n in sorted(set(gpus)):
         if n == 1:
@@ -112,7 +116,7 @@ def variants(base: TrainSpec, space: SearchSpace) -> list[TrainSpec]:
     on 2 GPUs, is left out; ValueError naming the first when none is valid)."""
     out: list[TrainSpec] = []
     first_error: ValueError | None = None
-    impls = space.optimizer_impl or [base.optimizer_impl]
+    impls = space.optimizer_impl or [base.optim.impl]
     for precision in space.precision:
         for ckpt in space.checkpointing:
             for impl in dict.fromkeys(impls):
@@ -121,17 +125,18 @@ def variants(base: TrainSpec, space: SearchSpace) -> list[TrainSpec]:
                     for g in _accum_choices(space):
                         try:
                             out.append(
-                                replace(
-                                    base,
+                                base.with_options(
                                     precision=precision,
                                     checkpointing=ckpt,
                                     optimizer_impl=impl,
                                     gpus=n,
                                     sharding=sharding,
                                     fsdp_reshard_after_forward=(
-                                        base.fsdp_reshard_after_forward or not fsdp_like
+                                        base.parallel.reshard_after_forward or not fsdp_like
                                     ),
-                                    hsdp_shard_size=base.hsdp_shard_size if n == base.gpus else 0,
+                                    hsdp_shard_size=base.parallel.hsdp_shard_size
+                                    if n == base.parallel.gpus
+                                    else 0,
                                     grad_accum=g,
                                 )
                             )

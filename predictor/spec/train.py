@@ -1,182 +1,239 @@
-"""Specs shared by capture, profiling and prediction: what model, which sizes, how it trains.
+"""How one training step runs: the training spec, nested by concern (torchtitan's style).
 
-`ModelBundle` is everything needed to run one training step of a model: how to build it,
-how to make a batch at any sizes (concrete ints or symbolic sizes alike), and the loss.
-`TrainSpec` is how the step runs (precision, optimizer, checkpointing, accumulation).
+    TrainSpec
+      numerics     NumericsSpec(precision)
+      optim        OptimSpec(name, impl, lr, set_to_none)
+      activations  ActivationSpec(checkpointing)
+      kernels      KernelSpec(attention)
+      adapter      AdapterSpec(method, r, alpha, dropout, targets, dtype)
+      quant        QuantSpec(base, bnb_version)
+      parallel     ParallelSpec(gpus, sharding, reshard_after_forward, hsdp_shard_size, grad_sync)
+      loop         LoopSpec(grad_accum, steps, hold_outputs)
+
+Each leaf is declared once with `opt` (`predictor.spec.options`): its default, its flat
+option name (the CLI flag's dest, the key of a record), its help and allowed values;
+`OPTIONS` lists them. Each group checks its own fields in `__post_init__`; `TrainSpec`
+checks the rules across groups. `TrainSpec.of(precision="bf16", lora_r=16)` builds one
+from flat options, `flat()` gives them back (the form graphs and corpus records store),
+`to_dict()` is the nested form answers show. Defaults are what a plain PyTorch loop does.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from memgnn.predictor.ir.vocab import SHARDINGS
+from memgnn.predictor.spec.choices import (
+    ATTENTIONS,
+    BNB_4BIT_INPUT_FIX,
+    BNB_FIRST_4BIT,
+    BNB_INT8_REWRITE,
+    BNB_VERSION,
+    GRAD_SYNCS,
+    LORA_DTYPES,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PEFT_METHODS,
+    PRECISIONS,
+    QUANTIZE_BASES,
+    STEP_KINDS,
+    bnb_version_tuple,
+)
+from memgnn.predictor.spec.options import Option, group_options, opt
 
-PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
-TORCH_OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")  # torch.optim's
-OPTIMIZERS = (
-    *TORCH_OPTIMIZERS,
-    "adamw8bit",
-)  # + bitsandbytes' AdamW8bit (predictor/emulate/optim8bit.py)
-PEFT_METHODS = ("none", "lora")
-# LoRA adapters' dtype: fp32 = peft's default (get_peft_model(autocast_adapter_dtype=True)
-# upcasts bf16/fp16 adapters to fp32 and each adapted input with them); model = the base
-# model's dtype (autocast_adapter_dtype=False; LitGPT's own LoRA under bf16-true)
-LORA_DTYPES = ("fp32", "model")
-# bitsandbytes-quantised frozen base (QLoRA): see predictor/emulate/quant.py
-QUANTIZE_BASES = ("none", "nf4", "nf4-dq", "int8")
-# gradient sync under accumulation on several GPUs (predictor/emulate/parallel.py): every micro-step
-# (the default), or the last only: DDP no_sync(), FSDP2 set_requires_gradient_sync(False),
-# FSDP1 no_sync() (Lightning's no_backward_sync), which keep unsharded gradients until then
-GRAD_SYNCS = ("every", "last")
-# bitsandbytes versions (`TrainSpec.bnb_version`): the one whose kernels predictor/emulate/quant.py
-# models by default, the first with 4-bit matmuls, the fix that stopped 4-bit matmuls keeping
-# their input (PR #1270), the LLM.int8 rewrite (PR #1401) whose kernels quant.py models
-BNB_VERSION = "0.50.2"
-BNB_FIRST_4BIT = (0, 39, 0)
-BNB_4BIT_INPUT_FIX = (0, 43, 2)
-BNB_INT8_REWRITE = (0, 45, 0)
-_VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
-OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
-STEP_KINDS = ("first", "steady", "both")
-# HF's attn_implementation: auto = the model class's default (sdpa where it supports it)
-ATTENTIONS = ("auto", "eager", "sdpa", "flash")
-# none | full | blocks:N (our wrapper around the first N blocks) | hf (transformers' own
-# gradient checkpointing of every decoder layer, non-reentrant)
+__all__ = [
+    "OPTIONS",
+    "ActivationSpec",
+    "AdapterSpec",
+    "KernelSpec",
+    "LoopSpec",
+    "NumericsSpec",
+    "OptimSpec",
+    "ParallelSpec",
+    "QuantSpec",
+    "TrainSpec",
+]
+
+# none | full | blocks:N (memgnn's wrapper around the first N blocks) | hf (transformers'
+# own gradient checkpointing of every decoder layer, non-reentrant)
 _CKPT_RE = re.compile(r"^(none|full|hf|blocks:(\d+))$")
 
 
-def bnb_version_tuple(version: str) -> tuple[int, int, int]:
-    """'0.42.0' -> (0, 42, 0); a ValueError naming --bnb-version for anything else."""
-    m = _VERSION_RE.match(version) if isinstance(version, str) else None
-    if m is None:
-        raise ValueError(f"--bnb-version must look like 0.42.0, got {version!r}")
-    return int(m[1]), int(m[2]), int(m[3] or 0)
+def _choice(value: Any, choices: tuple, what: str) -> None:
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}; expected one of {choices}")
 
 
 @dataclass(kw_only=True, slots=True)
-class TrainSpec:
-    """How one training step runs. Defaults are what a plain PyTorch loop does."""
+class NumericsSpec:
+    """The dtypes of the step: parameters (the master weights) and compute."""
 
-    precision: str = "fp32"
-    optimizer: str = "adamw"
-    optimizer_impl: str = "auto"  # auto = what PyTorch picks for the target device
-    lr: float = 1e-3
-    checkpointing: str = "none"  # none | full | hf | blocks:N (the first N blocks)
-    grad_accum: int = 1
-    set_to_none: bool = True  # optimizer.zero_grad(set_to_none=...)
-    steps: str = "both"  # first | steady | both
-    # parameter-efficient fine-tuning through the peft library (see predictor/emulate/lora.py)
-    peft: str = "none"  # none | lora
-    lora_r: int = 8
-    lora_alpha: float = 16.0
-    lora_dropout: float = 0.0  # peft's LoraConfig default
-    lora_targets: str = ""  # comma-separated module names; "" = peft's default for the model
-    lora_dtype: str = "fp32"  # fp32 (peft's default) | model (adapters in the model's dtype)
-    # data/model parallelism (predictor/emulate/parallel.py): the answer is one rank's peak
-    gpus: int = 1  # world size
-    sharding: str = "none"  # none | ddp | fsdp | hsdp | zero1 | zero2 | zero3
-    fsdp_reshard_after_forward: bool = True  # fully_shard(reshard_after_forward=...)
-    hsdp_shard_size: int = 0  # hsdp: ranks per shard group; 0 = the default (see below)
-    grad_sync: str = "every"  # every | last (accumulate unsynced, sync on the last micro-step)
-    # the frozen base's Linear layers in bitsandbytes storage (CUDA targets, with peft lora):
-    # nf4 = Linear4bit NF4 (BitsAndBytesConfig's default, LitGPT's bnb.nf4), nf4-dq = with
-    # double quantisation (bnb_4bit_use_double_quant, LitGPT's bnb.nf4-dq), int8 = LLM.int8()
-    quantize_base: str = "none"  # none | nf4 | nf4-dq | int8
-    attention: str = (
-        "auto"  # eager | sdpa | flash (flash_attention_2); see predictor/emulate/attention.py
-    )
-    # the bitsandbytes release whose kernels run the quantised base: before 0.43.2 every 4-bit
-    # matmul kept its input as `ctx.tensors` until its autograd graph was freed
-    bnb_version: str = BNB_VERSION
-    # the loop keeps each micro-step's model outputs and loss until the next forward has
-    # made its own: `for b in loader: outputs = model(**b); loss = outputs.loss;
-    # loss.backward()` (accelerate's no_trainer examples), LitGPT's `logits = model(...)`.
-    # They live through backward and the optimizer step, and hold the autograd graph: what its
-    # nodes keep outside saved tensors (custom Functions' ctx attributes, e.g. bitsandbytes')
-    # outlives backward. Off: the outputs go with the forward, the loss after backward (HF
-    # Trainer: compute_loss returns the loss alone, training_step `loss.detach()`)
-    hold_outputs: bool = False
+    precision: str = opt(
+        "fp32", name="precision", choices=PRECISIONS,
+        help="fp32; bf16/fp16: weights, gradients and optimizer states in that dtype, no "
+        "fp32 master copy; amp-bf16/amp-fp16: fp32 master weights, autocast compute",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        self._check_parallel()
-        if self.peft not in PEFT_METHODS:
-            raise ValueError(f"unknown --peft {self.peft!r}; expected one of {PEFT_METHODS}")
-        if self.lora_r < 1:
-            raise ValueError(f"--lora-r must be >= 1, got {self.lora_r}")
-        if not self.lora_alpha > 0:
-            raise ValueError(f"--lora-alpha must be > 0, got {self.lora_alpha}")
-        if not 0.0 <= self.lora_dropout < 1.0:
-            raise ValueError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout}")
-        if self.lora_dtype not in LORA_DTYPES:
+        _choice(self.precision, PRECISIONS, "precision")
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision, torch.float32)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        return {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(self.precision)
+
+    @property
+    def uses_grad_scaler(self) -> bool:
+        return self.precision == "amp-fp16"
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimSpec:
+    """The optimizer and how its step and zero_grad run."""
+
+    name: str = opt(
+        "adamw", name="optimizer", choices=OPTIMIZERS,
+        help="torch.optim's sgd, adam, adamw, adafactor; bitsandbytes' adamw8bit",
+    )  # fmt: skip
+    impl: str = opt(
+        "auto", name="optimizer_impl", choices=OPTIMIZER_IMPLS,
+        help="auto: what PyTorch picks for the target device; foreach, fused or for-loop",
+    )  # fmt: skip
+    lr: float = opt(1e-3, name="lr", cli="none", lo=0, lo_open=True, hi=1e6,
+                    help="learning rate (no memory effect)")  # fmt: skip
+    set_to_none: bool = opt(
+        True, name="set_to_none", flag="--zero-grad", cli_values={"none": True, "zero": False},
+        help="zero_grad(set_to_none=True) ('none', the default) or keep zeroed grads ('zero')",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _choice(self.name, OPTIMIZERS, "optimizer")
+        if self.impl not in OPTIMIZER_IMPLS:
             raise ValueError(
-                f"unknown --lora-dtype {self.lora_dtype!r}; expected one of {LORA_DTYPES}"
+                f"unknown optimizer implementation {self.impl!r}; expected one of {OPTIMIZER_IMPLS}"
             )
-        if self.lora_dtype != "fp32" and self.peft != "lora":
-            raise ValueError(f"--lora-dtype {self.lora_dtype} applies to --peft lora only")
-        if self.quantize_base not in QUANTIZE_BASES:
-            raise ValueError(
-                f"unknown --quantize-base {self.quantize_base!r}; expected one of {QUANTIZE_BASES}"
-            )
-        if self.quantize_base != "none" and self.sharding != "none":
-            raise ValueError(
-                f"--quantize-base {self.quantize_base} with --sharding {self.sharding} is not "
-                "modelled (FSDP/DDP over bitsandbytes storage is not captured); drop one"
-            )
-        if self.quantize_base != "none" and self.peft != "lora":
-            raise ValueError(
-                f"--quantize-base {self.quantize_base} needs --peft lora: a bitsandbytes-"
-                "quantised base is frozen (its weights take no gradient), so only adapters train"
-            )
-        self._check_bnb()
-        if not isinstance(self.hold_outputs, bool):
-            raise ValueError(f"--hold-outputs must be true or false, got {self.hold_outputs!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; expected one of {PRECISIONS}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; expected one of {OPTIMIZERS}")
-        if self.optimizer_impl not in OPTIMIZER_IMPLS:
-            raise ValueError(
-                f"unknown optimizer implementation {self.optimizer_impl!r}; "
-                f"expected one of {OPTIMIZER_IMPLS}"
-            )
-        if self.optimizer == "adamw8bit" and self.optimizer_impl != "auto":
+        if self.name == "adamw8bit" and self.impl != "auto":
             raise ValueError(
                 "--optimizer adamw8bit runs bitsandbytes' own kernel: "
-                f"--optimizer-impl must be auto, got {self.optimizer_impl!r}"
+                f"--optimizer-impl must be auto, got {self.impl!r}"
             )
-        if self.optimizer in ("sgd", "adafactor") and self.optimizer_impl == "fused":
-            if self.optimizer == "adafactor":
-                raise ValueError("adafactor has no fused implementation")
+        if self.name == "adafactor" and self.impl == "fused":
+            raise ValueError("adafactor has no fused implementation")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+@dataclass(kw_only=True, slots=True)
+class ActivationSpec:
+    """What the step keeps of its activations for backward."""
+
+    checkpointing: str = opt(
+        "none", name="checkpointing", pattern=r"^(none|full|hf|blocks:[0-9]{1,6})$",
+        help="none | full | blocks:N (the first N blocks) | hf (transformers' own, every layer)",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
         if not _CKPT_RE.match(self.checkpointing):
             raise ValueError(
                 f"bad checkpointing {self.checkpointing!r}; expected none, full, hf or blocks:N"
             )
-        if self.attention not in ATTENTIONS:
-            raise ValueError(
-                f"unknown --attention {self.attention!r}; expected one of {ATTENTIONS}"
-            )
-        if self.grad_accum < 1:
-            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
-        if self.steps not in STEP_KINDS:
-            raise ValueError(f"unknown steps {self.steps!r}; expected one of {STEP_KINDS}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
 
-    def _check_bnb(self) -> None:
+    @property
+    def checkpoint_blocks(self) -> int | None:
+        """None: no checkpointing; -1: every block (full, hf); N: the first N blocks."""
+        if self.checkpointing == "none":
+            return None
+        if self.checkpointing in ("full", "hf"):
+            return -1
+        return int(self.checkpointing.split(":", 1)[1])
+
+
+@dataclass(kw_only=True, slots=True)
+class KernelSpec:
+    """Which kernels run the model's ops where the choice changes memory."""
+
+    attention: str = opt(
+        "auto", name="attention", choices=ATTENTIONS,
+        help="HF attn_implementation: eager | sdpa | flash (flash_attention_2, CUDA sm80+); "
+        "auto: the model class's default",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _choice(self.attention, ATTENTIONS, "--attention")
+
+
+@dataclass(kw_only=True, slots=True)
+class AdapterSpec:
+    """Parameter-efficient fine-tuning through the peft library (`emulate.lora`)."""
+
+    method: str = opt("none", name="peft", choices=PEFT_METHODS, help="LoRA through peft")
+    r: int = opt(8, name="lora_r", lo=1, hi=65_536, help="LoRA rank")
+    alpha: float = opt(16.0, name="lora_alpha", lo=0, lo_open=True, hi=1e6, help="LoRA alpha")
+    dropout: float = opt(0.0, name="lora_dropout", lo=0, hi=1, hi_open=True,
+                         help="LoRA dropout (peft's LoraConfig default 0)")  # fmt: skip
+    targets: str = opt("", name="lora_targets", max_length=4096,
+                       help="q_proj,v_proj,...; default: peft's for the model")  # fmt: skip
+    # fp32 = peft's default (get_peft_model(autocast_adapter_dtype=True) upcasts bf16/fp16
+    # adapters and each adapted input with them); model = the base model's dtype
+    # (autocast_adapter_dtype=False; LitGPT's own LoRA under bf16-true)
+    dtype: str = opt(
+        "fp32", name="lora_dtype", choices=LORA_DTYPES,
+        help="adapters in fp32 (peft's default upcast) or in the model's dtype (LitGPT's LoRA)",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _choice(self.method, PEFT_METHODS, "--peft")
+        if self.r < 1:
+            raise ValueError(f"--lora-r must be >= 1, got {self.r}")
+        if not self.alpha > 0:
+            raise ValueError(f"--lora-alpha must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--lora-dropout must be in [0, 1), got {self.dropout}")
+        _choice(self.dtype, LORA_DTYPES, "--lora-dtype")
+        if self.dtype != "fp32" and self.method != "lora":
+            raise ValueError(f"--lora-dtype {self.dtype} applies to --peft lora only")
+
+
+@dataclass(kw_only=True, slots=True)
+class QuantSpec:
+    """A bitsandbytes-quantised frozen base (QLoRA; `emulate.quant`)."""
+
+    # nf4 = Linear4bit NF4 (BitsAndBytesConfig's default, LitGPT's bnb.nf4), nf4-dq = with
+    # double quantisation (bnb_4bit_use_double_quant, LitGPT's bnb.nf4-dq), int8 = LLM.int8()
+    base: str = opt(
+        "none", name="quantize_base", choices=QUANTIZE_BASES,
+        help="QLoRA: the frozen base's Linears in bitsandbytes nf4 (nf4-dq: double quant) "
+        "or int8; GPU devices, with --peft lora",
+    )  # fmt: skip
+    # the bitsandbytes release whose kernels run the quantised base: before 0.43.2 every
+    # 4-bit matmul kept its input as `ctx.tensors` until its autograd graph was freed
+    bnb_version: str = opt(
+        BNB_VERSION, name="bnb_version", max_length=16,
+        help=f"bitsandbytes release of --quantize-base's kernels (default {BNB_VERSION}); "
+        "before 0.43.2 every 4-bit matmul kept its input until the graph was freed",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _choice(self.base, QUANTIZE_BASES, "--quantize-base")
         version = bnb_version_tuple(self.bnb_version)
-        if self.bnb_version != BNB_VERSION and self.quantize_base == "none":
+        if self.bnb_version != BNB_VERSION and self.base == "none":
             raise ValueError(
                 f"--bnb-version {self.bnb_version} applies to --quantize-base nf4|nf4-dq|int8 "
                 "(the quantised base's kernels)"
             )
-        if self.quantize_base != "none" and version < BNB_FIRST_4BIT:
+        if self.base != "none" and version < BNB_FIRST_4BIT:
             raise ValueError(
                 f"--bnb-version {self.bnb_version}: bitsandbytes' 4-bit storage came in 0.39.0"
             )
-        if self.quantize_base == "int8" and version < BNB_INT8_REWRITE:
+        if self.base == "int8" and version < BNB_INT8_REWRITE:
             raise ValueError(
                 f"--bnb-version {self.bnb_version} with --quantize-base int8 is not modelled: "
                 "LLM.int8 before bitsandbytes 0.45.0 ran col32 / tiled layouts (other "
@@ -184,19 +241,40 @@ class TrainSpec:
             )
 
     @property
-    def bnb_keeps_input(self) -> bool:
+    def keeps_input(self) -> bool:
         """4-bit matmuls keep their input alive with their graph node (bitsandbytes < 0.43.2:
         `MatMul4Bit` stored `ctx.tensors = (A, B)`; backward never reads A)."""
         return (
-            self.quantize_base in ("nf4", "nf4-dq")
+            self.base in ("nf4", "nf4-dq")
             and bnb_version_tuple(self.bnb_version) < BNB_4BIT_INPUT_FIX
         )
 
-    def _check_parallel(self) -> None:
+
+@dataclass(kw_only=True, slots=True)
+class ParallelSpec:
+    """Data parallelism and sharding (`emulate.parallel`): the answer is one rank's peak."""
+
+    gpus: int = opt(1, name="gpus", lo=1, hi=65_536, help="world size; the answer is one rank's")
+    sharding: str = opt("none", name="sharding", choices=SHARDINGS, help="how ranks split")
+    reshard_after_forward: bool = opt(
+        True, name="fsdp_reshard_after_forward", cli="bool",
+        help="fsdp/hsdp: free all-gathered parameters after forward (default true)",
+    )  # fmt: skip
+    hsdp_shard_size: int = opt(0, name="hsdp_shard_size", lo=0, hi=65_536,
+                               help="hsdp: ranks per shard group (0: the default)")  # fmt: skip
+    # every micro-step (the default), or the last only: DDP no_sync(), FSDP2
+    # set_requires_gradient_sync(False), FSDP1 no_sync() (Lightning's no_backward_sync),
+    # which keep unsharded gradients until then
+    grad_sync: str = opt(
+        "every", name="grad_sync", choices=GRAD_SYNCS,
+        help="with --grad-accum on several GPUs: sync gradients every micro-step, or the last "
+        "only (DDP/FSDP no_sync: unsharded gradients kept until then)",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
             raise ValueError(f"--gpus must be an integer >= 1, got {self.gpus!r}")
-        if self.sharding not in SHARDINGS:
-            raise ValueError(f"unknown --sharding {self.sharding!r}; expected one of {SHARDINGS}")
+        _choice(self.sharding, SHARDINGS, "--sharding")
         if self.sharding == "none" and self.gpus > 1:
             raise ValueError(
                 f"--gpus {self.gpus} needs --sharding (one of {SHARDINGS[1:]}): "
@@ -204,15 +282,12 @@ class TrainSpec:
             )
         if self.sharding != "none" and self.gpus < 2:
             raise ValueError(f"--sharding {self.sharding} needs --gpus >= 2, got {self.gpus}")
-        if not self.fsdp_reshard_after_forward and self.sharding not in ("fsdp", "hsdp"):
+        if not self.reshard_after_forward and self.sharding not in ("fsdp", "hsdp"):
             raise ValueError(
                 "--fsdp-reshard-after-forward false applies to --sharding fsdp or hsdp, "
                 f"not {self.sharding} (zero3 always reshards; zero2 keeps parameters whole)"
             )
-        if self.grad_sync not in GRAD_SYNCS:
-            raise ValueError(
-                f"unknown --grad-sync {self.grad_sync!r}; expected one of {GRAD_SYNCS}"
-            )
+        _choice(self.grad_sync, GRAD_SYNCS, "--grad-sync")
         if self.grad_sync != "every" and self.sharding == "none":
             raise ValueError(
                 f"--grad-sync {self.grad_sync} applies to several GPUs (--gpus N --sharding ...)"
@@ -244,26 +319,123 @@ class TrainSpec:
         fits = [d for d in range(2, 9) if self.gpus % d == 0 and self.gpus // d >= 2]
         return max(fits, default=1)
 
-    @property
-    def checkpoint_blocks(self) -> int | None:
-        """None: no checkpointing; -1: every block (full, hf); N: the first N blocks."""
-        if self.checkpointing == "none":
-            return None
-        if self.checkpointing in ("full", "hf"):
-            return -1
-        return int(self.checkpointing.split(":", 1)[1])
 
-    @property
-    def param_dtype(self) -> torch.dtype:
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision, torch.float32)
+@dataclass(kw_only=True, slots=True)
+class LoopSpec:
+    """The training loop around the step: accumulation, which steps, what it keeps."""
 
-    @property
-    def autocast_dtype(self) -> torch.dtype | None:
-        return {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(self.precision)
+    grad_accum: int = opt(1, name="grad_accum", lo=1, hi=1_000_000,
+                          help="gradient accumulation micro-steps per optimizer step")  # fmt: skip
+    steps: str = opt(
+        "both", name="steps", choices=STEP_KINDS,
+        help="the first step (optimizer state created), the steady one, or both",
+    )  # fmt: skip
+    # the loop keeps each micro-step's model outputs and loss until the next forward has
+    # made its own: `for b in loader: outputs = model(**b); loss = outputs.loss;
+    # loss.backward()` (accelerate's no_trainer examples), LitGPT's `logits = model(...)`.
+    # They live through backward and the optimizer step, and hold the autograd graph: what
+    # its nodes keep outside saved tensors (custom Functions' ctx attributes, e.g.
+    # bitsandbytes') outlives backward. Off: the outputs go with the forward, the loss after
+    # backward (HF Trainer: compute_loss returns the loss alone, training_step `loss.detach()`)
+    hold_outputs: bool = opt(
+        False, name="hold_outputs", cli="switch",
+        help="the loop keeps the last micro-step's loss/outputs (and graph) until the next "
+        "forward's (`loss = model(b).loss` in a for loop; LitGPT); default: freed after backward",
+    )  # fmt: skip
 
-    @property
-    def uses_grad_scaler(self) -> bool:
-        return self.precision == "amp-fp16"
+    def __post_init__(self) -> None:
+        if self.grad_accum < 1:
+            raise ValueError(f"grad_accum must be >= 1, got {self.grad_accum}")
+        _choice(self.steps, STEP_KINDS, "steps")
+        if not isinstance(self.hold_outputs, bool):
+            raise ValueError(f"--hold-outputs must be true or false, got {self.hold_outputs!r}")
 
-    def to_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}
+
+@dataclass(kw_only=True, slots=True)
+class TrainSpec:
+    """How one training step runs (see the module docstring for its groups)."""
+
+    numerics: NumericsSpec = field(default_factory=NumericsSpec)
+    optim: OptimSpec = field(default_factory=OptimSpec)
+    activations: ActivationSpec = field(default_factory=ActivationSpec)
+    kernels: KernelSpec = field(default_factory=KernelSpec)
+    adapter: AdapterSpec = field(default_factory=AdapterSpec)
+    quant: QuantSpec = field(default_factory=QuantSpec)
+    parallel: ParallelSpec = field(default_factory=ParallelSpec)
+    loop: LoopSpec = field(default_factory=LoopSpec)
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            if not isinstance(getattr(self, f.name), _GROUPS[f.name]):
+                raise ValueError(f"TrainSpec.{f.name} must be a {_GROUPS[f.name].__name__}")
+        base, sharding = self.quant.base, self.parallel.sharding
+        if base != "none" and sharding != "none":
+            raise ValueError(
+                f"--quantize-base {base} with --sharding {sharding} is not "
+                "modelled (FSDP/DDP over bitsandbytes storage is not captured); drop one"
+            )
+        if base != "none" and self.adapter.method != "lora":
+            raise ValueError(
+                f"--quantize-base {base} needs --peft lora: a bitsandbytes-"
+                "quantised base is frozen (its weights take no gradient), so only adapters train"
+            )
+
+    @classmethod
+    def of(cls, **options: Any) -> TrainSpec:
+        """A spec from flat options (`TrainSpec.of(precision="bf16", lora_r=16)`); a
+        ValueError names an option that does not exist."""
+        groups: dict[str, dict[str, Any]] = {name: {} for name in _GROUPS}
+        for name, value in options.items():
+            o = BY_NAME.get(name)
+            if o is None:
+                raise ValueError(f"unknown training option {name!r}; known: {', '.join(BY_NAME)}")
+            groups[o.group][o.field] = value
+        return cls(**{g: _GROUPS[g](**kw) for g, kw in groups.items()})
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainSpec:
+        """From `to_dict()`'s nested form or `flat()`'s (a stored graph's or record's)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a training spec is a mapping, got {type(data).__name__}")
+        nested = {k: v for k, v in data.items() if k in _GROUPS and isinstance(v, Mapping)}
+        flat = {k: v for k, v in data.items() if k not in nested}
+        for group, values in nested.items():
+            for name, value in values.items():
+                o = _BY_FIELD.get((group, name))
+                if o is None:
+                    raise ValueError(f"unknown training option {group}.{name}")
+                flat[o.name] = value
+        return cls.of(**flat)
+
+    def flat(self) -> dict[str, Any]:
+        """{option name: value} for every option, in declaration order."""
+        return {o.name: getattr(getattr(self, o.group), o.field) for o in OPTIONS}
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        """{group: {field: value}}, the nested form answers show."""
+        return dataclasses.asdict(self)
+
+    def with_options(self, **options: Any) -> TrainSpec:
+        """A copy with some flat options changed (checked like a new spec)."""
+        return TrainSpec.of(**(self.flat() | options))
+
+    def changed(self) -> dict[str, Any]:
+        """The options that differ from their defaults (what a user set)."""
+        return {n: v for n, v in self.flat().items() if v != BY_NAME[n].default}
+
+
+_GROUPS: dict[str, type] = {
+    "numerics": NumericsSpec,
+    "optim": OptimSpec,
+    "activations": ActivationSpec,
+    "kernels": KernelSpec,
+    "adapter": AdapterSpec,
+    "quant": QuantSpec,
+    "parallel": ParallelSpec,
+    "loop": LoopSpec,
+}
+assert list(_GROUPS) == [f.name for f in dataclasses.fields(TrainSpec)]
+OPTIONS: tuple[Option, ...] = tuple(o for g, c in _GROUPS.items() for o in group_options(g, c))
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+_BY_FIELD: dict[tuple[str, str], Option] = {(o.group, o.field): o for o in OPTIONS}
+assert len(BY_NAME) == len(OPTIONS), "option names must be unique"

@@ -39,8 +39,8 @@ def place_model(
         bundle = model
         with device.context(), torch.device(device.torch_device):
             module = model.build()
-            if any(p.dtype != train.param_dtype for p in module.parameters()):
-                module = module.to(train.param_dtype)
+            if any(p.dtype != train.numerics.param_dtype for p in module.parameters()):
+                module = module.to(train.numerics.param_dtype)
     else:
         module = model
         if bundle is not None:
@@ -56,24 +56,24 @@ def default_optimizer(
     """The TrainSpec's optimizer over the trainable parameters, its state on `device`."""
     params = [p for p in model.parameters() if p.requires_grad]
     if (
-        train.optimizer == "adamw8bit"
+        train.optim.name == "adamw8bit"
     ):  # predictor.emulate.optim8bit models memory only: train with bnb's
         try:
             from bitsandbytes.optim import AdamW8bit
         except ImportError as exc:
             raise ValueError(
-                "TrainSpec(optimizer='adamw8bit') trains with bitsandbytes.optim.AdamW8bit: "
+                "TrainSpec.of(optimizer='adamw8bit') trains with bitsandbytes.optim.AdamW8bit: "
                 "install bitsandbytes or pass your own optimizer"
             ) from exc
         with device.context():
-            return AdamW8bit(params, lr=train.lr)
+            return AdamW8bit(params, lr=train.optim.lr)
     with device.context():
         return build_optimizer(params, train, device.target)
 
 
 def make_scaler(device: GovernedDevice, train: TrainSpec, precisions: list[str]) -> Any:
     """A GradScaler when the TrainSpec or a precision the policy may pick needs one."""
-    if not (train.uses_grad_scaler or "amp-fp16" in precisions):
+    if not (train.numerics.uses_grad_scaler or "amp-fp16" in precisions):
         return None
     if isinstance(device, EmulatedDevice) and device.fake is not None:
         raise ValueError("a fake-executing device cannot run a GradScaler (fp16)")

@@ -39,7 +39,7 @@ def _signature(params: list[nn.Parameter]) -> Counter:
 def check_module(module: nn.Module, bundle: ModelBundle, train: TrainSpec) -> None:
     """ValueError if `module`'s trainable parameters are not the bundle model's."""
     with torch.device("meta"):
-        reference = bundle.build().to(train.param_dtype)
+        reference = bundle.build().to(train.numerics.param_dtype)
     want = [p for p in reference.parameters() if p.requires_grad]
     have = [p for p in module.parameters() if p.requires_grad]
     n_want, n_have = sum(p.numel() for p in want), sum(p.numel() for p in have)
@@ -56,14 +56,14 @@ def check_module(module: nn.Module, bundle: ModelBundle, train: TrainSpec) -> No
 
 def check_optimizer(optimizer: torch.optim.Optimizer, module: nn.Module, train: TrainSpec):
     """ValueError if `optimizer` keeps other state than the TrainSpec's optimizer would."""
-    expected = _CLASSES.get(train.optimizer)
+    expected = _CLASSES.get(train.optim.name)
     name = expected.__name__ if expected is not None else "bitsandbytes' AdamW8bit"
     cls = type(optimizer)
     bnb = cls.__name__ == "AdamW8bit" and cls.__module__.startswith("bitsandbytes")
     if (cls is not expected) if expected else not bnb:
         raise ValueError(
             f"the optimizer is {type(optimizer).__name__}, but the governor predicts for "
-            f"TrainSpec(optimizer={train.optimizer!r}) ({name}); its state memory "
+            f"TrainSpec.of(optimizer={train.optim.name!r}) ({name}); its state memory "
             "differs: pass a TrainSpec with the optimizer you train with"
         )
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -76,10 +76,10 @@ def check_optimizer(optimizer: torch.optim.Optimizer, module: nn.Module, train: 
             "exactly the module's trainable parameters"
         )
     for group in optimizer.param_groups:
-        if train.optimizer == "sgd" and not group.get("momentum"):
+        if train.optim.name == "sgd" and not group.get("momentum"):
             raise ValueError(
                 "SGD without momentum keeps no momentum buffers, but the governor's "
-                "TrainSpec(optimizer='sgd') predicts them (momentum=0.9)"
+                "TrainSpec.of(optimizer='sgd') predicts them (momentum=0.9)"
             )
         if group.get("amsgrad"):
             raise ValueError(
@@ -89,11 +89,11 @@ def check_optimizer(optimizer: torch.optim.Optimizer, module: nn.Module, train: 
         impl = "fused" if group.get("fused") else "foreach" if group.get("foreach") else None
         if impl is None and group.get("foreach") is False:
             impl = "for-loop"
-        if impl is not None and train.optimizer_impl not in ("auto", impl):
+        if impl is not None and train.optim.impl not in ("auto", impl):
             log.warning(
-                "the optimizer runs %s, the governor predicts TrainSpec(optimizer_impl=%r): "
+                "the optimizer runs %s, the governor predicts TrainSpec.of(optimizer_impl=%r): "
                 "its transient memory may differ",
                 impl,
-                train.optimizer_impl,
+                train.optim.impl,
             )
             break

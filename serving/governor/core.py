@@ -95,7 +95,7 @@ class MemoryGovernor:
         sizes_of: Callable[[Any], dict[str, int]] | None = None,
     ) -> None:
         self.config = config or GovernorConfig()
-        self.train = replace(train or TrainSpec(), steps="both", grad_accum=1)
+        self.train = (train or TrainSpec()).with_options(steps="both", grad_accum=1)
         self.device: GovernedDevice = resolve_device(device, capacity_bytes)
         self.capacity = int(self.device.capacity_bytes)
         self.bundle, self.model = place_model(model, bundle, self.device, self.train)
@@ -103,12 +103,12 @@ class MemoryGovernor:
         self.sizes_of = sizes_of or default_sizes
         blocks_of = (self.bundle.blocks if self.bundle else None) or default_blocks
         self.toggles = CheckpointToggles(blocks_of(self.model))
-        self.toggles.set(self.train.checkpointing)
+        self.toggles.set(self.train.activations.checkpointing)
         if optimizer is not None:
             check_optimizer(optimizer, self.model, self.train)
         self.optimizer = optimizer or default_optimizer(self.model, self.device, self.train)
         self.optimizer.register_step_pre_hook(self._on_optimizer_step)
-        precisions = self.config.policy.precision or [self.train.precision]
+        precisions = self.config.policy.precision or [self.train.numerics.precision]
         if scaler is None:
             scaler = make_scaler(self.device, self.train, precisions)
         self.scaler = scaler
@@ -138,7 +138,7 @@ class MemoryGovernor:
         self.base_graph = self.graph_for(self.train)  # captured once, at start
         self.observer = self._make_observer()
         self.governs_batching = False  # batches() forms the batches (token-budget mode)
-        self.precision = self.train.precision
+        self.precision = self.train.numerics.precision
         self.last_loss: float | None = None
         self._sizes_asked: dict[tuple[int | None, int], int] = {}
         self._batching_s = 0.0  # governor time spent forming batches since the last step

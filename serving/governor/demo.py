@@ -107,7 +107,7 @@ def _run(out_dir: Path, steps: int) -> dict[str, Any]:
     device = EmulatedDevice(DEMO_CAPACITY, byte_scale=DEMO_SCALE)
     gov = MemoryGovernor(
         tiny_varlen_bundle(),
-        TrainSpec(optimizer_impl="foreach"),
+        TrainSpec.of(optimizer_impl="foreach"),
         device=device,
         config=GovernorConfig(
             batching=BatchingConfig(max_length=512), cache_dir=out_dir / "graphs", prepare_all=True

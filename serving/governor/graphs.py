@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from memgnn.predictor.capture.cache import capture_cached
@@ -43,7 +42,11 @@ class StepGraphs:
 
     def __call__(self, train: TrainSpec) -> StepGraph:
         """The captured step for `train`'s (precision, checkpointing, G=1 | G>=2)."""
-        key = (train.precision, train.checkpointing, min(train.grad_accum, 2))
+        key = (
+            train.numerics.precision,
+            train.activations.checkpointing,
+            min(train.loop.grad_accum, 2),
+        )
         graph = self._graphs.get(key)
         if graph is None:
             graph = self.fixed if self.fixed is not None else self._capture(key)
@@ -52,11 +55,11 @@ class StepGraphs:
 
     def _capture(self, key: tuple[str, str, int]) -> StepGraph:
         t0 = time.perf_counter()
-        spec = replace(self.base, precision=key[0], checkpointing=key[1])
+        spec = self.base.with_options(precision=key[0], checkpointing=key[1])
         with _disable_current_modes():  # capture outside any device's dispatch mode
             graph = capture_cached(
                 self.bundle,
-                replace(spec, grad_accum=key[2], steps="both"),
+                spec.with_options(grad_accum=key[2], steps="both"),
                 target=self.target,
                 sm=self.sm,
                 directory=self.cache_dir,
@@ -69,4 +72,4 @@ class StepGraphs:
         for p in precisions:
             for c in checkpointing:
                 for g in (1, 2):
-                    self(replace(self.base, precision=p, checkpointing=c, grad_accum=g))
+                    self(self.base.with_options(precision=p, checkpointing=c, grad_accum=g))

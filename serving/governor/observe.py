@@ -133,8 +133,8 @@ class Observer:
         base = self.policy.base
         changed = (dec.grad_accum, dec.checkpointing, dec.precision) != (
             1,
-            base.checkpointing,
-            base.precision,
+            base.activations.checkpointing,
+            base.numerics.precision,
         )
         if retries == 0 and changed and count_avoided:
             self._count_avoided(n, sizes)

@@ -21,13 +21,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.ir.vocab import SEARCH_MODES
 from memgnn.predictor.plan.search import Candidate, PlanConfig, plan
 from memgnn.predictor.plan.space import SearchSpace, cost
-from memgnn.predictor.spec.train import PRECISIONS, TrainSpec
+from memgnn.predictor.spec.choices import PRECISIONS
+from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor.correction import GovernedPredictor
 from memgnn.serving.governor.world import World, WorldChoice, agree, resolve_world
 
@@ -105,7 +106,7 @@ class PolicyConfig:
         if not self.checkpointing:
             raise ValueError("checkpointing choices must not be empty")
         for c in self.checkpointing:
-            TrainSpec(checkpointing=c)
+            TrainSpec.of(checkpointing=c)
         for p in self.precision or ():
             if p not in PRECISIONS:
                 raise ValueError(f"unknown precision {p!r}")
@@ -131,11 +132,11 @@ class Policy:
         world: World | None = None,
     ) -> None:
         self.predictor, self.graph_for, self.base, self.cfg = predictor, graph_for, base, config
-        self.world = world or resolve_world(config.world_size, base.gpus)
+        self.world = world or resolve_world(config.world_size, base.parallel.gpus)
         self.capacity, self.n_blocks = capacity, n_blocks
         # the search space: what the config allows and the model can do
         self.checkpointing = list(config.checkpointing) if n_blocks else ["none"]
-        self.precisions = list(config.precision or [base.precision])
+        self.precisions = list(config.precision or [base.numerics.precision])
         self.plan_cfg = PlanConfig(
             budget_bytes=capacity, device=device, metric=metric, threshold=config.threshold
         )
@@ -153,7 +154,7 @@ class Policy:
         return out
 
     def train_for(self, ckpt: str, precision: str, g: int) -> TrainSpec:
-        return replace(self.base, checkpointing=ckpt, precision=precision, grad_accum=min(g, 2))
+        return self.base.with_options(checkpointing=ckpt, precision=precision, grad_accum=min(g, 2))
 
     def graph(self, ckpt: str, precision: str, g: int) -> StepGraph:
         return self.graph_for(self.train_for(ckpt, precision, g))
@@ -295,8 +296,8 @@ class Policy:
             b = max(min(found, self.cfg.max_batch), 1)
             st = self.states[bucket] = BucketState(
                 micro=b,
-                checkpointing=self.base.checkpointing,
-                precision=self.base.precision,
+                checkpointing=self.base.activations.checkpointing,
+                precision=self.base.numerics.precision,
                 changed=step,
                 checked=step,
                 ceiling=self.cfg.max_batch,

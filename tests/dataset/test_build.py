@@ -320,7 +320,7 @@ def test_sim_labels_use_the_symbolic_graph_once_it_agrees_with_a_concrete_captur
     bundle = make_bundle("gpt2", rows[0]["hparams"])
     for row in rows:  # a concrete capture gives the same labels at every size
         again = profile(
-            bundle, TrainSpec(**row["train"]), row["sizes"], ProfileConfig(device="a100-80gb")
+            bundle, TrainSpec.of(**row["train"]), row["sizes"], ProfileConfig(device="a100-80gb")
         )
         assert _labels(row) == (
             again.peak_allocated_bytes,

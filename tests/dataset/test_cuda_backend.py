@@ -200,7 +200,7 @@ def _bundle(loss: CountingLoss) -> ModelBundle:
 
 def _measure(loss: CountingLoss, api: FakeCuda | None = None, **kwargs):
     api = api or FakeCuda()
-    train = kwargs.pop("train", TrainSpec(optimizer="adamw", optimizer_impl="foreach"))
+    train = kwargs.pop("train", TrainSpec.of(optimizer="adamw", optimizer_impl="foreach"))
     out = measure_step(
         _bundle(loss), train, {"B": 8}, api=api, torch_device=torch.device("cpu"), **kwargs
     )
@@ -246,7 +246,7 @@ def test_measure_step_without_warmup_and_steady_only_plans():
     out, _ = _measure(loss, warmup_steps=0)
     assert loss.calls == 2 and out["breakdown"]["unmeasured_steps"] == []
     loss = CountingLoss()
-    out, _ = _measure(loss, warmup_steps=2, train=TrainSpec(steps="steady", grad_accum=3))
+    out, _ = _measure(loss, warmup_steps=2, train=TrainSpec.of(steps="steady", grad_accum=3))
     # warm-up step 0 and two extra steady steps, unmeasured; then step 1; 2 micro-steps each
     assert loss.calls == 2 * 4
     bd = out["breakdown"]

@@ -6,10 +6,10 @@ from memgnn.predictor.spec.train import TrainSpec
 
 CONFIGS = [
     TrainSpec(),
-    TrainSpec(optimizer="sgd", grad_accum=3),
-    TrainSpec(precision="amp-bf16", optimizer="adam"),
-    TrainSpec(checkpointing="full", optimizer="adafactor"),
-    TrainSpec(steps="steady", set_to_none=False),
+    TrainSpec.of(optimizer="sgd", grad_accum=3),
+    TrainSpec.of(precision="amp-bf16", optimizer="adam"),
+    TrainSpec.of(checkpointing="full", optimizer="adafactor"),
+    TrainSpec.of(steps="steady", set_to_none=False),
 ]
 
 
@@ -69,10 +69,10 @@ def test_sim_flags_oom_on_a_small_device(tiny_gpt):
 def test_invalid_configs_are_named(tiny_gpt, kwargs, message):
     with pytest.raises(ValueError, match=message):
         cfg = ProfileConfig(backend=kwargs.get("backend", "sim"), device=kwargs.get("device"))
-        train = TrainSpec(precision=kwargs.get("precision", "fp32"))
+        train = TrainSpec.of(precision=kwargs.get("precision", "fp32"))
         profile(tiny_gpt, train, kwargs.get("sizes", {"B": 2, "S": 4}), cfg)
     with pytest.raises(ValueError, match="unknown optimizer"):
-        TrainSpec(optimizer="lion")
+        TrainSpec.of(optimizer="lion")
 
 
 def test_batch_continues_past_a_model_that_raises(tiny_mlp):
@@ -103,7 +103,7 @@ def test_batch_continues_past_a_model_that_raises(tiny_mlp):
 
 @pytest.mark.parametrize("capacity", [None, 16 * 2**20])
 @pytest.mark.parametrize(
-    "train", [TrainSpec(), TrainSpec(precision="amp-fp16", checkpointing="full", grad_accum=2)]
+    "train", [TrainSpec(), TrainSpec.of(precision="amp-fp16", checkpointing="full", grad_accum=2)]
 )
 def test_compiled_replay_gives_the_python_simulators_record(tiny_gpt, train, capacity):
     from memgnn.predictor.sim.allocator import AllocatorConfig

@@ -64,7 +64,7 @@ def test_every_job_fits_the_caps_and_ranges():
         assert job.sizes["B"] * tokens <= cfg.max_tokens
         assert job.hparams.get("image", 0) <= cfg.max_image
         assert set(job.sizes) == set(family.dims)
-        TrainSpec(**job.train)  # a valid TrainSpec
+        TrainSpec.of(**job.train)  # a valid TrainSpec
 
 
 def test_layer_cap():
@@ -78,13 +78,13 @@ def test_pinned_hparams():
 
 
 def test_configs_that_cannot_run_are_skipped_with_a_reason():
-    assert "bfloat16" in skip_reason(TrainSpec(precision="bf16"), 2, "v100-16gb")
-    assert "bfloat16" in skip_reason(TrainSpec(precision="amp-bf16"), 2, "v100-16gb")
-    assert skip_reason(TrainSpec(precision="bf16"), 2, "a100-80gb") is None
-    assert "has none" in skip_reason(TrainSpec(checkpointing="full"), 0, "cpu")
-    assert "has 2" in skip_reason(TrainSpec(checkpointing="blocks:3"), 2, "h100-80gb")
-    assert skip_reason(TrainSpec(optimizer_impl="fused"), 2, "cpu") is None  # torch >= 2.4
-    fp16 = TrainSpec(precision="amp-fp16")
+    assert "bfloat16" in skip_reason(TrainSpec.of(precision="bf16"), 2, "v100-16gb")
+    assert "bfloat16" in skip_reason(TrainSpec.of(precision="amp-bf16"), 2, "v100-16gb")
+    assert skip_reason(TrainSpec.of(precision="bf16"), 2, "a100-80gb") is None
+    assert "has none" in skip_reason(TrainSpec.of(checkpointing="full"), 0, "cpu")
+    assert "has 2" in skip_reason(TrainSpec.of(checkpointing="blocks:3"), 2, "h100-80gb")
+    assert skip_reason(TrainSpec.of(optimizer_impl="fused"), 2, "cpu") is None  # torch >= 2.4
+    fp16 = TrainSpec.of(precision="amp-fp16")
     assert "slow reference kernel" in skip_reason(fp16, 2, "cpu", conv=True)
     assert (
         skip_reason(fp16, 2, "cpu") is None and skip_reason(fp16, 2, "a10g-24gb", conv=True) is None
@@ -139,7 +139,7 @@ def test_job_ids_ignore_training_fields_added_later_at_their_defaults():
     from memgnn.dataset.sampler import canonical_id
     from memgnn.predictor.spec.train import TrainSpec
 
-    train = TrainSpec().to_dict()
+    train = TrainSpec().flat()
     old = {k: v for k, v in train.items() if k not in ("attention", "quantize_base", "gpus")}
     base = {"model": "gpt2", "train": old, "sizes": {"B": 2}}
     assert canonical_id(base | {"train": train}) == canonical_id(base)  # resumes keep ids

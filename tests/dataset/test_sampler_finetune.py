@@ -41,7 +41,7 @@ def test_lora_modules_split_attention_from_the_rest():
 def _draws(n=400, precision="bf16", **kw):
     args = {"transformers": True, "modules": MODULES, "gpu": True, "sm": 80} | kw
     args.setdefault("kinds", ("lora",))
-    base = TrainSpec(precision=precision).to_dict()
+    base = TrainSpec.of(precision=precision).flat()
     return [ft.draw_finetune(random.Random(i), base, **args) for i in range(n)]
 
 
@@ -52,7 +52,7 @@ def test_lora_draws_are_valid_specs_with_the_models_targets():
     assert {d["lora_r"] for d in lora} == set(ft.LORA_RANKS)
     assert {d["lora_targets"] for d in lora} == {"k_proj,q_proj", "k_proj,q_proj,up"}
     for d in lora:
-        TrainSpec(**TrainSpec().to_dict() | d)
+        TrainSpec.of(**TrainSpec().flat() | d)
         assert d["lora_alpha"] in (d["lora_r"], 2 * d["lora_r"], 16)
     # with a peft default for the model, "" (peft's default) is one of the choices
     with_default = _draws(modules=MODULES | {"default": ["q_proj"]})
@@ -65,7 +65,7 @@ def test_no_lora_outside_transformers_or_without_module_names():
 
 
 def test_the_same_rng_gives_the_same_draw_and_takes_the_same_numbers():
-    base = TrainSpec().to_dict()
+    base = TrainSpec().flat()
     kw = {"transformers": True, "modules": MODULES, "gpu": True, "sm": 90}
     assert ft.draw_finetune(random.Random(7), base, **kw) == ft.draw_finetune(
         random.Random(7), base, **kw
@@ -91,7 +91,7 @@ def test_qlora_and_attention_are_drawn_when_asked_for():
     assert not any("quantize_base" in d or "attention" in d for d in cpu)
     assert any("peft" in d for d in cpu)  # LoRA runs on the CPU too
     for d in gpu:
-        TrainSpec(**TrainSpec(precision="bf16").to_dict() | d)  # every draw is a valid spec
+        TrainSpec.of(**TrainSpec.of(precision="bf16").flat() | d)  # every draw is a valid spec
 
 
 def test_adamw8bit_replaces_a_drawn_adam_on_gpu_only():
@@ -102,7 +102,7 @@ def test_adamw8bit_replaces_a_drawn_adam_on_gpu_only():
     assert all(d["optimizer_impl"] == "auto" for d in eight)
     assert any("peft" in d for d in eight) and any("peft" not in d for d in eight)
     assert not any("optimizer" in d for d in _draws(gpu=False, sm=None, kinds=ft.FINETUNE_KINDS))
-    sgd = TrainSpec(optimizer="sgd").to_dict()
+    sgd = TrainSpec.of(optimizer="sgd").flat()
     args = {"transformers": True, "modules": MODULES, "gpu": True, "sm": 80}
     assert not any("optimizer" in ft.draw_finetune(random.Random(i), sgd, **args)
                    for i in range(200))  # fmt: skip
@@ -150,7 +150,7 @@ def test_sampler_draws_lora_configs_and_keeps_the_rest_of_each_config(backend):
     lora = [j for j in on if j.train["peft"] == "lora"]
     assert lora and {j.model for j in lora} <= {"llama", "gpt2"}
     assert all(j.train["peft"] == "none" for j in off)
-    base = set(TrainSpec().to_dict()) - {"peft", "lora_r", "lora_alpha", "lora_dropout",
+    base = set(TrainSpec().flat()) - {"peft", "lora_r", "lora_alpha", "lora_dropout",
                                          "lora_targets"}  # fmt: skip
     for a, b in zip(on, off, strict=True):  # same hparams, sizes and base training config
         assert (a.model, a.hparams, a.sizes, a.device) == (b.model, b.hparams, b.sizes, b.device)

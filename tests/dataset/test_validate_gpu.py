@@ -33,11 +33,11 @@ def test_config_matrix_size_and_coverage():
     assert len({c.family for c in configs}) >= 5
     trains = [c.train_spec() for c in configs]  # every one a valid TrainSpec
     assert all(isinstance(t, TrainSpec) for t in trains)
-    assert {t.precision for t in trains} >= {"fp32", "bf16", "amp-bf16", "amp-fp16"}
-    assert {t.optimizer for t in trains} >= {"adamw", "sgd", "adafactor"}
-    assert {t.optimizer_impl for t in trains if t.optimizer == "adamw"} >= {"foreach", "fused"}
-    assert {t.checkpointing for t in trains} == {"none", "full"}
-    assert {t.grad_accum for t in trains} == {1, 2}
+    assert {t.numerics.precision for t in trains} >= {"fp32", "bf16", "amp-bf16", "amp-fp16"}
+    assert {t.optim.name for t in trains} >= {"adamw", "sgd", "adafactor"}
+    assert {t.optim.impl for t in trains if t.optim.name == "adamw"} >= {"foreach", "fused"}
+    assert {t.activations.checkpointing for t in trains} == {"none", "full"}
+    assert {t.loop.grad_accum for t in trains} == {1, 2}
     assert config_matrix() == configs  # deterministic
 
 
@@ -50,7 +50,7 @@ def test_config_matrix_sizes_stay_small():
 def test_validation_config_checks_and_job_id():
     cfg = ValidationConfig(model="gpt2", hparams={"layers": 2}, sizes={"B": 2, "S": 8})
     assert cfg.family == "gpt2"
-    assert cfg.train == TrainSpec().to_dict()  # defaults made explicit
+    assert cfg.train == TrainSpec().flat()  # defaults made explicit
     same = ValidationConfig(model="gpt2", hparams={"layers": 2}, sizes={"S": 8, "B": 2})
     assert same.job_id == cfg.job_id and len(cfg.job_id) == 40
     other = ValidationConfig(model="gpt2", hparams={"layers": 2}, sizes={"B": 4, "S": 8})
@@ -154,7 +154,7 @@ class FakeProfile:
             model=bundle.name,
             family=bundle.family,
             sizes=sizes,
-            train=train.to_dict(),
+            train=train.flat(),
             peak_allocated_bytes=value,
             peak_reserved_bytes=2 * value,
             device_total_bytes=2 * value + 5000,

@@ -166,9 +166,16 @@ VOLATILE = {
 
 
 def normalize(value: Any) -> Any:
-    """The answer without the keys that describe the run."""
+    """The answer without the keys that describe the run; a training spec in its flat form
+    (`TrainSpec.flat`: how it is spelled does not change what it says)."""
+    from memgnn.predictor.spec.train import TrainSpec
+
     if isinstance(value, dict):
-        return {k: normalize(v) for k, v in value.items() if k not in VOLATILE}
+        return {
+            k: TrainSpec.from_dict(v).flat() if k == "train" else normalize(v)
+            for k, v in value.items()
+            if k not in VOLATILE
+        }
     if isinstance(value, list):
         return [normalize(v) for v in value]
     return value

@@ -20,7 +20,7 @@ def client(tmp_path_factory):
 
 def test_predict_sharded_graph_is_per_rank(client):
     single = capture(tiny_mlp_bundle(), TrainSpec())
-    ddp = capture(tiny_mlp_bundle(), TrainSpec(gpus=2, sharding="ddp"))
+    ddp = capture(tiny_mlp_bundle(), TrainSpec.of(gpus=2, sharding="ddp"))
     config = {"sizes": {"B": 2}, "device": "cpu"}
     one = client.post("/predict", json={"graph": single.content(), "configs": [config]})
     two = client.post("/predict", json={"graph": ddp.content(), "configs": [config]})

@@ -15,7 +15,7 @@ from tiny_models import tiny_mlp_bundle
 
 @pytest.fixture(scope="module")
 def graph():
-    return capture(tiny_mlp_bundle(), TrainSpec(optimizer="sgd"))
+    return capture(tiny_mlp_bundle(), TrainSpec.of(optimizer="sgd"))
 
 
 def test_resident_bytes_are_the_parameters_here(graph):

@@ -84,7 +84,7 @@ def test_remote_predict_prints_the_cli_contract(url):
     out = remote_predict(
         url,
         model="mlp",
-        train=TrainSpec(optimizer="sgd"),
+        train=TrainSpec.of(optimizer="sgd"),
         sizes={"B": 8},
         device="a100-80gb",
         metric="allocated",
@@ -104,7 +104,7 @@ def test_remote_predict_prints_the_cli_contract(url):
         assert key in out
     assert out["metric"] == "allocated" and out["sizes"] == {"B": 8}
     assert out["model_version"] == "analytic-1" and out["method"] == "analytic"
-    exact = remote_predict(url, model="mlp", train=TrainSpec(optimizer="sgd"), sizes={"B": 8},
+    exact = remote_predict(url, model="mlp", train=TrainSpec.of(optimizer="sgd"), sizes={"B": 8},
                            device="a100-80gb", method="replay")  # fmt: skip
     assert exact["method"] == "replay" and exact["model_version"] == "replay-1"
     with pytest.raises(ServiceError, match="model"):

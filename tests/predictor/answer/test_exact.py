@@ -27,11 +27,11 @@ A100 = get_profile("a100-80gb")
 @pytest.fixture(scope="module")
 def graphs(one_thread):
     """Symbolic CUDA captures of real zoo models at small size (and the tiny GPT)."""
-    adamw = TrainSpec(optimizer="adamw")
+    adamw = TrainSpec.of(optimizer="adamw")
     return {
         "gpt2": capture(resolve("gpt2", {}, None), adamw, CaptureConfig(target="cuda")),
         "tiny-gpt-ckpt": capture(
-            tiny_gpt_bundle(), TrainSpec(checkpointing="full"), CaptureConfig(target="cuda")
+            tiny_gpt_bundle(), TrainSpec.of(checkpointing="full"), CaptureConfig(target="cuda")
         ),
     }
 

@@ -17,7 +17,7 @@ def test_python_branch_is_enumerated_as_paths(early_exit):
 
 
 def test_torch_cond_is_enumerated_with_its_kind(cond_model):
-    g = capture(cond_model, TrainSpec(steps="first"))
+    g = capture(cond_model, TrainSpec.of(steps="first"))
     assert len(g.paths) == 2
     assert {p.conditions[0]["kind"] for p in g.paths} == {"torch.cond"}
     r = sweep(g, {"B": 4, "S": 9})
@@ -45,11 +45,11 @@ def test_moe_tokens_per_expert_get_bounded_symbols(tiny_moe):
 
 @pytest.mark.parametrize("scenario", ["min", "balanced", "worst"])
 def test_moe_symbolic_matches_concrete_per_scenario(tiny_moe, scenario):
-    sym = capture(tiny_moe, TrainSpec(steps="first"))
+    sym = capture(tiny_moe, TrainSpec.of(steps="first"))
     sizes = {"B": 5, "S": 7}
     conc = capture(
         tiny_moe,
-        TrainSpec(steps="first"),
+        TrainSpec.of(steps="first"),
         CaptureConfig(symbolic=False, sizes=sizes, scenario=scenario),
     )
     a = sym.storage_bytes(0, sym.resolve_sizes(sizes, scenario))

@@ -17,7 +17,7 @@ from memgnn.predictor.memory.base import Query
 from memgnn.predictor.spec.train import TrainSpec
 from tiny_models import write_tiny_gpt2_config
 
-TRAIN = TrainSpec(steps="first")
+TRAIN = TrainSpec.of(steps="first")
 SIZES = {"B": 2, "S": 8}
 
 CNN = """

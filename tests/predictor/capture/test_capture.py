@@ -27,7 +27,7 @@ def _memory_equal(sym, conc, sizes):
     return ops[0] == ops[1] and list(a) == list(b)
 
 
-@pytest.mark.parametrize("train", [TrainSpec(), TrainSpec(precision="amp-bf16", grad_accum=3)])
+@pytest.mark.parametrize("train", [TrainSpec(), TrainSpec.of(precision="amp-bf16", grad_accum=3)])
 def test_symbolic_capture_matches_concrete_captures(tiny_gpt, train):
     sym = capture(tiny_gpt, train)
     assert sym.meta["symbolic"] and "B" in sym.symbols
@@ -80,13 +80,13 @@ def _expected_state(model, optimizer):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw", "adafactor"])
 def test_parameter_gradient_and_optimizer_bytes_match_analytic_count(tiny_gpt, optimizer):
-    g = capture(tiny_gpt, TrainSpec(optimizer=optimizer), CaptureConfig(target="cpu"))
+    g = capture(tiny_gpt, TrainSpec.of(optimizer=optimizer), CaptureConfig(target="cpu"))
     model = tiny_gpt.build()
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     assert _state_bytes(g, "parameter") == param_bytes
     assert _state_bytes(g, "optimizer_state") == _expected_state(model, optimizer)
     kept = capture(
-        tiny_gpt, TrainSpec(optimizer=optimizer, set_to_none=False), CaptureConfig(target="cpu")
+        tiny_gpt, TrainSpec.of(optimizer=optimizer, set_to_none=False), CaptureConfig(target="cpu")
     )
     assert _state_bytes(kept, "gradient") == param_bytes  # zeroed grads are kept
 
@@ -100,8 +100,8 @@ def test_cuda_target_keeps_adam_step_counters_on_host(tiny_gpt):
 
 
 def test_pure_bf16_halves_parameter_bytes(tiny_gpt):
-    fp32 = capture(tiny_gpt, TrainSpec(steps="first"))
-    bf16 = capture(tiny_gpt, TrainSpec(precision="bf16", steps="first"))
+    fp32 = capture(tiny_gpt, TrainSpec.of(steps="first"))
+    bf16 = capture(tiny_gpt, TrainSpec.of(precision="bf16", steps="first"))
     assert _state_bytes(bf16, "parameter") * 2 == _state_bytes(fp32, "parameter")
 
 
@@ -110,13 +110,13 @@ def test_checkpointing_lowers_activation_peak(tiny_gpt):
 
     sizes = {"B": 8, "S": 256}
     plain = sweep(capture(tiny_gpt, TrainSpec()), sizes)
-    ckpt = sweep(capture(tiny_gpt, TrainSpec(checkpointing="full")), sizes)
+    ckpt = sweep(capture(tiny_gpt, TrainSpec.of(checkpointing="full")), sizes)
     assert ckpt.best.breakdown["activation"] < plain.best.breakdown["activation"]
     assert ckpt.peak_bytes < plain.peak_bytes
 
 
 def test_steady_only_registers_optimizer_state_before_the_step(tiny_mlp):
-    g = capture(tiny_mlp, TrainSpec(steps="steady"))
+    g = capture(tiny_mlp, TrainSpec.of(steps="steady"))
     p = g.paths[0]
     assert set(p.nodes["step"]) == {1}
     pre = [CATEGORIES[c] for c, a in zip(p.storages["category"], p.storages["alloc"]) if a < 0]
@@ -168,7 +168,7 @@ def test_zoo_symbolic_capture_matches_concrete(name, hparams, points):
     from memgnn.predictor.zoo import make_bundle
 
     bundle = make_bundle(name, hparams)
-    train = TrainSpec(steps="first")
+    train = TrainSpec.of(steps="first")
     sym = capture(bundle, train, CaptureConfig(target="cpu"))
     for sizes in points:
         assert not sym.violated_guards(sym.resolve_sizes(sizes))
@@ -205,7 +205,7 @@ def test_hf_architectures_without_sdpa_capture_symbolically(tmp_path, model_type
     folder = tmp_path / model_type
     transformers.AutoConfig.for_model(model_type, **kwargs).save_pretrained(str(folder))
     bundle = resolve(f"hf:{folder}", task=task)
-    train = TrainSpec(steps="first")
+    train = TrainSpec.of(steps="first")
     sym = capture(bundle, train, CaptureConfig(target="cpu"))
     for sizes in ({"B": 2, "S": 7}, {"B": 3, "S": 40}):
         assert not sym.violated_guards(sym.resolve_sizes(sizes))
@@ -219,7 +219,7 @@ def test_trained_attention_bias_captures_symbolically_on_a_cuda_target():
     from memgnn.predictor.zoo import make_bundle
 
     bundle = make_bundle("t5", {"dropout": 0.0})
-    train = TrainSpec(steps="first")
+    train = TrainSpec.of(steps="first")
     sym = capture(bundle, train, CaptureConfig(target="cuda"))
     ops = {op for p in sym.paths for op in p.nodes["op"]}
     assert "_scaled_dot_product_efficient_attention_backward.default" in ops

@@ -28,11 +28,11 @@ def _bundle(stride: int = 1) -> ModelBundle:
 
 
 def test_describe_counts_tied_weights_once_and_reads_dtypes():
-    info = describe(Tied(), _bundle(), TrainSpec(precision="amp-bf16"))
+    info = describe(Tied(), _bundle(), TrainSpec.of(precision="amp-bf16"))
     assert info.parameters == 40 + (4 * 4 * 3 + 4) + 3 * 20
     assert info.param_dtype == "float32" and info.compute_dtype == "bfloat16"
     assert info.blocks == 3 and info.kind == "py" and info.module_class == "Tied"
-    fake = describe_bundle(_bundle(), TrainSpec(precision="bf16"), "cpu")
+    fake = describe_bundle(_bundle(), TrainSpec.of(precision="bf16"), "cpu")
     assert fake.parameters == info.parameters and fake.param_dtype == "bfloat16"
     assert fake.parameter_bytes == 2 * info.parameters
 

@@ -39,13 +39,13 @@ def _bundle(layers: int, model=TinyGPT) -> ModelBundle:
 
 TRAINS = [
     TrainSpec(),
-    TrainSpec(optimizer_impl="for-loop", steps="steady"),
-    TrainSpec(precision="bf16", optimizer_impl="fused", checkpointing="full"),
-    TrainSpec(precision="amp-bf16", optimizer="sgd", grad_accum=2, checkpointing="blocks:9"),
+    TrainSpec.of(optimizer_impl="for-loop", steps="steady"),
+    TrainSpec.of(precision="bf16", optimizer_impl="fused", checkpointing="full"),
+    TrainSpec.of(precision="amp-bf16", optimizer="sgd", grad_accum=2, checkpointing="blocks:9"),
 ]
 
 
-@pytest.mark.parametrize("train", TRAINS, ids=lambda t: f"{t.precision}-{t.optimizer_impl}")
+@pytest.mark.parametrize("train", TRAINS, ids=lambda t: f"{t.numerics.precision}-{t.optim.impl}")
 def test_replicated_graph_is_the_full_capture(train):
     bundle = _bundle(7)
     fast = capture(bundle, train, CaptureConfig(mode="blocks", blocks_depth=4))
@@ -69,8 +69,8 @@ def test_blocks_that_differ_fall_back_to_the_full_capture():
 @pytest.mark.parametrize(
     ("train", "why"),
     [
-        (TrainSpec(checkpointing="blocks:2"), "checkpointing 2 of 6"),
-        (TrainSpec(gpus=2, sharding="ddp"), "sharding"),
+        (TrainSpec.of(checkpointing="blocks:2"), "checkpointing 2 of 6"),
+        (TrainSpec.of(gpus=2, sharding="ddp"), "sharding"),
     ],
 )
 def test_ineligible_steps_are_captured_in_full(train, why):
@@ -173,7 +173,7 @@ def test_old_bnb_inputs_freed_at_one_node_replicate(tmp_path):
     config.to_json_file(str(tmp_path / "config.json"))
     bundle = zoo.resolve(f"hf:{tmp_path / 'config.json'}")
     assert transformers and bundle.layers == 6
-    train = TrainSpec(
+    train = TrainSpec.of(
         peft="lora", lora_targets="q_proj,v_proj", precision="bf16", quantize_base="nf4",
         bnb_version="0.42.0",
     )  # fmt: skip

@@ -27,7 +27,7 @@ def llama_config(tiny_llama) -> str:
 
 
 def _schedule(bundle, checkpointing: str) -> dict:
-    graph = capture(bundle, TrainSpec(checkpointing=checkpointing), CaptureConfig(target="cpu"))
+    graph = capture(bundle, TrainSpec.of(checkpointing=checkpointing), CaptureConfig(target="cpu"))
     p = graph.paths[0]
     storages = {k: list(v) for k, v in p.storages.items()}
     storages["nbytes"] = [graph.exprs[e] for e in storages["nbytes"]]
@@ -44,7 +44,7 @@ def test_hf_checkpointing_is_full_storage_for_storage_without_a_cache(llama_conf
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_hf_checkpointing_sim_equals_a_real_cpu_step(llama_config, precision):
     bundle = zoo.resolve(f"hf:{llama_config}")
-    train = TrainSpec(checkpointing="hf", precision=precision)
+    train = TrainSpec.of(checkpointing="hf", precision=precision)
     real = profile(bundle, train, SIZES, ProfileConfig(backend="cpu"))
     sim = profile(bundle, train, SIZES, ProfileConfig(backend="sim", device="cpu"))
     assert sim.peak_allocated_bytes == real.peak_allocated_bytes
@@ -59,7 +59,10 @@ def test_checkpointing_turns_the_kv_cache_off_as_hf_does(llama_config):
     assert _schedule(bundle, "hf") == _schedule(bundle, "full")
     peaks = {
         c: profile(
-            bundle, TrainSpec(checkpointing=c, steps="first"), SIZES, ProfileConfig(backend="sim")
+            bundle,
+            TrainSpec.of(checkpointing=c, steps="first"),
+            SIZES,
+            ProfileConfig(backend="sim"),
         ).breakdown["tensor_phase_peaks"]["forward"]
         for c in ("hf", "full", "none")
     }
@@ -81,7 +84,7 @@ def test_recomputed_layers_attend_over_s_keys(llama_config, monkeypatch, checkpo
 
     monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS, "sdpa", spy)
     bundle = zoo.resolve(f"hf:{llama_config}")
-    train = TrainSpec(checkpointing=checkpointing, attention="sdpa")
+    train = TrainSpec.of(checkpointing=checkpointing, attention="sdpa")
     step = TrainingStep(bundle, train, device=torch.device("cpu"), target="cpu")
     batch = bundle.make_inputs(SIZES, torch.device("cpu"), torch.float32)
     bundle.loss(step.model, batch).backward()
@@ -90,23 +93,23 @@ def test_recomputed_layers_attend_over_s_keys(llama_config, monkeypatch, checkpo
 
 
 def test_hf_checkpointing_wraps_every_decoder_layer(llama_config):
-    step = fake_step(zoo.resolve(f"hf:{llama_config}"), TrainSpec(checkpointing="hf"))
+    step = fake_step(zoo.resolve(f"hf:{llama_config}"), TrainSpec.of(checkpointing="hf"))
     assert step.checkpointed == LAYERS
     layers = step.model.model.layers
     assert all(layer.gradient_checkpointing for layer in layers)
-    assert TrainSpec(checkpointing="hf").checkpoint_blocks == -1  # every block, as full
+    assert TrainSpec.of(checkpointing="hf").checkpoint_blocks == -1  # every block, as full
 
 
 def test_hf_checkpointing_needs_a_transformers_model():
     with pytest.raises(ValueError, match="--checkpointing hf: TinyGPT"):
         TrainingStep(
             tiny_gpt_bundle(),
-            TrainSpec(checkpointing="hf"),
+            TrainSpec.of(checkpointing="hf"),
             device=torch.device("cpu"),
             target="cpu",
         )
     with pytest.raises(ValueError, match="none, full, hf or blocks:N"):
-        TrainSpec(checkpointing="hf:2")
+        TrainSpec.of(checkpointing="hf:2")
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
@@ -115,7 +118,7 @@ def test_t5_decoder_recomputes_without_its_own_cache(attention):
     # use_cache from it: turning the top config's off left the decoder caching, and its
     # recomputed layers then failed (eager: 2 x T keys; sdpa: a CheckpointError)
     bundle = zoo.resolve("t5", {"layers": "2"})
-    train = TrainSpec(checkpointing="full", attention=attention)
+    train = TrainSpec.of(checkpointing="full", attention=attention)
     step = TrainingStep(bundle, train, device=torch.device("cpu"), target="cpu")
     assert not any(
         getattr(getattr(m, "config", None), "use_cache", False) for m in step.model.modules()
@@ -132,7 +135,7 @@ def test_held_outputs_keep_the_last_logits_through_backward(llama_config):
     bundle = zoo.resolve(f"hf:{llama_config}")
     peaks = {}
     for hold in (False, True):
-        graph = capture(bundle, TrainSpec(hold_outputs=hold), CaptureConfig(target="cpu"))
+        graph = capture(bundle, TrainSpec.of(hold_outputs=hold), CaptureConfig(target="cpu"))
         peaks[hold] = sweep(graph, SIZES).peak_bytes
     logits = SIZES["B"] * SIZES["S"] * LLAMA_VOCAB * 4  # fp32, B x S x V
     assert peaks[True] - peaks[False] == logits

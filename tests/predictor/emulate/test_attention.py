@@ -39,7 +39,7 @@ def saved_for_backward(bundle: ModelBundle, train: TrainSpec, target: str) -> Co
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_sim_equals_a_real_cpu_step(tiny_llama, attention):
-    train = TrainSpec(attention=attention, steps="first")
+    train = TrainSpec.of(attention=attention, steps="first")
     real = profile(tiny_llama, train, SIZES, ProfileConfig(backend="cpu"))
     sim = profile(tiny_llama, train, SIZES, ProfileConfig(backend="sim", device="cpu"))
     assert sim.peak_allocated_bytes == real.peak_allocated_bytes
@@ -51,7 +51,7 @@ def test_no_cache_sim_equals_a_real_cpu_step(tiny_llama):
     # tensors it assumed packing and built a 4-D mask the real step never builds
     # (sim over-predicted by B x S x vocab x 4 bytes here before unpacked_positions)
     bundle = zoo.resolve(f"hf:{tiny_llama.hparams['config']}", {"use_cache": "false"})
-    train = TrainSpec(steps="first")
+    train = TrainSpec.of(steps="first")
     real = profile(bundle, train, SIZES, ProfileConfig(backend="cpu"))
     sim = profile(bundle, train, SIZES, ProfileConfig(backend="sim", device="cpu"))
     assert sim.peak_allocated_bytes == real.peak_allocated_bytes
@@ -61,24 +61,24 @@ def test_eager_keeps_the_attention_probabilities_by_hand(tiny_llama):
     # eager_attention_forward: softmax(scores, dtype=fp32) is kept for its backward,
     # B x H x S x S x 4 bytes per layer; sdpa keeps none of that size
     probs = (f"{HEADS * 4}*B*(S)**2", "float32")
-    eager = saved_for_backward(tiny_llama, TrainSpec(attention="eager", steps="first"), "cpu")
-    sdpa = saved_for_backward(tiny_llama, TrainSpec(attention="sdpa", steps="first"), "cpu")
+    eager = saved_for_backward(tiny_llama, TrainSpec.of(attention="eager", steps="first"), "cpu")
+    sdpa = saved_for_backward(tiny_llama, TrainSpec.of(attention="sdpa", steps="first"), "cpu")
     assert eager[probs] == LAYERS
     assert not [k for k in sdpa if "S)**2" in k[0]]
     # in bf16 the fp32 softmax and its bf16 cast (what the P @ V matmul keeps) both live
     bf16 = saved_for_backward(
-        tiny_llama, TrainSpec(attention="eager", precision="bf16", steps="first"), "cuda"
+        tiny_llama, TrainSpec.of(attention="eager", precision="bf16", steps="first"), "cuda"
     )
     assert bf16[probs] == LAYERS and bf16[(f"{HEADS * 2}*B*(S)**2", "bfloat16")] == LAYERS
     eager_fwd = profile(
         tiny_llama,
-        TrainSpec(attention="eager", steps="first"),
+        TrainSpec.of(attention="eager", steps="first"),
         SIZES,
         ProfileConfig(backend="sim", device="cpu"),
     ).breakdown["tensor_phase_peaks"]["forward"]
     sdpa_fwd = profile(
         tiny_llama,
-        TrainSpec(attention="sdpa", steps="first"),
+        TrainSpec.of(attention="sdpa", steps="first"),
         SIZES,
         ProfileConfig(backend="sim", device="cpu"),
     ).breakdown["tensor_phase_peaks"]["forward"]
@@ -91,7 +91,7 @@ def test_eager_keeps_the_attention_probabilities_by_hand(tiny_llama):
 
 def test_the_model_runs_the_chosen_implementation(tiny_llama):
     for choice, hf_name in [("eager", "eager"), ("sdpa", "sdpa"), ("flash", "flash_attention_2")]:
-        step = fake_step(tiny_llama, TrainSpec(attention=choice, precision="bf16"), "cuda")
+        step = fake_step(tiny_llama, TrainSpec.of(attention=choice, precision="bf16"), "cuda")
         assert step.model.config._attn_implementation == hf_name
         assert step.attention == hf_name
     auto = fake_step(tiny_llama, TrainSpec(), "cuda")
@@ -99,7 +99,7 @@ def test_the_model_runs_the_chosen_implementation(tiny_llama):
 
 
 def test_flash_fails_on_a_cpu_target_naming_the_option(tiny_llama):
-    train = TrainSpec(attention="flash", precision="bf16")
+    train = TrainSpec.of(attention="flash", precision="bf16")
     with pytest.raises(ValueError, match="--attention flash.*CUDA"):
         capture(tiny_llama, train, CaptureConfig(target="cpu"))
     with pytest.raises(ValueError, match="--attention flash.*CUDA"):
@@ -108,35 +108,35 @@ def test_flash_fails_on_a_cpu_target_naming_the_option(tiny_llama):
 
 def test_flash_needs_sm80_and_half_precision(tiny_llama):
     with pytest.raises(ValueError, match="--attention flash.*sm_75"):
-        capture(tiny_llama, TrainSpec(attention="flash", precision="fp16"), CaptureConfig(sm=75))
+        capture(tiny_llama, TrainSpec.of(attention="flash", precision="fp16"), CaptureConfig(sm=75))
     with pytest.raises(ValueError, match="--attention flash.*--precision"):
-        capture(tiny_llama, TrainSpec(attention="flash"), CaptureConfig(target="cuda"))
+        capture(tiny_llama, TrainSpec.of(attention="flash"), CaptureConfig(target="cuda"))
 
 
 def test_unsupported_kernels_name_the_option_and_the_class(tiny_llama, monkeypatch):
     cls = transformers.LlamaForCausalLM
     monkeypatch.setattr(cls, "_supports_flash_attn", False)
     with pytest.raises(ValueError, match="--attention flash: LlamaForCausalLM"):
-        fake_step(tiny_llama, TrainSpec(attention="flash", precision="bf16"), "cuda")
+        fake_step(tiny_llama, TrainSpec.of(attention="flash", precision="bf16"), "cuda")
     monkeypatch.setattr(cls, "_supports_sdpa", False)
     with pytest.raises(ValueError, match="--attention sdpa: LlamaForCausalLM"):
-        fake_step(tiny_llama, TrainSpec(attention="sdpa"), "cuda")
+        fake_step(tiny_llama, TrainSpec.of(attention="sdpa"), "cuda")
 
 
 def test_a_model_without_attn_implementation_refuses_a_choice():
     with pytest.raises(ValueError, match="--attention eager: TinyGPT is not a Hugging Face"):
-        fake_step(tiny_gpt_bundle(), TrainSpec(attention="eager"), "cpu")
-    fake_step(tiny_gpt_bundle(), TrainSpec(attention="auto"), "cpu")  # auto: left alone
+        fake_step(tiny_gpt_bundle(), TrainSpec.of(attention="eager"), "cpu")
+    fake_step(tiny_gpt_bundle(), TrainSpec.of(attention="auto"), "cpu")  # auto: left alone
 
 
 def test_bad_attention_names_the_option():
     with pytest.raises(ValueError, match="--attention 'flash2'"):
-        TrainSpec(attention="flash2")
+        TrainSpec.of(attention="flash2")
 
 
 def test_the_capture_cache_keys_on_attention(tiny_llama):
     keys = {
-        capture_key(tiny_llama, TrainSpec(attention=a, precision="bf16"), "cuda", 80, {})
+        capture_key(tiny_llama, TrainSpec.of(attention=a, precision="bf16"), "cuda", 80, {})
         for a in ("auto", "eager", "sdpa", "flash")
     }
     assert len(keys) == 4

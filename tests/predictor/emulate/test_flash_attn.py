@@ -100,7 +100,7 @@ def test_hf_flash_kernels_restores_transformers_state():
 def test_an_hf_llama_captures_through_transformers_flash_path(tmp_path: Path):
     heads, layers = LLAMA_HEADS, LLAMA_LAYERS
     bundle = tiny_hf_llama_bundle(tmp_path, max_positions=256)
-    train = TrainSpec(attention="flash", precision="bf16", steps="first")
+    train = TrainSpec.of(attention="flash", precision="bf16", steps="first")
     graph = capture(bundle, train, CaptureConfig(target="cuda", sizes={"B": 2, "S": 130}))
     p = graph.paths[0]
     ops = p.nodes["op"]

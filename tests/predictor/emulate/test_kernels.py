@@ -30,7 +30,7 @@ def _ops(graph):
 
 
 def test_cuda_target_uses_cuda_attention_kernels_and_records_scratch(tiny_gpt):
-    bf16 = capture(tiny_gpt, TrainSpec(precision="amp-bf16"), CaptureConfig(target="cuda"))
+    bf16 = capture(tiny_gpt, TrainSpec.of(precision="amp-bf16"), CaptureConfig(target="cuda"))
     assert "_scaled_dot_product_flash_attention.default" in _ops(bf16)
     assert "_scaled_dot_product_flash_attention_backward.default" in _ops(bf16)
     p = bf16.paths[0]
@@ -124,7 +124,9 @@ def test_cpu_target_lstm_capture_holds_the_onednn_workspace():
         dims={"B": 4, "S": 9},
         static_dims=("B", "S"),
     )
-    graph = capture(bundle, TrainSpec(optimizer="sgd"), CaptureConfig(symbolic=False, target="cpu"))
+    graph = capture(
+        bundle, TrainSpec.of(optimizer="sgd"), CaptureConfig(symbolic=False, target="cpu")
+    )
     p = graph.paths[0]
     nbytes = graph.storage_bytes(0, {"B": 4, "S": 9})
     ws = [

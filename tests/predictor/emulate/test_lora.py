@@ -40,15 +40,15 @@ BASE_PARAMS = (
 @pytest.mark.parametrize(
     "train",
     [
-        TrainSpec(peft="lora", lora_r=4, lora_targets="q_proj,v_proj"),
-        TrainSpec(
+        TrainSpec.of(peft="lora", lora_r=4, lora_targets="q_proj,v_proj"),
+        TrainSpec.of(
             peft="lora",
             lora_r=4,
             lora_dropout=0.1,
             lora_targets="q_proj,k_proj,v_proj,o_proj",
             precision="bf16",
         ),
-        TrainSpec(
+        TrainSpec.of(
             peft="lora",
             lora_r=4,
             lora_dropout=0.1,
@@ -63,13 +63,13 @@ def test_lora_sim_equals_a_real_peft_step_on_cpu(tiny_llama, train):
     real = profile(tiny_llama, train, sizes, ProfileConfig(backend="cpu"))
     sim = profile(tiny_llama, train, sizes, ProfileConfig(backend="sim", device="cpu"))
     assert sim.peak_allocated_bytes == real.peak_allocated_bytes
-    targets = train.lora_targets.split(",")
-    adapters = _adapter_params(train.lora_r, targets)
-    base_bytes = BASE_PARAMS * train.param_dtype.itemsize
+    targets = train.adapter.targets.split(",")
+    adapters = _adapter_params(train.adapter.r, targets)
+    base_bytes = BASE_PARAMS * train.numerics.param_dtype.itemsize
     rotary = 2 * (HIDDEN // 4 // 2) * 4  # inv_freq and original_inv_freq buffers, fp32
     # peft keeps adapters in fp32 on a bf16 base (autocast_adapter_dtype); lora_dtype=model
     # keeps them in the base's dtype
-    adapter_size = 4 if train.lora_dtype == "fp32" else train.param_dtype.itemsize
+    adapter_size = 4 if train.adapter.dtype == "fp32" else train.numerics.param_dtype.itemsize
     assert sim.breakdown["categories"]["parameter"] == base_bytes + adapter_size * adapters + rotary
 
 
@@ -80,21 +80,23 @@ def test_lora_in_the_model_dtype_saves_no_fp32_copy_of_each_adapted_input(tiny_l
     sizes = {"B": 2, "S": 16}
     common = {"peft": "lora", "lora_r": 4, "lora_targets": "q_proj,v_proj", "precision": "bf16"}
     cfg = ProfileConfig(backend="cpu")
-    fp32 = profile(tiny_llama, TrainSpec(**common, steps="first"), sizes, cfg)
-    model = profile(tiny_llama, TrainSpec(**common, lora_dtype="model", steps="first"), sizes, cfg)
+    fp32 = profile(tiny_llama, TrainSpec.of(**common, steps="first"), sizes, cfg)
+    model = profile(
+        tiny_llama, TrainSpec.of(**common, lora_dtype="model", steps="first"), sizes, cfg
+    )
     adapters = _adapter_params(4, ["q_proj", "v_proj"])
     cats = fp32.breakdown["categories"], model.breakdown["categories"]
     assert cats[0]["parameter"] - cats[1]["parameter"] == 2 * adapters
     assert cats[1]["activation"] < cats[0]["activation"]
     assert model.peak_allocated_bytes < fp32.peak_allocated_bytes
-    train = TrainSpec(**common, lora_dtype="model")
+    train = TrainSpec.of(**common, lora_dtype="model")
     step = TrainingStep(tiny_llama, train, device=CPU, target="cpu")
     dtypes = {p.dtype for n, p in step.model.named_parameters() if "lora_" in n}
     assert dtypes == {torch.bfloat16}
 
 
 def test_lora_freezes_the_base_and_trains_only_adapters(tiny_llama):
-    train = TrainSpec(peft="lora", lora_r=2, lora_targets="q_proj,v_proj", steps="first")
+    train = TrainSpec.of(peft="lora", lora_r=2, lora_targets="q_proj,v_proj", steps="first")
     step = TrainingStep(tiny_llama, train, device=CPU, target="cpu")
     names = [n for n, p in step.model.named_parameters() if p.requires_grad]
     assert names and all("lora_" in n for n in names)
@@ -113,7 +115,7 @@ def test_lora_freezes_the_base_and_trains_only_adapters(tiny_llama):
 
 
 def test_a_lora_target_the_model_lacks_names_the_option(tiny_llama):
-    train = TrainSpec(peft="lora", lora_targets="q_proj,c_attn")
+    train = TrainSpec.of(peft="lora", lora_targets="q_proj,c_attn")
     with pytest.raises(ValueError, match=r"--lora-targets: .* no module named c_attn.*q_proj"):
         TrainingStep(tiny_llama, train, device=CPU, target="cpu")
 
@@ -130,14 +132,14 @@ def test_subclasses_of_linear_are_lora_targets():
     model.add_module("query_key_value", FusedLinear(8, 24))
     model.add_module("dense", torch.nn.Linear(8, 8))
     assert module_names(model) == ["dense", "query_key_value"]
-    wrapped = apply_lora(model, TrainSpec(peft="lora", lora_r=2, lora_targets="query_key_value"))
+    wrapped = apply_lora(model, TrainSpec.of(peft="lora", lora_r=2, lora_targets="query_key_value"))
     trainable = {n for n, p in wrapped.named_parameters() if p.requires_grad}
     assert trainable and all("query_key_value.lora_" in n for n in trainable)
 
 
 def test_a_model_peft_has_no_default_targets_for_asks_for_lora_targets(tiny_gpt):
     with pytest.raises(ValueError, match="--lora-targets"):
-        TrainingStep(tiny_gpt, TrainSpec(peft="lora"), device=CPU, target="cpu")
+        TrainingStep(tiny_gpt, TrainSpec.of(peft="lora"), device=CPU, target="cpu")
 
 
 @pytest.mark.parametrize(
@@ -153,4 +155,4 @@ def test_a_model_peft_has_no_default_targets_for_asks_for_lora_targets(tiny_gpt)
 )
 def test_bad_lora_options_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        TrainSpec(**kwargs)
+        TrainSpec.of(**kwargs)

@@ -61,7 +61,7 @@ def test_a_lora_capture_holds_exactly_the_8bit_state(tmp_path):
     pytest.importorskip("transformers")
     hidden, kv, layers = LLAMA_HIDDEN, LLAMA_KV, LLAMA_LAYERS
     bundle = tiny_hf_llama_bundle(tmp_path)
-    train = TrainSpec(
+    train = TrainSpec.of(
         peft="lora", lora_r=64, lora_targets="q_proj,v_proj", optimizer="adamw8bit", steps="steady"
     )
     graph = capture(bundle, train, CaptureConfig(target="cuda", sizes={"B": 2, "S": 16}))

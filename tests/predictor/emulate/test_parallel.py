@@ -23,8 +23,12 @@ from memgnn.args import add_train_args, train_spec
 
 def test_defaults_are_one_unsharded_gpu():
     t = TrainSpec()
-    assert (t.gpus, t.sharding, t.fsdp_reshard_after_forward) == (1, "none", True)
-    assert t.shard_group_size == 1
+    assert (t.parallel.gpus, t.parallel.sharding, t.parallel.reshard_after_forward) == (
+        1,
+        "none",
+        True,
+    )
+    assert t.parallel.shard_group_size == 1
     assert SHARDINGS == ("none", "ddp", "fsdp", "hsdp", "zero1", "zero2", "zero3")
 
 
@@ -52,18 +56,18 @@ def test_defaults_are_one_unsharded_gpu():
 )
 def test_bad_combinations_name_the_option(kwargs, needle):
     if needle is None:
-        TrainSpec(**kwargs)
+        TrainSpec.of(**kwargs)
         return
     with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
-        TrainSpec(**kwargs)
+        TrainSpec.of(**kwargs)
 
 
 def test_shard_group_sizes():
-    assert TrainSpec(gpus=8, sharding="fsdp").shard_group_size == 8
-    assert TrainSpec(gpus=8, sharding="ddp").shard_group_size == 1
-    assert TrainSpec(gpus=4, sharding="hsdp").shard_group_size == 2
-    assert TrainSpec(gpus=16, sharding="hsdp").shard_group_size == 8
-    assert TrainSpec(gpus=32, sharding="hsdp", hsdp_shard_size=4).shard_group_size == 4
+    assert TrainSpec.of(gpus=8, sharding="fsdp").shard_group_size == 8
+    assert TrainSpec.of(gpus=8, sharding="ddp").shard_group_size == 1
+    assert TrainSpec.of(gpus=4, sharding="hsdp").shard_group_size == 2
+    assert TrainSpec.of(gpus=16, sharding="hsdp").shard_group_size == 8
+    assert TrainSpec.of(gpus=32, sharding="hsdp", hsdp_shard_size=4).shard_group_size == 4
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -75,10 +79,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def test_cli_flags_reach_the_spec():
     args = _parse(["--gpus", "8", "--sharding", "fsdp", "--fsdp-reshard-after-forward", "false"])
     t = train_spec(args)
-    assert (t.gpus, t.sharding, t.fsdp_reshard_after_forward) == (8, "fsdp", False)
+    assert (t.parallel.gpus, t.parallel.sharding, t.parallel.reshard_after_forward) == (
+        8,
+        "fsdp",
+        False,
+    )
     assert train_spec(_parse([])) == TrainSpec()
     t = train_spec(_parse(["--gpus", "2", "--sharding", "ddp", "--grad-sync", "last"]))
-    assert t.grad_sync == "last"
+    assert t.parallel.grad_sync == "last"
     with pytest.raises(SystemExit):
         _parse(["--fsdp-reshard-after-forward", "maybe"])
 
@@ -88,7 +96,7 @@ def test_http_schema_fields():
     from pydantic import ValidationError
 
     t = TrainIn(gpus=4, sharding="zero2", grad_sync="last").to_spec()
-    assert (t.gpus, t.sharding, t.grad_sync) == (4, "zero2", "last")
+    assert (t.parallel.gpus, t.parallel.sharding, t.parallel.grad_sync) == (4, "zero2", "last")
     with pytest.raises(ValidationError, match="--grad-sync last applies"):
         TrainIn(grad_sync="last")
     with pytest.raises(ValidationError, match="--sharding zero3 needs --gpus >= 2"):
@@ -121,7 +129,7 @@ def _llama():
 
 @functools.cache
 def _captured(**kwargs) -> Any:
-    return capture(_llama(), TrainSpec(**kwargs), CaptureConfig(target="cpu"))
+    return capture(_llama(), TrainSpec.of(**kwargs), CaptureConfig(target="cpu"))
 
 
 def _predict(graph, sizes=SIZES):
@@ -160,7 +168,7 @@ def _fake_pg_peak(graph, sizes) -> int:
 @pytest.mark.parametrize("gpus", [2, 8])
 def test_fsdp_peak_matches_pytorchs_fsdp2_mem_tracker(gpus):
     graph = _captured(gpus=gpus, sharding="fsdp")
-    theirs = _tracker_peak(TrainSpec(gpus=gpus, sharding="fsdp"), SIZES)
+    theirs = _tracker_peak(TrainSpec.of(gpus=gpus, sharding="fsdp"), SIZES)
     ours = _fake_pg_peak(graph, SIZES)
     assert abs(ours - theirs) <= 0.01 * theirs
     answer = _predict(graph)  # a CPU (gloo) run: + gloo's staging inside one collective
@@ -266,7 +274,7 @@ def test_fsdp_accumulation_without_sync_keeps_unsharded_gradients():
     every_ops = list(_captured(gpus=2, sharding="fsdp", grad_accum=2).paths[0].nodes["op"])
     reduce = lambda o: sum("reduce_scatter" in op for op in o)  # noqa: E731
     assert reduce(ops) * 2 == reduce(every_ops)  # one reduce-scatter per group per step
-    train = TrainSpec(gpus=2, sharding="fsdp", grad_accum=2, grad_sync="last")
+    train = TrainSpec.of(gpus=2, sharding="fsdp", grad_accum=2, grad_sync="last")
     theirs = _tracker_accum_peak(train, SIZES)
     ours = _fake_pg_peak(last_graph, SIZES)
     assert abs(ours - theirs) <= 0.01 * theirs
@@ -283,7 +291,7 @@ def test_ddp_accumulation_without_sync_skips_the_all_reduce():
 
 
 def test_fake_process_group_is_isolated():
-    t = TrainSpec(gpus=2, sharding="fsdp")
+    t = TrainSpec.of(gpus=2, sharding="fsdp")
     for _ in range(2):  # repeatable in one process
         with fake_world(t) as world:
             assert dist.get_world_size() == 2 and world.rank == 0
@@ -348,7 +356,7 @@ def test_dtensor_shape_propagation_allocates_nothing():
     # per op signature (the first step); a real job does that on its own fake tensors. On
     # a CUDA target (foreach AdamW) that once showed as 3 x the whole model's bytes of
     # optimizer temporaries in the first step, 13 x the rank's shard.
-    graph = capture(_llama(), TrainSpec(gpus=4, sharding="fsdp"), CaptureConfig(target="cuda"))
+    graph = capture(_llama(), TrainSpec.of(gpus=4, sharding="fsdp"), CaptureConfig(target="cuda"))
     first, steady = (_optimizer_temporaries(graph, SIZES, s) for s in (0, 1))
     shard = _initial_bytes(graph, "parameter")
     assert first == steady  # the same foreach temporaries in both steps

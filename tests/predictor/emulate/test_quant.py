@@ -60,7 +60,7 @@ def _unique_bytes(tensors) -> int:
 
 @pytest.mark.parametrize("kind", ["nf4", "nf4-dq", "int8"])
 def test_quantised_parameter_bytes_by_hand(tiny_llama, kind):
-    train = TrainSpec(
+    train = TrainSpec.of(
         peft="lora", lora_r=4, lora_targets="q_proj,v_proj", precision="bf16", quantize_base=kind
     )
     step = TrainingStep(tiny_llama, train, device=CPU, target="cuda")
@@ -91,7 +91,7 @@ def test_quantised_parameter_bytes_by_hand(tiny_llama, kind):
 def test_peft_wraps_quantised_targets_and_trains_only_adapters(tiny_llama):
     from memgnn.predictor.emulate.quant_lora import QuantLoraLinear
 
-    train = TrainSpec(peft="lora", lora_r=2, lora_targets="q_proj,v_proj", quantize_base="nf4")
+    train = TrainSpec.of(peft="lora", lora_r=2, lora_targets="q_proj,v_proj", quantize_base="nf4")
     step = TrainingStep(tiny_llama, train, device=CPU, target="cuda")
     attn = step.model.get_base_model().model.layers[1].self_attn
     assert isinstance(attn.q_proj, QuantLoraLinear)
@@ -182,11 +182,11 @@ def test_nf4_before_0_43_2_keeps_each_input_until_its_graph_is_freed():
 
 def test_bnb_version_picks_the_4bit_input_behaviour():
     def keeps(version: str, kind: str = "nf4") -> bool:
-        return TrainSpec(peft="lora", quantize_base=kind, bnb_version=version).bnb_keeps_input
+        return TrainSpec.of(peft="lora", quantize_base=kind, bnb_version=version).bnb_keeps_input
 
     assert keeps("0.42.0") and keeps("0.43.1") and keeps("0.39") and keeps("0.42.0", "nf4-dq")
     assert not keeps("0.43.2") and not keeps("0.50.2") and not keeps("1.0.0")
-    assert not TrainSpec(peft="lora", quantize_base="int8", bnb_version="0.45.0").bnb_keeps_input
+    assert not TrainSpec.of(peft="lora", quantize_base="int8", bnb_version="0.45.0").bnb_keeps_input
 
 
 def _peak(bundle, **kw) -> int:
@@ -194,7 +194,9 @@ def _peak(bundle, **kw) -> int:
     from memgnn.predictor.memory.analytic import sweep
 
     sizes = {"B": 2, "S": 16}
-    train = TrainSpec(peft="lora", lora_r=4, lora_targets="q_proj,v_proj", precision="bf16", **kw)
+    train = TrainSpec.of(
+        peft="lora", lora_r=4, lora_targets="q_proj,v_proj", precision="bf16", **kw
+    )
     graph = capture(bundle, train, CaptureConfig(target="cuda", sizes=sizes))
     return sweep(graph, sizes).peak_bytes
 
@@ -239,7 +241,7 @@ def test_int8_forward_and_backward_temporaries_by_hand():
 def test_a_model_without_linears_cannot_be_quantised():
     model = nn.Sequential(nn.Embedding(4, 4))
     with pytest.raises(ValueError, match="--quantize-base nf4: .* no Linear"):
-        quantize_model(model, TrainSpec(peft="lora", quantize_base="nf4"))
+        quantize_model(model, TrainSpec.of(peft="lora", quantize_base="nf4"))
 
 
 class _SubLinear(nn.Linear):  # as Falcon's FalconLinear: a subclass of nn.Linear
@@ -248,7 +250,7 @@ class _SubLinear(nn.Linear):  # as Falcon's FalconLinear: a subclass of nn.Linea
 
 def test_subclasses_of_linear_are_quantised_as_transformers_does():
     model = nn.Sequential(nn.Linear(8, 8), _SubLinear(8, 8), nn.Linear(8, 8))
-    names = quantize_model(model, TrainSpec(peft="lora", quantize_base="nf4"))
+    names = quantize_model(model, TrainSpec.of(peft="lora", quantize_base="nf4"))
     assert names == ["0", "1"]  # the last Linear is the output head transformers keeps
     assert isinstance(model[1], Linear4bitSim)
 
@@ -268,7 +270,7 @@ def test_subclasses_of_linear_are_quantised_as_transformers_does():
 )
 def test_bad_quantisation_options_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        TrainSpec(**kwargs)
+        TrainSpec.of(**kwargs)
 
 
 @pytest.mark.parametrize(
@@ -280,7 +282,7 @@ def test_bad_quantisation_options_are_rejected(kwargs, message):
 )
 def test_bitsandbytes_options_on_a_cpu_target_name_the_option(tiny_llama, kwargs, message):
     with pytest.raises(ValueError, match=message):
-        TrainingStep(tiny_llama, TrainSpec(**kwargs), device=CPU, target="cpu")
+        TrainingStep(tiny_llama, TrainSpec.of(**kwargs), device=CPU, target="cpu")
 
 
 @pytest.mark.parametrize("kind", ["nf4-dq", "int8"])
@@ -288,7 +290,7 @@ def test_a_symbolic_capture_agrees_with_a_concrete_one(tiny_llama, kind):
     from memgnn.predictor.capture.capture import CaptureConfig, capture
     from memgnn.predictor.memory.analytic import sweep
 
-    train = TrainSpec(peft="lora", lora_r=4, lora_targets="q_proj", quantize_base=kind)
+    train = TrainSpec.of(peft="lora", lora_r=4, lora_targets="q_proj", quantize_base=kind)
     sizes = {"B": 3, "S": 24}
     sym = capture(tiny_llama, train, CaptureConfig(target="cuda", sizes={"B": 2, "S": 16}))
     conc = capture(tiny_llama, train, CaptureConfig(target="cuda", symbolic=False, sizes=sizes))
@@ -301,7 +303,9 @@ def test_amp_over_nf4_keeps_fp32_adapters_on_fake_tensors(tiny_llama):
     (`autocast_adapter_dtype`); on fake tensors that cast must not fail."""
     from memgnn.predictor.capture.model_info import fake_step
 
-    train = TrainSpec(peft="lora", lora_targets="q_proj", precision="amp-bf16", quantize_base="nf4")
+    train = TrainSpec.of(
+        peft="lora", lora_targets="q_proj", precision="amp-bf16", quantize_base="nf4"
+    )
     step = fake_step(tiny_llama, train, "cuda")
     assert {p.dtype for p in step.params} == {torch.float32}
     q = step.model.get_base_model().model.layers[0].self_attn.q_proj.get_base_layer()

@@ -194,7 +194,7 @@ def test_a_real_bitsandbytes_qlora_llama_step_on_cpu_matches():
     real.is_loaded_in_4bit = True
     real = peft.get_peft_model(real, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
 
-    train = TrainSpec(
+    train = TrainSpec.of(
         peft="lora", lora_r=4, lora_targets="q_proj,v_proj", precision="bf16", quantize_base="nf4"
     )
     sim = base()

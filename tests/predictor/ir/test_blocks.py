@@ -19,7 +19,7 @@ def _runs(rec, phase):
 @pytest.mark.parametrize("impl", ["foreach", "for-loop"])
 def test_ops_are_tagged_with_their_block_in_every_phase(impl):
     bundle = _bundle(4)
-    train = TrainSpec(optimizer_impl=impl)
+    train = TrainSpec.of(optimizer_impl=impl)
     run = _Run(bundle, train, CaptureConfig(), bundle.sizes(), tag_layers=True)
     rec = run.run([])[0]
     assert run.block_prefix == "blocks."

@@ -22,7 +22,7 @@ def test_roundtrip_keeps_content_and_id(graph, tmp_path):
 
 
 def test_graph_id_changes_with_content(tiny_mlp, graph):
-    other = capture(tiny_mlp, TrainSpec(optimizer="sgd"))
+    other = capture(tiny_mlp, TrainSpec.of(optimizer="sgd"))
     assert other.graph_id != graph.graph_id
 
 

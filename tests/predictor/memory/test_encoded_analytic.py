@@ -45,7 +45,7 @@ def graph(request):
         "early_exit": lambda: conftest._seq_bundle("early-exit", conftest.EarlyExit),
         "cond_model": lambda: conftest._seq_bundle("cond", conftest.CondModel),
     }
-    train = TrainSpec(checkpointing="full") if request.param == "tiny_gpt" else TrainSpec()
+    train = TrainSpec.of(checkpointing="full") if request.param == "tiny_gpt" else TrainSpec()
     return capture(bundles[request.param](), train)
 
 

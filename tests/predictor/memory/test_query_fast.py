@@ -46,7 +46,7 @@ def test_fast_query_equals_the_batch_reference(gpt_graph, block):
 
 
 def test_fast_query_on_every_path_of_a_branching_graph(cond_model):
-    graph = capture(cond_model, TrainSpec(optimizer="adamw"), CaptureConfig(target="cuda"))
+    graph = capture(cond_model, TrainSpec.of(optimizer="adamw"), CaptureConfig(target="cuda"))
     assert len(graph.paths) > 1
     for k in range(len(graph.paths)):
         ctx = PathContext(graph, k)

@@ -44,7 +44,7 @@ def test_conv_only_graph_gets_no_cublas_workspace():
         make_inputs=lambda s, d, t: {"x": torch.randn(s["B"], 3, 8, 8, device=d, dtype=t)},
         loss=lambda m, i: F.relu(m(i["x"])).mean(), dims={"B": 2},
     )  # fmt: skip
-    graph = capture(bundle, TrainSpec(optimizer="sgd"), CaptureConfig(target="cuda"))
+    graph = capture(bundle, TrainSpec.of(optimizer="sgd"), CaptureConfig(target="cuda"))
     ctx = PathContext(graph)
     res = ctx.query({"B": 2}, get_profile("a100-80gb"))
     assert ctx.workspace_handles == 0

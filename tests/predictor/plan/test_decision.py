@@ -7,7 +7,7 @@ from tiny_models import tiny_mlp_bundle
 
 @pytest.fixture(scope="module")
 def mlp_graph():
-    return capture(tiny_mlp_bundle(), TrainSpec(optimizer="adamw"), CaptureConfig(target="cpu"))
+    return capture(tiny_mlp_bundle(), TrainSpec.of(optimizer="adamw"), CaptureConfig(target="cpu"))
 
 
 def test_state_bytes_match_the_hand_formula(mlp_graph):

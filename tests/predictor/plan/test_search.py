@@ -30,7 +30,7 @@ class LinearModel:
 
 
 def graph_for(train):
-    return "ckpt" if train.checkpointing != "none" else "plain"
+    return "ckpt" if train.activations.checkpointing != "none" else "plain"
 
 
 def test_largest_batch_power_and_binsearch():
@@ -69,8 +69,10 @@ def test_plan_reports_when_nothing_fits():
 
 def test_cost_orders_configs():
     assert cost(TrainSpec()) == 1.0
-    assert cost(TrainSpec(checkpointing="full")) > cost(TrainSpec(checkpointing="blocks:1"), 4)
-    assert cost(TrainSpec(precision="bf16")) > cost(TrainSpec(precision="amp-bf16"))
+    assert cost(TrainSpec.of(checkpointing="full")) > cost(
+        TrainSpec.of(checkpointing="blocks:1"), 4
+    )
+    assert cost(TrainSpec.of(precision="bf16")) > cost(TrainSpec.of(precision="amp-bf16"))
 
 
 def test_bad_space_and_budget_are_named():
@@ -84,7 +86,7 @@ def test_plan_with_analytic_model_on_real_graphs(tiny_gpt):
     graphs = {}
 
     def real_graph_for(train):
-        key = (train.precision, train.checkpointing, train.grad_accum > 1)
+        key = (train.numerics.precision, train.activations.checkpointing, train.loop.grad_accum > 1)
         if key not in graphs:
             graphs[key] = capture(tiny_gpt, train)
         return graphs[key]

@@ -16,7 +16,8 @@ def test_variants_span_the_space_and_pair_one_gpu_with_no_sharding():
         sharding=["ddp", "fsdp"],
     )
     got = {
-        (t.optimizer_impl, t.gpus, t.sharding, t.grad_accum) for t in variants(TrainSpec(), space)
+        (t.optim.impl, t.parallel.gpus, t.parallel.sharding, t.loop.grad_accum)
+        for t in variants(TrainSpec(), space)
     }
     parallel = {(1, "none"), (4, "ddp"), (4, "fsdp")}
     assert got == {(i, n, s, g) for i in ("foreach", "fused") for n, s in parallel for g in (1, 2)}
@@ -25,11 +26,11 @@ def test_variants_span_the_space_and_pair_one_gpu_with_no_sharding():
 def test_invalid_combinations_are_left_out_and_none_valid_is_an_error():
     # hsdp needs >= 2 shard groups of >= 2 ranks: not on 2 GPUs, fine on 4
     space = SearchSpace(checkpointing=["none"], gpus=[2, 4], sharding=["hsdp"])
-    assert {t.gpus for t in variants(TrainSpec(), space)} == {4}
+    assert {t.parallel.gpus for t in variants(TrainSpec(), space)} == {4}
     with pytest.raises(ValueError, match="no valid configuration.*hsdp"):
         variants(TrainSpec(), SearchSpace(checkpointing=["none"], gpus=[2], sharding=["hsdp"]))
     with pytest.raises(ValueError, match="adafactor has no fused"):
-        variants(TrainSpec(optimizer="adafactor"), SearchSpace(optimizer_impl=["fused"]))
+        variants(TrainSpec.of(optimizer="adafactor"), SearchSpace(optimizer_impl=["fused"]))
 
 
 def test_bad_choices_are_named():
@@ -42,16 +43,16 @@ def test_bad_choices_are_named():
 
 
 def test_accumulation_past_two_shares_the_graph_of_two():
-    assert capture_spec(TrainSpec(grad_accum=8)) == TrainSpec(grad_accum=2)
-    assert capture_spec(TrainSpec(grad_accum=1)) == TrainSpec(grad_accum=1)
+    assert capture_spec(TrainSpec.of(grad_accum=8)) == TrainSpec.of(grad_accum=2)
+    assert capture_spec(TrainSpec.of(grad_accum=1)) == TrainSpec.of(grad_accum=1)
 
 
 def test_cost_ranks_implementations_and_communication():
-    assert cost(TrainSpec(optimizer_impl="fused")) < cost(TrainSpec()) == 1.0
-    assert cost(TrainSpec(optimizer_impl="for-loop")) > 1.0
-    ddp = cost(TrainSpec(gpus=4, sharding="ddp"))
-    fsdp = cost(TrainSpec(gpus=4, sharding="fsdp"))
-    keep = cost(TrainSpec(gpus=4, sharding="fsdp", fsdp_reshard_after_forward=False))
+    assert cost(TrainSpec.of(optimizer_impl="fused")) < cost(TrainSpec()) == 1.0
+    assert cost(TrainSpec.of(optimizer_impl="for-loop")) > 1.0
+    ddp = cost(TrainSpec.of(gpus=4, sharding="ddp"))
+    fsdp = cost(TrainSpec.of(gpus=4, sharding="fsdp"))
+    keep = cost(TrainSpec.of(gpus=4, sharding="fsdp", fsdp_reshard_after_forward=False))
     assert 1.0 < ddp == keep < fsdp  # ZeRO-3 / FSDP move 1.5x DDP's volume
 
 
@@ -62,7 +63,7 @@ class Counting:
 
     def __call__(self, train):
         self.asked.append(train)
-        key = repr(train.to_dict())
+        key = repr(train.flat())
         if key not in self.graphs:
             self.graphs[key] = capture(tiny_mlp_bundle(), train, CaptureConfig(target="cpu"))
         return self.graphs[key]
@@ -86,7 +87,7 @@ def test_plan_asks_for_one_graph_per_distinct_capture(counting):
         PlanConfig(budget_bytes=1 << 20, device="cpu"),
     )
     assert res.variants == 8 and res.graphs == 4  # {G=1, G>=2} x {foreach, fused}
-    assert len(counting.asked) == 4 and {t.grad_accum for t in counting.asked} == {1, 2}
+    assert len(counting.asked) == 4 and {t.loop.grad_accum for t in counting.asked} == {1, 2}
     best = res.best
     assert best.grad_accum == 8 and best.optimizer_impl == "fused"  # B*G / cost
     assert best.decision["state_bytes"] == 30816

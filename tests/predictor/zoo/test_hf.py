@@ -33,7 +33,7 @@ def _hub_style_config(tmp_path: Path, **extra) -> Path:
 def test_training_spec_decides_param_dtype_not_the_config(tmp_path, key, precision, expected):
     path = _hub_style_config(tmp_path, **{key: "float16"})
     bundle = zoo.resolve(f"hf:{path}")
-    step = TrainingStep(bundle, TrainSpec(precision=precision), device=CPU, target="cpu")
+    step = TrainingStep(bundle, TrainSpec.of(precision=precision), device=CPU, target="cpu")
     dtypes = {p.dtype for p in step.model.parameters()}
     assert dtypes == {expected}
 

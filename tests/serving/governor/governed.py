@@ -50,7 +50,7 @@ def governor(
     torch.manual_seed(0)
     return MemoryGovernor(
         bundle or tiny_varlen_bundle(),
-        train or TrainSpec(optimizer_impl="foreach"),
+        train or TrainSpec.of(optimizer_impl="foreach"),
         device=EmulatedDevice(capacity_mib * MiB, byte_scale=scale),
         config=config(cache_dir=cache, **cfg),
         predictor=predictor or AnalyticModel(),

@@ -28,7 +28,7 @@ class StubModel:
     version = "stub"
 
     def predict(self, graph, queries):
-        per = PER_TOKEN[graph.train.checkpointing]
+        per = PER_TOKEN[graph.train.activations.checkpointing]
         out = []
         for q in queries:
             peak = BASE + per * q.sizes["B"] * q.sizes.get("S", 1)
@@ -50,7 +50,7 @@ def stub_policy(capacity: int, config: PolicyConfig, *, world: World | None = No
     graphs: dict[tuple, StubGraph] = {}
 
     def graph_for(train: TrainSpec) -> StubGraph:
-        key = (train.checkpointing, train.precision, train.grad_accum)
+        key = (train.activations.checkpointing, train.numerics.precision, train.loop.grad_accum)
         return graphs.setdefault(key, StubGraph(train))
 
     predictor = GovernedPredictor(StubModel(), device="cpu", metric="allocated")

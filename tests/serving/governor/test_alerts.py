@@ -56,7 +56,7 @@ def test_sustained_overflow_moves_sensitive_layers_to_fp32(cache):
     scaler = FakeScaler(overflow_from=3)
     gov = governor(
         cache,
-        train=TrainSpec(optimizer_impl="foreach", precision="amp-bf16"),
+        train=TrainSpec.of(optimizer_impl="foreach", precision="amp-bf16"),
         scaler=scaler,
         overflow_window=5,
         overflow_sustained=3,

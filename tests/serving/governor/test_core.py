@@ -104,7 +104,7 @@ def test_real_oom_on_the_emulated_device_rolls_back_and_learns(cache):
 
 
 def test_split_step_gives_the_full_batch_gradient(cache, tiny_mlp):
-    train = TrainSpec(optimizer="sgd", lr=0.1)
+    train = TrainSpec.of(optimizer="sgd", lr=0.1)
     gov = governor(cache, bundle=tiny_mlp, train=train, max_batch=2)
     reference = copy.deepcopy(gov.model)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
@@ -253,7 +253,7 @@ def test_the_governor_decides_and_measures_the_same_on_a_fake_executing_device(c
         torch.manual_seed(0)
         gov = MemoryGovernor(
             tiny_varlen_bundle(),
-            TrainSpec(optimizer_impl="foreach"),
+            TrainSpec.of(optimizer_impl="foreach"),
             device=EmulatedDevice(256 << 20, byte_scale=64, execute=execute),
             config=config(cache_dir=cache, checkpointing=["none"], max_length=256),
             predictor=AnalyticModel(),

@@ -49,7 +49,7 @@ def test_lightning_callback_plans_predicts_and_logs(cache):
     device = EmulatedDevice(256 * MiB, byte_scale=64)
     gov = MemoryGovernor(
         lit.model,
-        TrainSpec(optimizer_impl="foreach"),
+        TrainSpec.of(optimizer_impl="foreach"),
         bundle=bundle,
         device=device,
         predictor=AnalyticModel(),
@@ -94,7 +94,7 @@ def test_hf_trainer_callback_configures_and_logs(cache, tmp_path):
     device = EmulatedDevice(1024 * MiB, byte_scale=64)
     gov = MemoryGovernor(
         model,
-        TrainSpec(optimizer_impl="foreach"),
+        TrainSpec.of(optimizer_impl="foreach"),
         bundle=bundle,
         device=device,
         predictor=AnalyticModel(),

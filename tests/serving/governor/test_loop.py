@@ -106,7 +106,7 @@ def build(bundle, device):
 def governed(model, optimizer, bundle=None, train=None):
     return MemoryGovernor(
         model,
-        train or TrainSpec(optimizer="adamw", optimizer_impl="foreach"),
+        train or TrainSpec.of(optimizer="adamw", optimizer_impl="foreach"),
         bundle=bundle or tiny_varlen_bundle(),
         device=EmulatedDevice(256 * MiB),
         optimizer=optimizer,
@@ -123,7 +123,7 @@ def test_the_optimizer_must_be_the_one_predicted_for(cache, monkeypatch, caplog)
     with pytest.raises(ValueError, match="amsgrad"):
         governed(model, torch.optim.AdamW(model.parameters(), amsgrad=True))
     with pytest.raises(ValueError, match="without momentum"):
-        sgd = TrainSpec(optimizer="sgd", optimizer_impl="foreach")
+        sgd = TrainSpec.of(optimizer="sgd", optimizer_impl="foreach")
         governed(model, torch.optim.SGD(model.parameters(), lr=0.1), train=sgd)
     head_only = torch.optim.AdamW(model.head.parameters())
     held = len(list(model.head.parameters()))
@@ -143,7 +143,7 @@ def test_adamw8bit_must_be_bitsandbytes_own(cache, monkeypatch):
 
     monkeypatch.setenv("MEMGNN_CACHE", str(cache))
     model = build(tiny_varlen_bundle(), EmulatedDevice(256 * MiB))
-    train = TrainSpec(optimizer="adamw8bit")
+    train = TrainSpec.of(optimizer="adamw8bit")
     with pytest.raises(ValueError, match="AdamW8bit, but the governor predicts for .*bitsandbytes"):
         governed(model, AdamW8bit(model.parameters()), train=train)
 

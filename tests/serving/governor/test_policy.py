@@ -8,8 +8,6 @@ is exactly (50,000 - 10,000) / (PER_TOKEN x 10): 40 without checkpointing, 160 w
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor.correction import GovernedPredictor
@@ -161,7 +159,7 @@ def test_policy_config_is_validated(bad):
 def test_choices_follow_the_model():
     pol = Policy(
         GovernedPredictor(StubModel(), device="cpu", metric="allocated"),
-        StubGraph, replace(TrainSpec(), precision="amp-bf16"), PolicyConfig(),
+        StubGraph, TrainSpec.of(precision="amp-bf16"), PolicyConfig(),
         capacity=CAPACITY, device="cpu", metric="allocated", n_blocks=0,
     )  # fmt: skip
     assert pol.checkpointing == ["none"]  # no blocks to checkpoint

@@ -1,0 +1,55 @@
+"""The values training options take (`predictor.spec.train`), named once."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "ATTENTIONS",
+    "BNB_4BIT_INPUT_FIX",
+    "BNB_FIRST_4BIT",
+    "BNB_INT8_REWRITE",
+    "BNB_VERSION",
+    "GRAD_SYNCS",
+    "LORA_DTYPES",
+    "OPTIMIZERS",
+    "OPTIMIZER_IMPLS",
+    "PEFT_METHODS",
+    "PRECISIONS",
+    "QUANTIZE_BASES",
+    "STEP_KINDS",
+    "TORCH_OPTIMIZERS",
+    "bnb_version_tuple",
+]
+
+PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
+TORCH_OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")  # torch.optim's
+# + bitsandbytes' AdamW8bit (predictor/emulate/optim8bit.py)
+OPTIMIZERS = (*TORCH_OPTIMIZERS, "adamw8bit")
+OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
+PEFT_METHODS = ("none", "lora")
+# LoRA adapters' dtype: fp32 = peft's default upcast, model = the base model's dtype
+LORA_DTYPES = ("fp32", "model")
+# bitsandbytes-quantised frozen base (QLoRA): see predictor/emulate/quant.py
+QUANTIZE_BASES = ("none", "nf4", "nf4-dq", "int8")
+# gradient sync under accumulation on several GPUs (predictor/emulate/parallel.py)
+GRAD_SYNCS = ("every", "last")
+STEP_KINDS = ("first", "steady", "both")
+# HF's attn_implementation: auto = the model class's default (sdpa where it supports it)
+ATTENTIONS = ("auto", "eager", "sdpa", "flash")
+# bitsandbytes versions (`QuantSpec.bnb_version`): the one whose kernels
+# predictor/emulate/quant.py models by default, the first with 4-bit matmuls, the fix that
+# stopped 4-bit matmuls keeping their input (PR #1270), the LLM.int8 rewrite (PR #1401)
+BNB_VERSION = "0.50.2"
+BNB_FIRST_4BIT = (0, 39, 0)
+BNB_4BIT_INPUT_FIX = (0, 43, 2)
+BNB_INT8_REWRITE = (0, 45, 0)
+_VERSION_RE = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
+
+
+def bnb_version_tuple(version: str) -> tuple[int, int, int]:
+    """'0.42.0' -> (0, 42, 0); a ValueError naming --bnb-version for anything else."""
+    m = _VERSION_RE.match(version) if isinstance(version, str) else None
+    if m is None:
+        raise ValueError(f"--bnb-version must look like 0.42.0, got {version!r}")
+    return int(m[1]), int(m[2]), int(m[3] or 0)
