@@ -19,7 +19,6 @@ PACKAGES = ("predictor", "dataset", "training", "serving", "memgnn")
 ALLOWLIST: dict[str, str] = {
     "predictor.ir.pathgraph": "predictor/ir/test_graph.py, test_recorder.py (per-path view)",
     "predictor.memory.base": "predictor/memory/test_trust.py, predictor/capture/test_query.py",
-    "predictor.spec.train": "every capture test; TrainSpec checks: predictor/test_lora.py",
     "predictor.ir.vocab": "predictor/memory/test_analytic.py, test_features.py",
     "predictor.sim.blocks": "predictor/sim/test_allocator.py (blocks and pools through the rules)",
     "predictor.sim.expandable": "predictor/sim/test_allocator.py (expandable-segment rules)",

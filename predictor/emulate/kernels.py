@@ -33,14 +33,20 @@ _LOW = (torch.float16, torch.bfloat16)
 
 
 def choose_sdpa(q, k, v, attn_mask, sm: int) -> str:
-    """'flash', 'efficient' or 'math': the CUDA backend PyTorch's dispatcher would pick."""
+    """'flash', 'efficient' or 'math': the CUDA backend PyTorch's dispatcher would pick.
+
+    Head dims as `sdp_utils.cpp` checks them: flash needs q, k and v alike
+    (`check_head_dim_size_flash`); the memory-efficient kernel needs q and k alike and
+    both q's and v's aligned, so a value head dim of its own (DeepSeek's multi-head latent
+    attention: 192 for q/k, 128 for v) runs there (`check_head_dim_size_mem_efficient`)."""
     same_heads = q.dim() == 4 and k.shape[-3] == q.shape[-3] and v.shape[-3] == q.shape[-3]
-    d = q.shape[-1]
-    if not (same_heads and q.dtype == k.dtype == v.dtype):
+    d, dv = q.shape[-1], v.shape[-1]
+    if not (same_heads and q.dtype == k.dtype == v.dtype and k.shape[-1] == d):
         return "math"
-    if sm >= 80 and q.dtype in _LOW and attn_mask is None and d <= 256 and d % 8 == 0:
+    if sm >= 80 and q.dtype in _LOW and attn_mask is None and d <= 256 and d % 8 == 0 and dv == d:
         return "flash"
-    if (q.dtype == torch.float32 and d % 4 == 0) or (q.dtype in _LOW and d % 8 == 0):
+    align = 4 if q.dtype == torch.float32 else 8
+    if q.dtype in (torch.float32, *_LOW) and d % align == 0 and dv % align == 0:
         if q.dtype == torch.bfloat16 and sm < 80:
             return "math"
         return "efficient"
@@ -225,6 +231,21 @@ def _baddbmm(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     return out
 
 
+def _polar(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    # torch's reference `polar` (the fake rule) assigns `.real`/`.imag` of a complex result
+    # through strided copies that pin symbolic sizes to their hints (DeepSeek-V2's rotary
+    # embedding: Eq(32*S, 8192)); the kernel writes one complex tensor of the broadcast
+    # shape (`meta_complex` pins the sizes as well, so the output is made here)
+    magnitude, angle = args
+    base = torch.broadcast_tensors(magnitude, angle)[0]  # a view: no allocation
+    cdtype = {torch.float64: torch.complex128, torch.float16: torch.complex32}.get(
+        magnitude.dtype, torch.complex64
+    )
+    out = torch.empty_like(base, dtype=cdtype, memory_format=torch.contiguous_format)
+    rec.record_op("polar.default", (args, kwargs), out)
+    return out
+
+
 _EFFICIENT_BACKWARD = aten._scaled_dot_product_efficient_attention_backward.default
 
 
@@ -260,5 +281,11 @@ def symbolic_hooks() -> dict[Any, Any]:
     The memory-efficient SDPA backward with a bias that takes a gradient (T5's trained
     relative position bias on a CUDA target) fails in its meta rule's slice of the padded
     bias gradient; the hook allocates the same padded buffer and narrows it.
+    `aten.polar` (DeepSeek-V2's complex rotary embedding) specializes B and S in its
+    reference rule; the hook makes its one complex output with `aten.complex`.
     """
-    return {aten.baddbmm.default: _baddbmm, _EFFICIENT_BACKWARD: _efficient_attention_backward}
+    return {
+        aten.baddbmm.default: _baddbmm,
+        _EFFICIENT_BACKWARD: _efficient_attention_backward,
+        aten.polar.default: _polar,
+    }

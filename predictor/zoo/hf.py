@@ -82,7 +82,7 @@ def build_hf(config: Any, task: str, experts_impl: str | None = None) -> nn.Modu
     """`AutoModelFor<task>.from_config(config)` with SDPA attention where the class has it.
 
     Parameters are built in the default dtype the caller set (the training spec's, see
-    `predictor.capture.step`), never in the config's own `torch_dtype`/`dtype`: a Hub config
+    `predictor.capture.capture.step`), never in the config's own `torch_dtype`/`dtype`: a Hub config
     records the dtype its checkpoint was saved in, not how it is trained.
     Under a fake-tensor mode the weights are not initialized (values are meaningless
     there, and torch 2.13's trunc_normal_ branches on data); tied weights stay tied.
@@ -185,17 +185,41 @@ _ARCH_SUFFIXES = (
 
 
 def infer_task(config: Any) -> str:
-    """The task a config's `architectures` names; else seq2seq/causal-lm by its shape."""
+    """The task a config's `architectures` names; else seq2seq/causal-lm by its shape.
+
+    `*ForConditionalGeneration` is seq2seq only for an encoder-decoder config (T5, BART);
+    a decoder-only one (Gemma 3, LLaVA) trains as causal-lm, its text batch through the
+    language model. A bare backbone (`Dinov2Model`, `SiglipModel`) whose config has an
+    image classifier and no language-model head is image-cls."""
+    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
     for arch in getattr(config, "architectures", None) or []:
         for suffix, task in _ARCH_SUFFIXES:
             if arch.endswith(suffix):
+                if task == "seq2seq" and not encoder_decoder:
+                    return "causal-lm"
                 return task
-    return "seq2seq" if getattr(config, "is_encoder_decoder", False) else "causal-lm"
+    if encoder_decoder:
+        return "seq2seq"
+    tf = require_transformers()
+    if type(config) in tf.AutoModelForImageClassification._model_mapping and (
+        type(config) not in tf.AutoModelForCausalLM._model_mapping
+    ):
+        return "image-cls"
+    return "causal-lm"
+
+
+def _text_field(config: Any, key: str) -> Any:
+    """`config.<key>`, else the text config's (a vision-language config such as Gemma 3's
+    keeps its language model's vocab_size and positions in `text_config`)."""
+    value = getattr(config, key, None)
+    if value is None:
+        value = getattr(getattr(config, "text_config", None), key, None)
+    return value
 
 
 def _max_positions(config: Any) -> int | None:
     for key in ("max_position_embeddings", "n_positions", "max_seq_len"):
-        value = getattr(config, key, None)
+        value = _text_field(config, key)
         if isinstance(value, int) and value > 0:
             return value
     return None
@@ -302,16 +326,19 @@ def _bundle_from_config(
         {"task": task, "config": config.to_dict()}, sort_keys=True, default=str
     )
     if task == "image-cls":
-        image = getattr(config, "image_size", 224)
+        # a composite config (SigLIP) keeps the image fields in its vision_config
+        vision = getattr(config, "vision_config", None) or config
+        image = getattr(config, "image_size", None) or getattr(vision, "image_size", 224)
         image = image if isinstance(image, int) else int(image[0])
+        channels = getattr(config, "num_channels", None) or getattr(vision, "num_channels", 3)
         inputs = partial(
             image_inputs,
-            channels=int(getattr(config, "num_channels", 3)),
+            channels=int(channels),
             image=image,
             classes=int(config.num_labels),
         )
         return ModelBundle(make_inputs=inputs, dims={"B": 4}, **common)
-    vocab = getattr(config, "vocab_size", None)
+    vocab = _text_field(config, "vocab_size")
     if not isinstance(vocab, int) or vocab < 1:
         raise ValueError(f"hf config {path} has no vocab_size; cannot make token inputs")
     seq = min(128, _max_positions(config) or 128)

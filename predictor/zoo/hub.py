@@ -56,6 +56,7 @@ ALIASES = {
     "t5-large": "google-t5/t5-large",
     "meta-llama/Meta-Llama-3.1-8B": "meta-llama/Llama-3.1-8B",
     "meta-llama/Meta-Llama-3.1-70B": "meta-llama/Llama-3.1-70B",
+    "meta-llama/Meta-Llama-3.1-405B": "meta-llama/Llama-3.1-405B",
 }
 
 # Published parameter counts (unique parameters, tied weights once) of the class each
@@ -115,7 +116,56 @@ PUBLISHED_PARAMS: dict[str, int] = {
     "tiiuae/falcon-7b": 6_921_720_704,
     "stabilityai/stablelm-base-alpha-3b": 3_637_321_728,
     "google/vit-large-patch16-224": 304_326_632,
+    # --- 2026 additions. "HF" = the Hub's safetensors total (model page / API
+    # `safetensors.total`) as recorded in public notes that read it; "keras-hub" = the
+    # `params` of keras-team/keras-hub's preset for the same weights (tied embedding once).
+    "meta-llama/Llama-3.2-1B": 1_235_814_400,  # HF (safetensors payload, tied lm_head)
+    "meta-llama/Llama-3.2-1B-Instruct": 1_235_814_400,  # HF
+    "meta-llama/Llama-3.2-3B": 3_212_749_824,  # HF
+    "meta-llama/Llama-3.2-3B-Instruct": 3_212_749_824,  # HF
+    "meta-llama/Llama-3.1-405B": 405_853_388_800,  # HF API safetensors.total
+    "meta-llama/Llama-3.3-70B-Instruct": 70_553_706_496,  # HF (as Llama-3.1-70B)
+    "Qwen/Qwen2.5-14B": 14_770_033_664,  # HF API safetensors.total
+    "Qwen/Qwen2.5-32B": 32_763_876_352,  # keras-hub qwen2.5_instruct_32b_en; HF
+    "Qwen/Qwen2.5-72B": 72_706_203_648,  # keras-hub qwen2.5_instruct_72b_en
+    "Qwen/Qwen3-0.6B": 596_049_920,  # keras-hub qwen3_0.6b_en (lm_head tied, once)
+    "Qwen/Qwen3-1.7B": 1_720_574_976,  # keras-hub qwen3_1.7b_en (tied, once)
+    "Qwen/Qwen3-4B": 4_022_468_096,  # HF API; keras-hub qwen3_4b_en
+    "Qwen/Qwen3-8B": 8_190_735_360,  # HF API; keras-hub qwen3_8b_en
+    "Qwen/Qwen3-14B": 14_768_307_200,  # keras-hub qwen3_14b_en
+    "Qwen/Qwen3-32B": 32_762_123_264,  # keras-hub qwen3_32b_en
+    "Qwen/Qwen3-30B-A3B": 30_532_122_624,  # keras-hub qwen3_moe_30b_a3b_en
+    "Qwen/Qwen3-235B-A22B": 235_093_634_560,  # keras-hub qwen3_moe_235b_a22b_en
+    "google/gemma-2-2b": 2_614_341_888,  # keras-hub gemma2_2b_en
+    "google/gemma-2-27b": 27_227_128_320,  # keras-hub gemma2_27b_en
+    "google/gemma-3-1b-pt": 999_885_952,  # keras-hub gemma3_1b; HF
+    # Gemma 3 4B+: Gemma3ForConditionalGeneration, vision tower and projector included
+    "google/gemma-3-4b-pt": 4_300_079_472,  # HF API (gemma-3-4b-it); keras-hub medgemma_4b
+    "google/gemma-3-12b-pt": 12_187_325_040,  # HF API (gemma-3-12b-it, same weights' shapes)
+    "google/gemma-3-27b-pt": 27_432_406_640,  # keras-hub medgemma_instruct_27b (same shapes)
+    "microsoft/Phi-3.5-mini-instruct": 3_821_079_552,  # HF (as Phi-3-mini)
+    "microsoft/phi-4": 14_659_507_200,  # HF API safetensors.total
+    "mistralai/Mistral-Nemo-Base-2407": 12_247_782_400,  # HF safetensors (Nemo 2407)
+    "mistralai/Mistral-Small-24B-Base-2501": 23_572_403_200,  # HF safetensors; keras-hub
+    "mistralai/Mixtral-8x22B-v0.1": 140_620_634_112,  # HF API (as WizardLM-2-8x22B)
+    "deepseek-ai/DeepSeek-V2-Lite": 15_706_484_224,  # safetensors total (V2-Lite-Chat)
+    "allenai/OLMo-2-1124-7B": 7_298_617_344,  # HF API safetensors.total
+    "allenai/OLMo-2-1124-13B": 13_716_198_400,  # HF API (OLMo-2-1124-13B-Instruct)
+    "HuggingFaceTB/SmolLM2-135M": 134_515_008,  # HF safetensors metadata
+    "HuggingFaceTB/SmolLM2-360M": 361_821_120,  # HF safetensors (290 tensors)
+    "HuggingFaceTB/SmolLM2-1.7B": 1_711_376_384,  # HF metadata
+    "ibm-granite/granite-3.1-8b-base": 8_170_848_256,  # HF safetensors metadata
+    "answerdotai/ModernBERT-base": 149_655_232,  # HF API (ModernBertForMaskedLM weights)
+    "answerdotai/ModernBERT-large": 395_881_664,  # HF API
 }
+# No exact figure for the class the catalog builds:
+# - deepseek-ai/DeepSeek-V3: 671,026,404,352 built; the paper's "671B total parameters"
+#   agrees. transformers builds no multi-token-prediction module (the Hub's 685B counts
+#   its 14B, and its fp8 checkpoint's scales).
+# - facebook/dinov2-base/-large, google/siglip-base-patch16-224: their configs name the
+#   bare Dinov2Model (86,580,480 / 304,368,640) and the contrastive SiglipModel
+#   (203,155,970, HF safetensors metadata), which tests check; the catalog trains
+#   their image classifiers (2 labels), whose head no publication counts.
 # bigscience/T0_3B (T5ForConditionalGeneration, untied lm_head) publishes 2,849,757,184; the
 # installed transformers (5.x) ties T5's lm_head to the shared embedding whatever the config
 # says (T5Config forces tie_word_embeddings=True), so the class built from its config has

@@ -142,3 +142,57 @@ def test_cpu_target_lstm_capture_holds_the_onednn_workspace():
     ]
     assert layers[0] != layers[1]
     assert ws == layers * 2  # first and steady step
+
+
+def test_a_value_head_dim_of_its_own_runs_the_memory_efficient_kernel():
+    """Multi-head latent attention (DeepSeek-V2/V3): q and k have 192 dims, v 128. CUDA's
+    flash kernel needs all three alike (sdp_utils' check_head_dim_size_flash), the
+    memory-efficient one only q == k and both aligned; its output takes v's head dim."""
+    q = torch.empty(2, 4, 16, 192, dtype=torch.bfloat16, device="meta")
+    v = torch.empty(2, 4, 16, 128, dtype=torch.bfloat16, device="meta")
+    assert choose_sdpa(q, q, v, None, sm=90) == "efficient"
+    assert choose_sdpa(q.float(), q.float(), v.float(), None, sm=90) == "efficient"
+    odd = torch.empty(2, 4, 16, 100, dtype=torch.bfloat16, device="meta")  # 100 % 8 != 0
+    assert choose_sdpa(q, q, odd, None, sm=90) == "math"
+    assert choose_sdpa(q, v, v, None, sm=90) == "math"  # q and k must agree
+
+
+class _ComplexRotary(torch.nn.Module):
+    """DeepSeek-V2's rotary embedding in miniature: torch.polar of position x frequency."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+        self.register_buffer("inv_freq", torch.rand(4), persistent=False)
+
+    def forward(self, x):
+        pos = torch.arange(x.shape[1], device=x.device, dtype=torch.float32)
+        freqs = pos[None, :, None] * self.inv_freq  # (1, S, 4)
+        rot = torch.polar(torch.ones_like(freqs), freqs)
+        h = torch.view_as_complex(self.proj(x).float().reshape(*x.shape[:2], 4, 2))
+        return torch.view_as_real(h * rot).sum()
+
+
+def test_polar_keeps_batch_and_sequence_symbolic():
+    """torch 2.13's reference `polar` pins S to its hint; the dispatch hook keeps it a
+    symbol and records one complex output of the broadcast shape (8 bytes per element)."""
+    bundle = ModelBundle(
+        name="rotary",
+        family="test",
+        build=_ComplexRotary,
+        make_inputs=lambda s, device, float_dtype=torch.float32: {
+            "x": torch.randn(s["B"], s["S"], 8, device=device, dtype=float_dtype)
+        },
+        loss=lambda m, i: m(i["x"]),
+        dims={"B": 3, "S": 10},
+    )
+    graph = capture(bundle, TrainSpec.of(optimizer="sgd"), CaptureConfig(target="cuda"))
+    assert graph.guards == []
+    p = graph.paths[0]
+    polar = [i for i, op in enumerate(p.nodes["op"]) if op == "polar.default"]
+    assert len(polar) == 2  # one per captured step (first and steady)
+    alloc = np.asarray(p.storages["alloc"])
+    for b, s in ((3, 10), (5, 37)):
+        nbytes = graph.storage_bytes(0, graph.resolve_sizes({"B": b, "S": s}))
+        for node in polar:  # one (1, S, 4) complex64 output each
+            assert [int(nbytes[u]) for u in np.flatnonzero(alloc == node)] == [s * 4 * 8]

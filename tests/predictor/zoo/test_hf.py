@@ -115,3 +115,82 @@ def test_configs_with_alike_layers_get_a_depth_knob(tmp_path):
     assert repeated_layers(llama) == 6
     llama.mlp_only_layers = [0]
     assert repeated_layers(llama) is None
+
+
+def _tiny_gemma3_vlm(tmp_path: Path) -> str:
+    from transformers import Gemma3Config
+
+    text = dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, vocab_size=96,
+    )  # fmt: skip
+    vision = dict(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        image_size=28, patch_size=14,
+    )  # fmt: skip
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    return _write(tmp_path, config)
+
+
+def test_a_decoder_only_vision_language_config_trains_as_causal_lm_on_text(tmp_path):
+    """Gemma 3 4B+ name Gemma3ForConditionalGeneration, which is no seq2seq model: the
+    task is causal-lm (AutoModelForCausalLM builds that class), its vocabulary read from
+    text_config, and a text batch runs a real CPU step (the vision tower gets no grad)."""
+    bundle = zoo.resolve(f"hf:{_tiny_gemma3_vlm(tmp_path)}")
+    assert bundle.hparams["task"] == "causal-lm"
+    step = TrainingStep(bundle, TrainSpec.of(optimizer="sgd"), device=CPU, target="cpu")
+    assert type(step.model).__name__ == "Gemma3ForConditionalGeneration"
+    inputs = bundle.make_inputs({"B": 2, "S": 8}, CPU, torch.float32)
+    assert int(inputs["input_ids"].max()) < 96
+    loss = bundle.loss(step.model, inputs)
+    loss.backward()
+    vision = [p.grad for n, p in step.model.named_parameters() if "vision_tower" in n]
+    assert vision and all(g is None for g in vision)
+
+
+def test_infer_task_of_bare_vision_backbones_and_encoder_decoders():
+    from memgnn.predictor.zoo.hf import infer_task
+    from transformers import Dinov2Config, SiglipConfig, T5Config
+
+    assert infer_task(Dinov2Config(architectures=["Dinov2Model"])) == "image-cls"
+    assert infer_task(SiglipConfig(architectures=["SiglipModel"])) == "image-cls"
+    t5 = T5Config(architectures=["T5ForConditionalGeneration"])
+    assert infer_task(t5) == "seq2seq"
+
+
+def test_image_size_of_a_composite_config_comes_from_its_vision_config(tmp_path):
+    from transformers import SiglipConfig
+
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=48, patch_size=16)  # fmt: skip
+    text = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2, vocab_size=50)  # fmt: skip
+    config = SiglipConfig(text_config=text, vision_config=vision, architectures=["SiglipModel"])
+    bundle = zoo.resolve(f"hf:{_write(tmp_path, config)}")
+    assert bundle.hparams["task"] == "image-cls"
+    images = bundle.make_inputs({"B": 2}, CPU, torch.float32)["pixel_values"]
+    assert tuple(images.shape) == (2, 3, 48, 48)
+
+
+def test_multi_head_latent_attention_captures_for_a_cuda_target(tmp_path):
+    """A DeepSeek-V2 config (q/k head dim 24, v 16, complex rotary) captures in bf16 for
+    sm90: attention runs the memory-efficient kernel, B and S stay symbols."""
+    from memgnn.predictor.capture.capture import CaptureConfig, capture
+    from transformers import DeepseekV2Config
+
+    config = DeepseekV2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, kv_lora_rank=16,
+        q_lora_rank=None, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+        n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+        first_k_dense_replace=1, architectures=["DeepseekV2ForCausalLM"],
+    )  # fmt: skip
+    bundle = zoo.resolve(f"hf:{_write(tmp_path, config)}")
+    graph = capture(bundle, TrainSpec.of(precision="bf16"), CaptureConfig(target="cuda", sm=90))
+    ops = set(graph.paths[0].nodes["op"])
+    assert "_scaled_dot_product_efficient_attention.default" in ops
+    assert "_scaled_dot_product_flash_attention.default" not in ops
+    small = graph.storage_bytes(0, graph.resolve_sizes({"B": 2, "S": 16})).sum()
+    large = graph.storage_bytes(0, graph.resolve_sizes({"B": 3, "S": 40})).sum()
+    assert large > small

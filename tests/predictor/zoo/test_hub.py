@@ -117,3 +117,95 @@ def test_catalog_name_resolves_to_a_bundle_with_the_task_of_its_architecture():
     assert bundle.family == "bert"
     assert bundle.hparams["task"] == "masked-lm"
     assert Path(bundle.hparams["config"]).name == "google-bert__bert-base-uncased.json"
+
+
+# The 2026 additions: (name, task, class the default task builds). Each has an exact
+# published figure in hub.PUBLISHED_PARAMS (its source beside it) that the class built on
+# the meta device must reproduce.
+ADDED = [
+    ("meta-llama/Llama-3.2-1B", "causal-lm", "LlamaForCausalLM"),
+    ("meta-llama/Llama-3.2-1B-Instruct", "causal-lm", "LlamaForCausalLM"),
+    ("meta-llama/Llama-3.2-3B", "causal-lm", "LlamaForCausalLM"),
+    ("meta-llama/Llama-3.2-3B-Instruct", "causal-lm", "LlamaForCausalLM"),
+    ("meta-llama/Llama-3.1-405B", "causal-lm", "LlamaForCausalLM"),
+    ("meta-llama/Llama-3.3-70B-Instruct", "causal-lm", "LlamaForCausalLM"),
+    ("Qwen/Qwen2.5-14B", "causal-lm", "Qwen2ForCausalLM"),
+    ("Qwen/Qwen2.5-32B", "causal-lm", "Qwen2ForCausalLM"),
+    ("Qwen/Qwen2.5-72B", "causal-lm", "Qwen2ForCausalLM"),
+    ("Qwen/Qwen3-0.6B", "causal-lm", "Qwen3ForCausalLM"),
+    ("Qwen/Qwen3-1.7B", "causal-lm", "Qwen3ForCausalLM"),
+    ("Qwen/Qwen3-4B", "causal-lm", "Qwen3ForCausalLM"),
+    ("Qwen/Qwen3-8B", "causal-lm", "Qwen3ForCausalLM"),
+    ("Qwen/Qwen3-14B", "causal-lm", "Qwen3ForCausalLM"),
+    ("Qwen/Qwen3-32B", "causal-lm", "Qwen3ForCausalLM"),
+    ("Qwen/Qwen3-30B-A3B", "causal-lm", "Qwen3MoeForCausalLM"),
+    ("Qwen/Qwen3-235B-A22B", "causal-lm", "Qwen3MoeForCausalLM"),
+    ("google/gemma-2-2b", "causal-lm", "Gemma2ForCausalLM"),
+    ("google/gemma-2-27b", "causal-lm", "Gemma2ForCausalLM"),
+    ("google/gemma-3-1b-pt", "causal-lm", "Gemma3ForCausalLM"),
+    ("google/gemma-3-4b-pt", "causal-lm", "Gemma3ForConditionalGeneration"),
+    ("google/gemma-3-12b-pt", "causal-lm", "Gemma3ForConditionalGeneration"),
+    ("google/gemma-3-27b-pt", "causal-lm", "Gemma3ForConditionalGeneration"),
+    ("microsoft/Phi-3.5-mini-instruct", "causal-lm", "Phi3ForCausalLM"),
+    ("microsoft/phi-4", "causal-lm", "Phi3ForCausalLM"),
+    ("mistralai/Mistral-Nemo-Base-2407", "causal-lm", "MistralForCausalLM"),
+    ("mistralai/Mistral-Small-24B-Base-2501", "causal-lm", "MistralForCausalLM"),
+    ("mistralai/Mixtral-8x22B-v0.1", "causal-lm", "MixtralForCausalLM"),
+    ("deepseek-ai/DeepSeek-V2-Lite", "causal-lm", "DeepseekV2ForCausalLM"),
+    ("allenai/OLMo-2-1124-7B", "causal-lm", "Olmo2ForCausalLM"),
+    ("allenai/OLMo-2-1124-13B", "causal-lm", "Olmo2ForCausalLM"),
+    ("HuggingFaceTB/SmolLM2-135M", "causal-lm", "LlamaForCausalLM"),
+    ("HuggingFaceTB/SmolLM2-360M", "causal-lm", "LlamaForCausalLM"),
+    ("HuggingFaceTB/SmolLM2-1.7B", "causal-lm", "LlamaForCausalLM"),
+    ("ibm-granite/granite-3.1-8b-base", "causal-lm", "GraniteForCausalLM"),
+    ("answerdotai/ModernBERT-base", "masked-lm", "ModernBertForMaskedLM"),
+    ("answerdotai/ModernBERT-large", "masked-lm", "ModernBertForMaskedLM"),
+]
+
+
+@pytest.mark.parametrize(("name", "task", "cls"), ADDED)
+def test_added_catalog_models_have_their_published_parameter_counts(name, task, cls):
+    entry = next(e for e in hub.catalog_entries() if e.name == name)
+    row = hub.describe(entry)
+    assert (row["task"], row["class"]) == (task, cls)
+    assert row["params"] == hub.PUBLISHED_PARAMS[name]
+    assert row["params_match"] is True
+
+
+def test_llama_3_1_405b_resolves_by_its_old_name_too():
+    assert hub.resolve_config_file("meta-llama/Meta-Llama-3.1-405B").name == (
+        "meta-llama__Llama-3.1-405B.json"
+    )
+
+
+def test_deepseek_v3_builds_without_its_multi_token_prediction_module():
+    """671B by the paper; transformers builds no MTP layer (num_nextn_predict_layers), so
+    no exact figure is recorded: the Hub's 685B counts it (and fp8 scales)."""
+    config = _config("deepseek-ai/DeepSeek-V3")
+    assert config.num_nextn_predict_layers == 1
+    params = hub.param_count(config, "causal-lm")
+    assert params == 671_026_404_352 and round(params / 1e9) == 671
+    assert "deepseek-ai/DeepSeek-V3" not in hub.PUBLISHED_PARAMS
+
+
+@pytest.mark.parametrize(
+    ("name", "bare", "params"),
+    [
+        ("facebook/dinov2-base", "Dinov2Model", 86_580_480),  # official ViT-B/14 count
+        ("facebook/dinov2-large", "Dinov2Model", 304_368_640),  # official ViT-L/14 count
+        ("google/siglip-base-patch16-224", "SiglipModel", 203_155_970),  # HF safetensors
+    ],
+)
+def test_vision_backbones_bare_class_has_the_published_count(name, bare, params):
+    """Their configs name a bare or contrastive class; the catalog trains the image
+    classifier built on it (image-cls, 2 labels), whose head no publication counts."""
+    import torch
+    from transformers.initialization import no_init_weights
+
+    config = _config(name)
+    assert config.architectures == [bare]
+    assert infer_task(config) == "image-cls"
+    with torch.device("meta"), no_init_weights():
+        model = getattr(transformers, bare)(config)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert name not in hub.PUBLISHED_PARAMS
