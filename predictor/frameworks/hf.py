@@ -128,10 +128,14 @@ def _model(b: Builder, catalog: Catalog | None) -> dict | None:
 
 
 def _sizes(b: Builder, trl: bool) -> None:
-    for key in ("per_device_train_batch_size", "per_gpu_train_batch_size"):
-        if b.has(key):
-            b.read(key, b.size("B", b.get(key), f"{key}: {b.get(key)}"))
-            break
+    # transformers 4.x: the deprecated per_gpu_train_batch_size wins where it is set
+    names = ("per_gpu_train_batch_size", "per_device_train_batch_size")
+    key = next((k for k in names if b.get(k) is not None), None)
+    for k in names:
+        if b.has(k) and k != key:
+            b.read(k, "no memory effect: unset (the other batch-size key is read)")
+    if key is not None:
+        b.read(key, b.size("B", b.get(key), f"{key}: {b.get(key)}"))
     else:
         b.size("B", 8, "per_device_train_batch_size: 8 (default)")
         b.default("per_device_train_batch_size", 8, "--batch 8 (TrainingArguments' default)")
@@ -215,7 +219,7 @@ def _checkpointing(b: Builder, trl: bool) -> None:
     on = bool(b.get(key)) if key else trl
     for k in _CKPT:
         if b.has(k) and k != key:
-            b.read(k, "no memory effect: unset (the other name is read)")
+            b.read(k, f"no memory effect: an alias of {key}" if key else "unset")
     if "checkpointing" in b.reading.options:  # fsdp_config.activation_checkpointing
         if key:
             b.read(key, "see fsdp_config.activation_checkpointing")

@@ -202,12 +202,19 @@ def read_torchtune(
         b.read(
             "batch_size", b.size("B", b.number("batch_size"), f"batch_size: {b.get('batch_size')}")
         )
+    else:
+        b.warn("the file has no batch_size (the recipes require one): give --batch")
     _seq(b, data)
     if b.has("gradient_accumulation_steps"):
         v = b.number("gradient_accumulation_steps")
         b.read(
             "gradient_accumulation_steps",
             b.option("grad_accum", v, f"gradient_accumulation_steps: {v}"),
+        )
+    else:
+        b.warn(
+            "the file has no gradient_accumulation_steps (the recipes require it): the "
+            "answer assumes 1"
         )
     _precision(b)
     key = "enable_activation_checkpointing"

@@ -356,3 +356,17 @@ def test_an_unknown_key_is_reported(write):
 def test_bf16_and_fp16_together_are_refused(write):
     with pytest.raises(ValueError, match="bf16 and fp16 are both true"):
         read_config(write("args.json", '{"bf16": true, "fp16": true}'))
+
+
+def test_deprecated_aliases_of_an_older_export(write, became):
+    """transformers 4.x exports per_gpu_train_batch_size (null unless set; it wins when
+    set); 5.x exports gradient_checkpointing beside activation_checkpointing."""
+    args = {"per_device_train_batch_size": 8, "per_gpu_train_batch_size": None,
+            "activation_checkpointing": True, "gradient_checkpointing": True}  # fmt: skip
+    r = read_config(write("a.json", json.dumps(args)))
+    b = became(r)
+    assert r.sizes == {"B": 8} and r.options["checkpointing"] == "hf"
+    assert b["per_gpu_train_batch_size"].startswith("no memory effect: unset")
+    assert b["gradient_checkpointing"] == "no memory effect: an alias of activation_checkpointing"
+    args["per_gpu_train_batch_size"] = 2
+    assert read_config(write("b.json", json.dumps(args))).sizes == {"B": 2}
