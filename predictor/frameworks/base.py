@@ -111,7 +111,7 @@ def is_off(value: Any) -> bool:
     return value is None or value is False or (not isinstance(value, bool) and value == 0)
 
 
-def _lookup(table: Mapping[str, str], key: str) -> str | None:
+def _lookup(table: Mapping[str, Any], key: str) -> Any:
     """`table[key]`, else the entry of the longest "prefix.*" that covers `key` (a section
     left empty, `key: null`, is covered by "key.*")."""
     if key in table:
@@ -161,8 +161,15 @@ class Builder:
         shown = self.flat[key] if key in self.flat and value is None else value
         self.reading.keys.append(KeyRead(key=key, value=shown, became=became))
 
+    def given(self, key: str) -> bool:
+        """The file has `key` with a value (`key: null` means the framework's default)."""
+        return self.flat.get(key) is not None
+
     def default(self, key: str, value: Any, became: str) -> None:
-        """A key the file leaves out whose framework default the run uses."""
+        """A key the file leaves out (or sets to null) whose framework default the run uses."""
+        if key in self.flat:  # `key: null`: the file's key, read as the default
+            self.read(key, f"null: {became}", value=None)
+            return
         self.reading.keys.append(KeyRead(key=key, value=value, became=became, default=True))
 
     def warn(self, text: str, *, key: str | None = None) -> None:
@@ -207,12 +214,14 @@ class Builder:
         features: Mapping[str, tuple[str, str]] | None = None,
     ) -> ConfigReading:
         """Account for every key not yet handled by the reader's tables: `no_effect` (key or
-        "prefix.*" -> why) and `features` (key -> (what it is, what the answer assumes));
+        "prefix.*" -> why) and `features` (key or "prefix.*" -> (what it is, what the
+        answer assumes));
         anything else is unknown. Returns the reading."""
         features = features or {}
         for key in self.unhandled():
-            if key in features:
-                self.feature(key, *features[key])
+            feature = _lookup(features, key)
+            if feature is not None:
+                self.feature(key, *feature)
                 continue
             why = _lookup(no_effect, key)
             if why is not None:

@@ -140,7 +140,7 @@ def _sizes(b: Builder, trl: bool) -> None:
         b.size("B", 8, "per_device_train_batch_size: 8 (default)")
         b.default("per_device_train_batch_size", 8, "--batch 8 (TrainingArguments' default)")
     key = "gradient_accumulation_steps"
-    accum = b.number(key) if b.has(key) else 1
+    accum = b.number(key) if b.given(key) else 1
     became = b.option("grad_accum", accum, f"{key}: {accum}")
     if b.has(key):
         b.read(key, became)
@@ -309,7 +309,7 @@ def _adapter(b: Builder, path: Path, explicit: Path | None, trl: bool) -> None:
         ("lora_alpha", "lora_alpha", float),
         ("lora_dropout", "lora_dropout", float),
     ):
-        value = b.number(k, cast) if b.has(k) else cast(defaults[k])
+        value = b.number(k, cast) if b.given(k) else cast(defaults[k])
         became = b.option(dest, value, f"{k}: {value}")
         b.read(k, became) if b.has(k) else b.default(k, value, f"{became} (TRL's default)")
     if b.has("lora_target_modules"):

@@ -18,198 +18,144 @@ from __future__ import annotations
 
 __all__ = ["FEATURES", "HF_ONLY", "NO_EFFECT", "TRL_ONLY"]
 
-_EVAL = "evaluation runs outside the training step"
-_LOG = "logging"
-_SAVE = "checkpoints and the Hub"
-_DATA = "data preparation (host side)"
-_SCHED = "optimizer hyperparameter or schedule (same states)"
-_DIST = "process-group bookkeeping"
 
-NO_EFFECT: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "per_device_eval_batch_size",
-            "per_gpu_eval_batch_size",
-            "eval_accumulation_steps",
-            "eval_strategy",
-            "evaluation_strategy",
-            "eval_steps",
-            "eval_delay",
-            "eval_on_start",
-            "prediction_loss_only",
-            "eval_do_concat_batches",
-            "eval_use_gather_object",
-            "include_for_metrics",
-            "include_inputs_for_metrics",
-            "batch_eval_metrics",
-            "bf16_full_eval",
-            "fp16_full_eval",
-            "jit_mode_eval",
-            "use_legacy_prediction_loop",
-            "past_index",
-            "eval_packing",
-            "load_best_model_at_end",
-            "metric_for_best_model",
-            "greater_is_better",
-            "do_eval",
-            "do_predict",
-            "dataset_test_split",
-            "test_split_size",
-        ),
-        _EVAL,
-    ),
-    **dict.fromkeys(
-        (
-            "logging_dir",
-            "logging_strategy",
-            "logging_steps",
-            "logging_first_step",
-            "logging_nan_inf_filter",
-            "log_level",
-            "log_level_replica",
-            "log_on_each_node",
-            "disable_tqdm",
-            "report_to",
-            "run_name",
-            "project",
-            "trackio_space_id",
-            "trackio_bucket_id",
-            "trackio_static_space_id",
-            "include_num_input_tokens_seen",
-            "include_tokens_per_second",
-            "skip_memory_metrics",
-            "tpu_metrics_debug",
-            "debug",
-        ),
-        _LOG,
-    ),
-    **dict.fromkeys(
-        (
-            "output_dir",
-            "overwrite_output_dir",
-            "save_strategy",
-            "save_steps",
-            "save_total_limit",
-            "save_safetensors",
-            "save_on_each_node",
-            "save_only_model",
-            "enable_jit_checkpoint",
-            "push_to_hub",
-            "hub_model_id",
-            "hub_strategy",
-            "hub_token",
-            "hub_private_repo",
-            "hub_always_push",
-            "hub_revision",
-            "push_to_hub_model_id",
-            "push_to_hub_organization",
-            "push_to_hub_token",
-            "resume_from_checkpoint",
-            "restore_callback_states_from_checkpoint",
-            "ignore_data_skip",
-            "do_train",
-        ),
-        _SAVE,
-    ),
-    **dict.fromkeys(
-        (
-            "dataloader_drop_last",
-            "dataloader_num_workers",
-            "dataloader_pin_memory",
-            "dataloader_persistent_workers",
-            "dataloader_prefetch_factor",
-            "dataloader_multiprocessing_context",
-            "dataloader_in_order",
-            "remove_unused_columns",
-            "label_names",
-            "length_column_name",
-            "group_by_length",
-            "train_sampling_strategy",
-            "dataset_text_field",
-            "dataset_kwargs.*",
-            "dataset_num_proc",
-            "dataset_batch_size",
-            "num_of_sequences",
-            "chars_per_token",
-            "eos_token",
-            "pad_token",
-            "chat_template_path",
-            "shuffle_dataset",
-            "truncation_mode",
-            "completion_only_loss",
-            "assistant_only_loss",
-            "dataset_name",
-            "dataset_config",
-            "dataset_train_split",
-            "dataset_streaming",
-            "datasets",
-            "streaming",
-            "data_seed",
-            "seed",
-            "full_determinism",
-        ),
-        _DATA,
-    ),
-    **dict.fromkeys(
-        (
-            "num_train_epochs",
-            "max_steps",
-            "learning_rate",
-            "lr_scheduler_type",
-            "lr_scheduler_kwargs.*",
-            "lr_scheduler_kwargs",
-            "warmup_steps",
-            "warmup_ratio",
-            "weight_decay",
-            "adam_beta1",
-            "adam_beta2",
-            "adam_epsilon",
-            "max_grad_norm",
-            "router_aux_loss_coef",
-        ),
-        _SCHED,
-    ),
-    **dict.fromkeys(
-        (
-            "local_rank",
-            "ddp_backend",
-            "ddp_timeout",
-            "ddp_find_unused_parameters",
-            "ddp_broadcast_buffers",
-            "ddp_static_graph",
-            "accelerator_config.*",
-            "accelerator_config",
-            "dispatch_batches",
-            "split_batches",
-            "tpu_num_cores",
-            "mp_parameters",
-            "ray_scope",
-            "_n_gpu",
-            "ignore_bias_buffers",
-            "average_tokens_across_devices",
-        ),
-        _DIST,
-    ),
-    "half_precision_backend": "the AMP backend (torch autocast)",
-    "fp16_backend": "the AMP backend (torch autocast)",
-    "fp16_opt_level": "apex only",
-    "tf32": "matmul math mode (the same tensors)",
-    "torch_compile_backend": "used with torch_compile",
-    "torch_compile_mode": "used with torch_compile",
-    "liger_kernel_config": "used with use_liger_kernel",
-    "liger_kernel_config.*": "used with use_liger_kernel",
-    "torch_empty_cache_steps": "empties the allocator's cache between steps (the step's own "
-    "peak is the same)",
-    "fsdp_min_num_params": "memgnn wraps every repeated block (the transformer layer)",
-    "fsdp_transformer_layer_cls_to_wrap": "memgnn wraps every repeated block",
-    "trust_remote_code": "which code (the catalog config is built offline)",
-    "model_revision": "which weights",
-    "lora_task_type": "the head is the model's",
-    "use_rslora": "scaling only (alpha / sqrt(r))",
-    "packing_strategy": "which sequences share a row",
-}
+def _keys(text: str) -> list[str]:
+    return text.split()
 
-# memory-relevant switches memgnn does not model: key -> (what it is, what the answer assumes)
+
+# key (or "section.*": every key under it) -> why it does not change the step's memory
+NO_EFFECT: dict[str, str] = {}
+NO_EFFECT.update(
+    dict.fromkeys(
+        _keys(
+            """
+            per_device_eval_batch_size per_gpu_eval_batch_size eval_accumulation_steps
+            eval_strategy evaluation_strategy eval_steps eval_delay eval_on_start
+            prediction_loss_only eval_do_concat_batches eval_use_gather_object include_for_metrics
+            include_inputs_for_metrics batch_eval_metrics bf16_full_eval fp16_full_eval
+            jit_mode_eval use_legacy_prediction_loop past_index eval_packing
+            load_best_model_at_end metric_for_best_model greater_is_better do_eval do_predict
+            dataset_test_split test_split_size
+            """
+        ),
+        "evaluation runs outside the training step",
+    )
+)
+NO_EFFECT.update(
+    dict.fromkeys(
+        _keys(
+            """
+            logging_dir logging_strategy logging_steps logging_first_step logging_nan_inf_filter
+            log_level log_level_replica log_on_each_node disable_tqdm report_to run_name project
+            trackio_space_id trackio_bucket_id trackio_static_space_id
+            include_num_input_tokens_seen include_tokens_per_second skip_memory_metrics
+            tpu_metrics_debug debug
+            """
+        ),
+        "logging",
+    )
+)
+NO_EFFECT.update(
+    dict.fromkeys(
+        _keys(
+            """
+            output_dir overwrite_output_dir save_strategy save_steps save_total_limit
+            save_safetensors save_on_each_node save_only_model enable_jit_checkpoint push_to_hub
+            hub_model_id hub_strategy hub_token hub_private_repo hub_always_push hub_revision
+            push_to_hub_model_id push_to_hub_organization push_to_hub_token resume_from_checkpoint
+            restore_callback_states_from_checkpoint ignore_data_skip do_train
+            """
+        ),
+        "checkpoints and the Hub",
+    )
+)
+NO_EFFECT.update(
+    dict.fromkeys(
+        _keys(
+            """
+            dataloader_drop_last dataloader_num_workers dataloader_pin_memory
+            dataloader_persistent_workers dataloader_prefetch_factor
+            dataloader_multiprocessing_context dataloader_in_order remove_unused_columns
+            label_names length_column_name group_by_length train_sampling_strategy
+            dataset_text_field dataset_kwargs.* dataset_num_proc dataset_batch_size
+            num_of_sequences chars_per_token eos_token pad_token chat_template_path
+            shuffle_dataset truncation_mode completion_only_loss assistant_only_loss dataset_name
+            dataset_config dataset_train_split dataset_streaming datasets streaming data_seed seed
+            full_determinism
+            """
+        ),
+        "data preparation (host side)",
+    )
+)
+NO_EFFECT.update(
+    dict.fromkeys(
+        _keys(
+            """
+            num_train_epochs max_steps learning_rate lr_scheduler_type lr_scheduler_kwargs.*
+            lr_scheduler_kwargs warmup_steps warmup_ratio weight_decay adam_beta1 adam_beta2
+            adam_epsilon max_grad_norm router_aux_loss_coef
+            """
+        ),
+        "optimizer hyperparameter or schedule (same states)",
+    )
+)
+NO_EFFECT.update(
+    dict.fromkeys(
+        _keys(
+            """
+            local_rank ddp_backend ddp_timeout ddp_find_unused_parameters ddp_broadcast_buffers
+            ddp_static_graph accelerator_config.* accelerator_config dispatch_batches
+            split_batches tpu_num_cores mp_parameters ray_scope _n_gpu ignore_bias_buffers
+            average_tokens_across_devices
+            """
+        ),
+        "process-group bookkeeping",
+    )
+)
+NO_EFFECT.update(
+    dict.fromkeys(
+        _keys(
+            """
+            half_precision_backend fp16_backend
+            """
+        ),
+        "the AMP backend (torch autocast)",
+    )
+)
+NO_EFFECT["fp16_opt_level"] = "apex only"
+NO_EFFECT["tf32"] = "matmul math mode (the same tensors)"
+NO_EFFECT.update(
+    dict.fromkeys(
+        _keys(
+            """
+            torch_compile_backend torch_compile_mode
+            """
+        ),
+        "used with torch_compile",
+    )
+)
+NO_EFFECT.update(
+    dict.fromkeys(
+        _keys(
+            """
+            liger_kernel_config liger_kernel_config.*
+            """
+        ),
+        "used with use_liger_kernel",
+    )
+)
+NO_EFFECT["torch_empty_cache_steps"] = (
+    "empties the allocator's cache between steps (the step's own peak is the same)"
+)
+NO_EFFECT["fsdp_min_num_params"] = "memgnn wraps every repeated block (the transformer layer)"
+NO_EFFECT["fsdp_transformer_layer_cls_to_wrap"] = "memgnn wraps every repeated block"
+NO_EFFECT["trust_remote_code"] = "which code (the catalog config is built offline)"
+NO_EFFECT["model_revision"] = "which weights"
+NO_EFFECT["lora_task_type"] = "the head is the model's"
+NO_EFFECT["use_rslora"] = "scaling only (alpha / sqrt(r))"
+NO_EFFECT["packing_strategy"] = "which sequences share a row"
+
+# memory-relevant keys memgnn does not model: key -> (what it is, what the answer assumes)
 FEATURES: dict[str, tuple[str, str]] = {
     "torch_compile": ("torch.compile", "the answer is the eager step's"),
     "torchdynamo": ("torch.compile (torchdynamo)", "the answer is the eager step's"),

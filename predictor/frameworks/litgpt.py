@@ -227,16 +227,16 @@ def _precision(b: Builder, quantized: bool) -> None:
 
 
 def _batch(b: Builder, lora: bool) -> None:
-    micro = b.number("train.micro_batch_size") if b.has("train.micro_batch_size") else 1
-    total = b.number("train.global_batch_size") if b.has("train.global_batch_size") else 16
-    devices, nodes = b.get("devices", 1), b.number("num_nodes") if b.has("num_nodes") else 1
+    micro = b.number("train.micro_batch_size") if b.given("train.micro_batch_size") else 1
+    total = b.number("train.global_batch_size") if b.given("train.global_batch_size") else 16
+    devices, nodes = b.get("devices", 1), b.number("num_nodes") if b.given("num_nodes") else 1
     if devices in ("auto", -1, "-1"):
         b.warn(f"devices: {devices}: every GPU of the machine: give --gpus N", key="devices")
         devices = None
     else:
         devices = b.number("devices", value=devices)
     became = b.size("B", micro, f"train.micro_batch_size: {micro}")
-    if b.has("train.micro_batch_size"):
+    if b.given("train.micro_batch_size"):
         b.read("train.micro_batch_size", became)
     else:
         b.default("train.micro_batch_size", 1, f"{became} (LitGPT's default)")
@@ -244,7 +244,7 @@ def _batch(b: Builder, lora: bool) -> None:
     accum = max(1, total // (micro * ranks))
     source = f"train.global_batch_size: {total} / (micro {micro} x {ranks} ranks)"
     became = b.option("grad_accum", accum, source) + f" ({source})"
-    if b.has("train.global_batch_size"):
+    if b.given("train.global_batch_size"):
         b.read("train.global_batch_size", became)
     else:
         b.default("train.global_batch_size", 16, f"{became} (LitGPT's default)")
@@ -285,7 +285,7 @@ def _lora(b: Builder, config: dict | None) -> None:
         ("lora_alpha", "lora_alpha", float, 16.0),
         ("lora_dropout", "lora_dropout", float, 0.05),
     ):
-        value = b.number(key, kind) if b.has(key) else kind(default)
+        value = b.number(key, kind) if b.given(key) else kind(default)
         became = b.option(dest, value, f"{key}: {value}")
         if b.has(key):
             b.read(key, became)

@@ -198,14 +198,17 @@ def read_torchtune(
     flat = flatten(data, atomic=("model.lora_attn_modules",))
     b = Builder("torchtune", str(path), flat)
     _model(b, catalog)
-    if b.has("batch_size"):
+    if b.given("batch_size"):
         b.read(
             "batch_size", b.size("B", b.number("batch_size"), f"batch_size: {b.get('batch_size')}")
         )
     else:
-        b.warn("the file has no batch_size (the recipes require one): give --batch")
+        b.warn(
+            "the file has no batch_size (the recipes require one): give --batch",
+            key="batch_size" if b.has("batch_size") else None,
+        )
     _seq(b, data)
-    if b.has("gradient_accumulation_steps"):
+    if b.given("gradient_accumulation_steps"):
         v = b.number("gradient_accumulation_steps")
         b.read(
             "gradient_accumulation_steps",
@@ -294,7 +297,7 @@ def _lora(b: Builder, kind: str, config: dict | None) -> None:
         ("lora_alpha", "lora_alpha", float, 16.0),
         ("lora_dropout", "lora_dropout", float, 0.0),
     ):
-        value = b.number(f"model.{k}", kind_) if b.has(f"model.{k}") else kind_(default)
+        value = b.number(f"model.{k}", kind_) if b.given(f"model.{k}") else kind_(default)
         became = b.option(dest, value, f"model.{k}: {value}")
         if b.has(f"model.{k}"):
             b.read(f"model.{k}", became)
