@@ -182,7 +182,11 @@ def _model(b: Builder, catalog: Catalog | None) -> int | None:
 
 
 def _batch(b: Builder) -> None:
-    key = next((k for k in ("training.local_batch_size", "training.batch_size") if b.has(k)), None)
+    names = ("training.local_batch_size", "training.batch_size")  # the newer name wins
+    key = next((k for k in names if b.has(k)), None)
+    for k in names:
+        if b.has(k) and k != key:
+            b.read(k, f"no memory effect: the older name; {key} is read")
     if key is not None:
         b.read(key, b.size("B", b.number(key), f"{key}: {b.get(key)}"))
     else:

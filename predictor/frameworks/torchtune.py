@@ -115,6 +115,7 @@ _NO_EFFECT = {
             "log_every_n_steps",
             "log_peak_memory_stats",
             "log_level",
+            "profile_memory",
             "profiler.*",
         ),
         "logging and profiling",

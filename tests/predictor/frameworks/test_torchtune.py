@@ -209,3 +209,32 @@ def test_an_interpolation_to_a_missing_key_names_it(write):
     text = "model:\n  _component_: torchtune.models.llama3_2.llama3_2_1b\nbatch_size: ${bs}\n"
     with pytest.raises(ValueError, match=r"\$\{bs\} refers to bs, which the file does not have"):
         read_config(write("t.yaml", text))
+
+
+# every top-level key recipes/{full,lora}_finetune_{single_device,distributed}.py read
+# (cfg.X and cfg.get("X") at torchtune bd2a0fc)
+RECIPE_KEYS = """
+    ac_mode ac_option batch_size batch_size_val checkpointer clip_grad_norm collate_fn compile
+    context_parallel_dim cudnn_deterministic_mode custom_sharded_layers
+    data_parallel_replicate_dim data_parallel_shard_dim dataset dataset_val device dtype
+    enable_activation_checkpointing enable_activation_offloading enable_async_checkpointing
+    epochs fsdp_cpu_offload fsdp_reshard_after_forward gradient_accumulation_steps
+    log_every_n_steps log_level log_peak_memory_stats loss low_cpu_ram lr_scheduler
+    max_steps_per_epoch metric_logger model optimizer optimizer_in_bwd output_dir profile_memory
+    profiler resize_token_embeddings resume_from_checkpoint run_val_every_n_steps
+    save_adapter_weights_only save_every_n_steps seed shuffle tensor_parallel_dim
+    tensor_parallel_plan tokenizer
+""".split()
+
+
+def test_every_key_the_recipes_read_is_known(write):
+    import yaml
+
+    data = dict.fromkeys(RECIPE_KEYS, 1)
+    data.update(
+        model={"_component_": "torchtune.models.llama3_2.llama3_2_1b"}, dtype="bf16",
+        optimizer={"_component_": "torch.optim.AdamW"}, loss={"_component_": "x.Loss"},
+        tokenizer={"_component_": "t.tok", "max_seq_len": 8}, dataset={"_component_": "d.d"},
+    )  # fmt: skip
+    r = read_config(write("all.yaml", yaml.safe_dump(data)))
+    assert [w for w in r.warnings if w.startswith("unknown key")] == []
