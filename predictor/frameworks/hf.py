@@ -50,7 +50,7 @@ from memgnn.predictor.frameworks.ecosystem import (
     read_optimizer,
 )
 from memgnn.predictor.frameworks.files import flatten
-from memgnn.predictor.frameworks.hf_keys import FEATURES, NO_EFFECT
+from memgnn.predictor.frameworks.hf_keys import FEATURES, NO_EFFECT, OLDER_ONLY
 from memgnn.predictor.frameworks.naming import Catalog, hub_model
 
 __all__ = ["read_hf"]
@@ -233,6 +233,14 @@ def _checkpointing(b: Builder, trl: bool) -> None:
         for k in b.unhandled()
         if k.startswith(_CKPT_KW) or k == "gradient_checkpointing_use_reentrant"
     ]
+    reentrant_given = any(k.endswith("use_reentrant") and b.get(k) is not None for k in kw)
+    older = [k for k in OLDER_ONLY if b.has(k)]
+    if on and older and not reentrant_given and "checkpointing" in b.reading.options:
+        b.warn(
+            f"a transformers 4.x export (it has {older[0]}): 4.x checkpoints reentrant unless "
+            "gradient_checkpointing_kwargs says use_reentrant: false; reentrant checkpointing "
+            "is not modelled yet; the answer is non-reentrant checkpointing's"
+        )
     for k in kw:
         name, value = k.rpartition(".")[2], b.get(k)
         if not on:
@@ -373,12 +381,11 @@ def _model_dtype(b: Builder, trl: bool, config: dict | None) -> tuple[str, str]:
             return dtype, f"{key}: {b.get(key)}"
     if trl:
         return "fp32", "dtype: float32 (TRL's default)"
-    if "quantize_base" not in b.reading.options:
-        b.warn(
-            "the model's load dtype is not in TrainingArguments: the answer assumes float32 "
-            "weights (from_pretrained(dtype=torch.float32)); transformers 5 loads the "
-            "checkpoint's dtype by default: give --precision bf16 if the script does"
-        )
+    b.warn(
+        "the model's load dtype is not in TrainingArguments: the answer assumes float32 "
+        "weights (from_pretrained(dtype=torch.float32)); transformers 5 loads the "
+        "checkpoint's dtype by default: give --precision bf16 if the script does"
+    )
     return "fp32", "the model's dtype (assumed float32)"
 
 

@@ -16,7 +16,7 @@ assumes).
 
 from __future__ import annotations
 
-__all__ = ["FEATURES", "HF_ONLY", "NO_EFFECT", "TRL_ONLY"]
+__all__ = ["FEATURES", "HF_ONLY", "NO_EFFECT", "OLDER_ONLY", "TRL_ONLY"]
 
 
 def _keys(text: str) -> list[str]:
@@ -282,4 +282,21 @@ HF_ONLY = frozenset(
         "use_cache",
         "parallelism_config",
     }
+)
+
+# TrainingArguments fields transformers 4.36-4.57 export and 5.x dropped: a file with one of
+# them comes from 4.x, whose gradient checkpointing is reentrant by default
+OLDER_ONLY = frozenset(
+    _keys(
+        """
+        _n_gpu adafactor dispatch_batches evaluation_strategy fp16_backend fp16_opt_level
+        fsdp_min_num_params fsdp_transformer_layer_cls_to_wrap group_by_length
+        half_precision_backend include_inputs_for_metrics include_tokens_per_second
+        jit_mode_eval logging_dir mp_parameters no_cuda overwrite_output_dir past_index
+        per_gpu_eval_batch_size per_gpu_train_batch_size push_to_hub_model_id
+        push_to_hub_organization push_to_hub_token ray_scope save_safetensors split_batches
+        torchdynamo tpu_metrics_debug tpu_num_cores use_ipex use_legacy_prediction_loop
+        use_mps_device warmup_ratio
+        """
+    )
 )

@@ -12,6 +12,7 @@ from memgnn.predictor.frameworks import read_config
 TRAINER_JSON = {
     "output_dir": "out/llama-sft",
     "overwrite_output_dir": False,
+    "logging_dir": "out/llama-sft/runs",
     "do_train": True,
     "eval_strategy": "steps",
     "per_device_train_batch_size": 4,
@@ -370,3 +371,15 @@ def test_deprecated_aliases_of_an_older_export(write, became):
     assert b["gradient_checkpointing"] == "no memory effect: an alias of activation_checkpointing"
     args["per_gpu_train_batch_size"] = 2
     assert read_config(write("b.json", json.dumps(args))).sizes == {"B": 2}
+
+
+def test_a_4x_export_without_reentrant_kwargs_is_warned(write):
+    """transformers 4.x checkpoints reentrant when gradient_checkpointing_kwargs is unset; a
+    file with 4.x-only keys (logging_dir) says which release wrote it."""
+    args = {"logging_dir": "runs", "gradient_checkpointing": True,
+            "gradient_checkpointing_kwargs": None}  # fmt: skip
+    r = read_config(write("a.json", json.dumps(args)))
+    assert any(w.startswith("a transformers 4.x export (it has logging_dir)") for w in r.warnings)
+    args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+    r = read_config(write("b.json", json.dumps(args)))
+    assert not any("4.x export" in w for w in r.warnings)

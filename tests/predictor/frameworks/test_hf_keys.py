@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from memgnn.predictor.frameworks.hf_keys import FEATURES, HF_ONLY, NO_EFFECT, TRL_ONLY
+from memgnn.predictor.frameworks.hf_keys import FEATURES, HF_ONLY, NO_EFFECT, OLDER_ONLY, TRL_ONLY
 
 
 def test_the_tables_do_not_overlap():
@@ -39,3 +39,4 @@ OLDER_FIELDS = (
 def test_the_fields_older_releases_export_are_in_a_table():
     known = set(NO_EFFECT) | set(FEATURES) | HF_ONLY | TRL_ONLY
     assert [f for f in OLDER_FIELDS if f not in known] == []
+    assert set(OLDER_FIELDS) == OLDER_ONLY
