@@ -97,7 +97,7 @@ def read_hf(
                 "use_cache", _bool_text(b.get("use_cache")), f"use_cache: {b.get('use_cache')}"
             ),
         )
-    _adapter(b, path, adapter_config, trl)
+    _adapter(b, path, adapter_config, catalog)
     _quantization(b, config)
     _precision(b, trl, ds, config)
     _trl_only(b, trl)
@@ -291,7 +291,7 @@ def _optimizer(b: Builder) -> None:
         )
 
 
-def _adapter(b: Builder, path: Path, explicit: Path | None, trl: bool) -> None:
+def _adapter(b: Builder, path: Path, explicit: Path | None, catalog: Catalog | None) -> None:
     beside = path.parent / "adapter_config.json"
     side = explicit or (beside if beside.is_file() and beside != path else None)
     if side is not None:
@@ -300,7 +300,7 @@ def _adapter(b: Builder, path: Path, explicit: Path | None, trl: bool) -> None:
         if prefix is not None:
             read_adapter(b, prefix)
             if b.reading.model is None:
-                _model(b, None)
+                _model(b, catalog)
     use_peft = b.get("use_peft")
     lora = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_dora")
     if b.has("use_peft") and not use_peft:
