@@ -31,11 +31,12 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["apply_lora", "lora_targets", "module_names"]
+__all__ = ["all_linear", "apply_lora", "lora_targets", "module_names"]
 
 
 def lora_targets(train: TrainSpec) -> list[str] | None:
-    """The target module names of `--lora-targets`; None: peft's default for the model."""
+    """The target module names of `--lora-targets`; None: peft's default for the model.
+    `all-linear` (peft's shorthand) is expanded by `apply_lora` on the built model."""
     names = [t.strip() for t in train.adapter.targets.split(",") if t.strip()]
     return names or None
 
@@ -53,6 +54,23 @@ def module_names(model: nn.Module) -> list[str]:
     )
 
 
+_LINEAR_KINDS = ("Linear", "Conv1D", "Linear4bitSim", "Linear8bitSim")
+
+
+def all_linear(model: nn.Module) -> list[str]:
+    """peft's `all-linear` (`_maybe_include_all_linear_layers`): the names of every Linear /
+    Conv1D module, the quantised bases included, except the output embeddings (the
+    lm_head) of a model that has them. peft matches bitsandbytes' Linear4bit as an
+    nn.Linear; memgnn's stand-ins are no nn.Linear, so the rule is applied here."""
+    get_output = getattr(model, "get_output_embeddings", None)
+    output = get_output() if callable(get_output) else None
+    return [
+        name
+        for name, m in model.named_modules()
+        if name and m is not output and any(c.__name__ in _LINEAR_KINDS for c in type(m).__mro__)
+    ]
+
+
 def apply_lora(model: nn.Module, train: TrainSpec) -> nn.Module:
     """`peft.get_peft_model(model, LoraConfig(...))` for `train`; a target the model lacks
     is a ValueError naming --lora-targets and the module names the model has."""
@@ -61,7 +79,9 @@ def apply_lora(model: nn.Module, train: TrainSpec) -> nn.Module:
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ValueError("--peft lora needs the peft library: install memgnn[peft]") from exc
     targets = lora_targets(train)
-    if targets is not None:
+    if targets == ["all-linear"]:
+        targets = all_linear(model)  # full module names: peft matches them as they are
+    elif targets is not None:
         have = set(module_names(model))
         missing = [t for t in targets if t not in have]
         if missing:

@@ -156,3 +156,41 @@ def test_a_model_peft_has_no_default_targets_for_asks_for_lora_targets(tiny_gpt)
 def test_bad_lora_options_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TrainSpec.of(**kwargs)
+
+
+def test_all_linear_adapts_what_peft_s_own_all_linear_adapts(tiny_llama):
+    """--lora-targets all-linear (axolotl's lora_target_linear, TRL's
+    lora_target_modules: all-linear): every Linear but the lm_head, as peft's shorthand."""
+    import peft
+
+    build = tiny_llama.build
+    config = peft.LoraConfig(r=2, target_modules="all-linear")
+    theirs = peft.get_peft_model(build(), config)
+    ours = TrainingStep(
+        tiny_llama, TrainSpec.of(peft="lora", lora_r=2, lora_targets="all-linear"), device=CPU,
+        target="cpu",
+    )  # fmt: skip
+    names = lambda m: sorted(n for n, p in m.named_parameters() if p.requires_grad)  # noqa: E731
+    assert names(ours.model) == names(theirs)
+    per_layer = 2 * (HIDDEN + HIDDEN) * 2 + 2 * (HIDDEN + KV) * 2 + 3 * 2 * (HIDDEN + MLP)
+    assert sum(p.numel() for p in ours.params) == LAYERS * per_layer
+    assert not any("lm_head" in n for n in names(ours.model))
+
+
+def test_all_linear_takes_the_quantised_base_layers():
+    """peft's all-linear matches bitsandbytes' Linear4bit as an nn.Linear; memgnn's
+    stand-ins are no nn.Linear: all_linear must still list them (lm_head excluded)."""
+    from memgnn.predictor.emulate.lora import all_linear
+    from memgnn.predictor.emulate.quant import Linear4bitSim
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q = Linear4bitSim(torch.nn.Linear(16, 16), nested=False, compute=torch.float32)
+            self.up = torch.nn.Linear(16, 32)
+            self.lm_head = torch.nn.Linear(32, 8)
+
+        def get_output_embeddings(self):
+            return self.lm_head
+
+    assert all_linear(Model()) == ["q", "up"]

@@ -1,0 +1,409 @@
+"""Reader of torchtitan job configs (TOML), as `torchtitan/train.py --job.config_file` reads
+them (torchtitan replaced its TOML files by Python config registries in Feb 2026, #2386;
+the TOML schema is that of the dataclasses before it).
+
+Sources: pytorch/torchtitan @ e347b1e (Feb 15 2026) torchtitan/config/job_config.py (the
+sections, keys and defaults), @ 29fb3f9 (Jun 2025) torchtitan/config_manager.py (the older
+names: `training.batch_size`, `training.compile`, `[float8]`, `[mx]`),
+torchtitan/models/llama3/__init__.py and qwen3/__init__.py (the flavors' shapes),
+torchtitan/models/llama3/infra/parallelize.py (FSDP2 `fully_shard` on every block and the
+root, `MixedPrecisionPolicy(param_dtype, reduce_dtype)`; autocast under DDP or one GPU;
+selective AC "N": every N-th block checkpointed).
+
+Key (default) -> memgnn:
+- model.name + model.flavor (llama3 8B / 70B / 405B, llama2, qwen3) -> --model hf:ORG/NAME
+- training.local_batch_size (8; older training.batch_size) -> --batch (B)
+- training.seq_len (2048) -> --seq (S)
+- training.global_batch_size (-1: no accumulation) -> --grad-accum = global / (local x
+  data-parallel degree)
+- training.dtype (float32) / mixed_precision_param (bfloat16) -> --precision bf16 / amp-bf16
+  / fp32
+- parallelism.data_parallel_shard_degree (-1: every rank left) / replicate_degree (1) ->
+  --sharding fsdp / hsdp / ddp, --gpus when the degrees say
+- parallelism.fsdp_reshard_after_forward (default: true) -> --fsdp-reshard-after-forward
+- activation_checkpoint.mode (selective) + selective_ac_option ("2") -> full ->
+  --checkpointing full; selective N -> blocks:(layers // N) (as many blocks checkpointed);
+  none
+- optimizer.name (AdamW) / implementation (fused) -> --optimizer / --optimizer-impl
+Not modelled (warnings): tensor / pipeline / context / expert parallel degrees > 1,
+op-level selective and memory-budget activation checkpointing (the answer checkpoints
+nothing), compile, float8 / MX converters, CPU offload, the optimizer in backward,
+FSDP's MixedPrecisionPolicy (modelled as autocast over fp32 parameters). torchtitan's own
+model code is captured as transformers' class of the same shapes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memgnn.predictor.frameworks.base import Builder, ConfigReading, is_off
+from memgnn.predictor.frameworks.files import flatten
+from memgnn.predictor.frameworks.naming import Catalog, hub_model
+
+__all__ = ["FLAVORS", "read_torchtitan"]
+
+# (model.name, model.flavor) -> (Hub model of the same shapes, its layer count)
+FLAVORS: dict[tuple[str, str], tuple[str, int]] = {
+    ("llama3", "8B"): ("meta-llama/Llama-3.1-8B", 32),
+    ("llama3", "70B"): ("meta-llama/Llama-3.1-70B", 80),
+    ("llama3", "405B"): ("meta-llama/Llama-3.1-405B", 126),
+    ("llama2", "7B"): ("meta-llama/Llama-2-7b-hf", 32),
+    ("llama2", "13B"): ("meta-llama/Llama-2-13b-hf", 40),
+    ("llama2", "70B"): ("meta-llama/Llama-2-70b-hf", 80),
+    ("qwen3", "0.6B"): ("Qwen/Qwen3-0.6B", 28),
+    ("qwen3", "1.7B"): ("Qwen/Qwen3-1.7B", 28),
+    ("qwen3", "4B"): ("Qwen/Qwen3-4B", 36),
+    ("qwen3", "8B"): ("Qwen/Qwen3-8B", 36),
+    ("qwen3", "14B"): ("Qwen/Qwen3-14B", 40),
+    ("qwen3", "32B"): ("Qwen/Qwen3-32B", 64),
+    ("qwen3", "30B-A3B"): ("Qwen/Qwen3-30B-A3B", 48),
+    ("qwen3", "235B-A22B"): ("Qwen/Qwen3-235B-A22B", 94),
+}
+_SECTIONS = ("parallelism", "training", "experimental")  # where each era kept the degrees
+_DEGREES = (
+    "data_parallel_shard_degree",
+    "data_parallel_replicate_degree",
+    "tensor_parallel_degree",
+    "pipeline_parallel_degree",
+    "context_parallel_degree",
+    "expert_parallel_degree",
+    "expert_tensor_parallel_degree",
+)
+_NO_EFFECT = {
+    **dict.fromkeys(
+        (
+            "job.*",
+            "profiling.*",
+            "metrics.*",
+            "checkpoint.*",
+            "comm.*",
+            "lr_scheduler.*",
+            "validation.*",
+            "debug.*",
+            "memory_estimation.*",
+            "experimental.custom_import",
+            "experimental.custom_args_module",
+        ),
+        "bookkeeping outside the training step",
+    ),
+    **dict.fromkeys(
+        (
+            "training.dataset",
+            "training.dataset_path",
+            "training.steps",
+            "training.max_norm",
+            "training.gc_freq",
+            "training.gc_debug",
+            "training.dataloader.*",
+            "training.seed",
+            "training.deterministic",
+            "training.mixed_precision_reduce",
+            "model.hf_assets_path",
+            "model.tokenizer_path",
+            "model.print_after_conversion",
+            "optimizer.lr",
+            "optimizer.eps",
+            "optimizer.beta1",
+            "optimizer.beta2",
+            "optimizer.weight_decay",
+        ),
+        "data, schedule or hyperparameters",
+    ),
+    **dict.fromkeys(("compile.components", "compile.backend"), "used with compile.enable"),
+    **dict.fromkeys(
+        (
+            "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
+            "activation_checkpoint.preserve_rng_state",
+            "activation_checkpoint.determinism_check",
+            "activation_checkpoint.debug",
+            "activation_checkpoint.visualize_memory_budget_pareto",
+            "activation_checkpoint.early_stop",
+            "activation_checkpoint.memory_budget",
+        ),
+        "a detail of activation_checkpoint.mode",
+    ),
+}
+_FEATURES = {
+    "compile.enable": ("torch.compile", "the answer is the eager step's"),
+    "training.compile": ("torch.compile", "the answer is the eager step's"),
+    "training.enable_cpu_offload": ("FSDP's CPU offload", "every state on the GPU"),
+    "optimizer.early_step_in_backward": (
+        "the optimizer step inside backward",
+        "backward, then the optimizer step",
+    ),
+    "parallelism.enable_compiled_autograd": ("compiled autograd", "the eager backward"),
+    "fault_tolerance.enable": ("TorchFT fault tolerance", "a plain data-parallel rank"),
+}
+
+
+def read_torchtitan(
+    path: Path, data: dict[str, Any], *, catalog: Catalog | None = None
+) -> ConfigReading:
+    """The reading of a torchtitan job config mapping `data` (TOML)."""
+    b = Builder("torchtitan", str(path), flatten(data))
+    layers = _model(b, catalog)
+    _batch(b)
+    sharded = _parallel(b)
+    _precision(b, sharded)
+    _checkpointing(b, layers)
+    _optimizer(b)
+    _converters(b)
+    for key in [k for k in b.unhandled() if k.startswith(("parallelism.", "fault_tolerance."))]:
+        if key not in _FEATURES:
+            b.no_effect(key, "a detail of the parallelism above")
+    return b.finish(_NO_EFFECT, _FEATURES)
+
+
+def _model(b: Builder, catalog: Catalog | None) -> int | None:
+    name, flavor = str(b.get("model.name", "llama3")), str(b.get("model.flavor", "debugmodel"))
+    found = FLAVORS.get((name, flavor))
+    if found is None:
+        b.warn(
+            f"model {name} flavor {flavor}: no Hugging Face model of these shapes is known: "
+            "give --model",
+            key="model.name" if b.has("model.name") else None,
+        )
+        if b.has("model.flavor"):
+            b.read("model.flavor", "no model: see the warnings")
+        return None
+    hub, layers = found
+    model = hub_model(hub, catalog)
+    if model.warning:
+        b.warn(f"model.flavor: {model.warning}")
+    if model.config and model.config.get("num_hidden_layers"):
+        layers = int(model.config["num_hidden_layers"])
+    became = b.model(model.spec, f"model.name: {name}, model.flavor: {flavor}")
+    became += "; torchtitan's own model code is captured as transformers' class of the same shapes"
+    for key in ("model.name", "model.flavor"):
+        if b.has(key):
+            b.read(key, became)
+    return layers
+
+
+def _batch(b: Builder) -> None:
+    names = ("training.local_batch_size", "training.batch_size")  # the newer name wins
+    key = next((k for k in names if b.has(k)), None)
+    for k in names:
+        if b.has(k) and k != key:
+            b.read(k, f"no memory effect: the older name; {key} is read")
+    if key is not None:
+        b.read(key, b.size("B", b.number(key), f"{key}: {b.get(key)}"))
+    else:
+        b.size("B", 8, "training.local_batch_size: 8 (default)")
+        b.default("training.local_batch_size", 8, "--batch 8 (torchtitan's default)")
+    key = "training.seq_len"
+    if b.has(key):
+        b.read(key, b.size("S", b.number(key), f"{key}: {b.get(key)}"))
+    else:
+        b.size("S", 2048, f"{key}: 2048 (default)")
+        b.default(key, 2048, "--seq 2048 (torchtitan's default)")
+
+
+def _degree(b: Builder, name: str, default: int) -> tuple[str | None, int]:
+    for section in _SECTIONS:
+        key = f"{section}.{name}"
+        if b.has(key):
+            return key, b.number(key)
+    return None, default
+
+
+def _parallel(b: Builder) -> bool:
+    """The degrees -> --gpus / --sharding; True when the parameters are sharded (FSDP)."""
+    found = {n: _degree(b, n, -1 if n == "data_parallel_shard_degree" else 1) for n in _DEGREES}
+    shard, replicate = (
+        found["data_parallel_shard_degree"][1],
+        found["data_parallel_replicate_degree"][1],
+    )
+    others = {n: v for n, (_, v) in found.items() if n not in _DEGREES[:2] and v > 1}
+    for n, (key, value) in found.items():
+        if key is None:
+            continue
+        if n in others:
+            b.warn(
+                f"{key}: {value}: {n.replace('_degree', '').replace('_', ' ')} is not "
+                "modelled yet; the answer is a data-parallel rank's step of the whole model",
+                key=key,
+            )
+        elif n not in _DEGREES[:2]:
+            b.read(key, "1: none")
+    sharded = shard != 1
+    sharding = (
+        ("hsdp" if replicate > 1 else "fsdp") if sharded else ("ddp" if replicate > 1 else "none")
+    )
+    source = f"data_parallel_shard_degree: {shard}, data_parallel_replicate_degree: {replicate}"
+    if sharding != "none":
+        became = b.option("sharding", sharding, source)
+        if shard > 0:
+            gpus = shard * max(replicate, 1)
+            for v in others.values():
+                gpus *= v
+            became += " " + b.option("gpus", gpus, source)
+            if sharding == "hsdp":
+                became += " " + b.option("hsdp_shard_size", shard, source)
+        else:
+            b.warn(
+                "data_parallel_shard_degree -1 shards over every rank left: the GPU count is "
+                "torchrun's --nproc_per_node, not the file's: give --gpus N"
+            )
+    else:
+        became = "one GPU: no sharding"
+    for n in _DEGREES[:2]:
+        key = found[n][0]
+        if key is not None:
+            b.read(key, became)
+    if not b.has("parallelism.data_parallel_shard_degree") and sharded:
+        b.default("parallelism.data_parallel_shard_degree", -1, f"{became} (torchtitan's default)")
+    _accumulation(b, shard, replicate)
+    key = "parallelism.fsdp_reshard_after_forward"
+    if b.has(key):
+        value = str(b.get(key))
+        pp = found["pipeline_parallel_degree"][1] > 1
+        reshard = value == "always" or (value == "default" and not pp)
+        b.read(
+            key,
+            b.option("fsdp_reshard_after_forward", reshard, f"{key}: {value}")
+            if sharded and not reshard
+            else f"--fsdp-reshard-after-forward {str(reshard).lower()}",
+        )
+    return sharded
+
+
+def _accumulation(b: Builder, shard: int, replicate: int) -> None:
+    """global_batch_size / (local batch x data-parallel degree) micro-steps per step."""
+    key = "training.global_batch_size"
+    total = b.number(key) if b.has(key) else -1
+    if total <= 0:
+        if b.has(key):
+            b.read(key, "-1: no accumulation (local batch x data-parallel degree)")
+        return
+    if shard < 0:
+        b.warn(
+            f"{key}: {total}: the accumulation steps need the data-parallel degree, which "
+            "data_parallel_shard_degree -1 leaves to the launcher: give --grad-accum",
+            key=key,
+        )
+        return
+    per_step = b.reading.sizes["B"] * shard * max(replicate, 1)
+    if total % per_step:
+        raise ValueError(
+            f"{key}: {total} is not a multiple of local batch x data-parallel degree ({per_step})"
+        )
+    b.read(
+        key,
+        b.option("grad_accum", total // per_step, f"{key}: {total}")
+        + f" ({total} / ({b.reading.sizes['B']} x {shard * max(replicate, 1)}))",
+    )
+
+
+def _precision(b: Builder, sharded: bool) -> None:
+    dtype = b.get("training.dtype", "float32")
+    param = b.get("training.mixed_precision_param", "bfloat16")
+    if dtype == "bfloat16":
+        precision = "bf16"
+    elif dtype == "float32":
+        precision = {"bfloat16": "amp-bf16", "float32": "fp32"}.get(param)
+        if precision is None:
+            raise ValueError(
+                f"training.mixed_precision_param: {param!r}; expected bfloat16 or float32"
+            )
+    else:
+        raise ValueError(f"training.dtype: {dtype!r}; expected float32 or bfloat16")
+    source = f"training.dtype: {dtype}, training.mixed_precision_param: {param}"
+    became = b.option("precision", precision, source)
+    for key in ("training.dtype", "training.mixed_precision_param"):
+        if b.has(key):
+            b.read(key, became)
+    if not b.has("training.mixed_precision_param") and dtype == "float32":
+        b.default("training.mixed_precision_param", "bfloat16", f"{became} (torchtitan's default)")
+    if precision == "amp-bf16" and sharded:
+        b.warn(
+            "FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16) all-gathers bf16 copies of "
+            "fp32 shards: modelled as fp32 parameters under autocast (amp-bf16), whose "
+            "unsharded parameters are fp32"
+        )
+
+
+def _checkpointing(b: Builder, layers: int | None) -> None:
+    key, option_key = "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option"
+    mode, option = str(b.get(key, "selective")), str(b.get(option_key, "2"))
+    checkpointing, why = None, ""
+    if mode in ("none", "full"):
+        checkpointing = mode
+    elif mode == "selective" and option.isdigit() and int(option) > 0:
+        if layers is None:
+            why = "the layer count is unknown"
+        else:
+            checkpointing = f"blocks:{layers // int(option)}" if int(option) > 1 else "full"
+    else:
+        why = f"{'op-level selective' if mode == 'selective' else mode} checkpointing"
+    if checkpointing is None:
+        b.warn(
+            f"{key}: {mode} ({option_key}: {option}): {why} is not modelled yet; the answer "
+            "checkpoints nothing (an upper bound on saved activations)",
+            key=key if b.has(key) else None,
+        )
+        if b.has(option_key):
+            b.read(option_key, "see activation_checkpoint.mode")
+        return
+    became = b.option("checkpointing", checkpointing, f"{key}: {mode}, {option_key}: {option}")
+    if checkpointing.startswith("blocks:"):
+        became += (
+            f" (torchtitan checkpoints one block in {option} of {layers}; memgnn the first as many)"
+        )
+    for k in (key, option_key):
+        if b.has(k):
+            b.read(
+                k, became if mode == "selective" or k == key else "no memory effect: not selective"
+            )
+    if not b.has(key):
+        b.default(key, "selective", f"{became} (torchtitan's default: selective, option 2)")
+
+
+def _optimizer(b: Builder) -> None:
+    key, impl_key = "optimizer.name", "optimizer.implementation"
+    name, impl = str(b.get(key, "AdamW")), str(b.get(impl_key, "fused"))
+    optimizer = {"AdamW": "adamw", "Adam": "adam"}.get(name)
+    if optimizer is None:
+        b.warn(
+            f"{key}: {name}: this optimizer is not modelled yet; the answer assumes torch AdamW",
+            key=key if b.has(key) else None,
+        )
+        if b.has(impl_key):
+            b.no_effect(impl_key, f"an implementation of {name}")
+        return
+    if impl not in ("fused", "foreach", "for-loop"):
+        raise ValueError(f"{impl_key}: {impl!r}; expected fused, foreach or for-loop")
+    became = b.option("optimizer", optimizer, f"{key}: {name}")
+    became += " " + b.option("optimizer_impl", impl, f"{impl_key}: {impl}")
+    if b.has(key):
+        b.read(key, became)
+    if b.has(impl_key):
+        b.read(impl_key, became)
+    else:
+        b.default(impl_key, "fused", f"{became} (torchtitan's default)")
+
+
+def _converters(b: Builder) -> None:
+    key = "model.converters"
+    converters = b.get(key) or []
+    converters = converters.split(",") if isinstance(converters, str) else list(converters)
+    if b.has(key):
+        if converters:
+            b.warn(
+                f"{key}: {converters}: float8 / MX training (low-precision Linear layers) is "
+                "not modelled yet; the answer runs bf16/fp32 Linear layers",
+                key=key,
+            )
+        else:
+            b.read(key, "none")
+    for k in [k for k in b.unhandled() if k.startswith(("float8.", "mx.", "quantize."))]:
+        if converters and not is_off(b.get(k)):
+            b.warn(f"{k}: {b.get(k)}: a setting of the float8/MX converters (not modelled)", key=k)
+        else:
+            b.no_effect(
+                k,
+                "no converter is enabled (model.converters)"
+                if not converters
+                else "the converters' default",
+            )

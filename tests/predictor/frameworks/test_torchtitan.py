@@ -1,0 +1,316 @@
+"""torchtitan job configs (TOML) read key by key (predictor/frameworks/torchtitan.py)."""
+
+from __future__ import annotations
+
+import pytest
+import tomllib
+from memgnn.predictor.frameworks import read_config
+from memgnn.predictor.frameworks.files import flatten
+
+# in the layout of torchtitan's llama3 train_configs (before the Feb 2026 Python configs)
+LLAMA3_8B = """\
+[job]
+dump_folder = "./outputs"
+description = "Llama 3.1 8B, 8 GPUs"
+
+[profiling]
+enable_profiling = false
+
+[metrics]
+log_freq = 10
+enable_tensorboard = true
+
+[model]
+name = "llama3"
+flavor = "8B"
+hf_assets_path = "./assets/hf/Llama-3.1-8B"
+
+[optimizer]
+name = "AdamW"
+lr = 3e-4
+eps = 1e-8
+
+[lr_scheduler]
+warmup_steps = 200
+
+[training]
+local_batch_size = 2
+global_batch_size = 32
+seq_len = 8192
+max_norm = 1.0
+steps = 1000
+dataset = "c4"
+
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = 8
+tensor_parallel_degree = 1
+pipeline_parallel_degree = 1
+context_parallel_degree = 1
+fsdp_reshard_after_forward = "default"
+
+[checkpoint]
+enable = false
+interval = 500
+
+[compile]
+enable = false
+components = ["model", "loss"]
+
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "2"
+
+[quantize.linear.float8]
+enable_fsdp_float8_all_gather = false
+filter_fqns = ["output"]
+"""
+
+
+def test_llama3_8b_on_8_gpus(write, catalog, became, accounted, valid_spec):
+    r = read_config(write("llama3_8b.toml", LLAMA3_8B), catalog=catalog)
+    assert r.format == "torchtitan"
+    assert r.model == "hf:meta-llama/Llama-3.1-8B"
+    assert r.sizes == {"B": 2, "S": 8192}
+    assert r.options == {
+        "sharding": "fsdp",
+        "gpus": 8,
+        "grad_accum": 2,
+        "precision": "amp-bf16",
+        "checkpointing": "blocks:16",
+        "optimizer": "adamw",
+        "optimizer_impl": "fused",
+    }
+    b = became(r)
+    assert b["model.flavor"].startswith("--model hf:meta-llama/Llama-3.1-8B;")
+    assert b["training.local_batch_size"] == "--batch 2"
+    assert b["training.global_batch_size"] == "--grad-accum 2 (32 / (2 x 8))"
+    assert b["parallelism.data_parallel_shard_degree"] == "--sharding fsdp --gpus 8"
+    assert b["parallelism.tensor_parallel_degree"] == "1: none"
+    assert b["activation_checkpoint.mode"] == (
+        "--checkpointing blocks:16 (torchtitan checkpoints one block in 2 of 32; memgnn the "
+        "first as many)"
+    )
+    assert b["compile.enable"].startswith("off")
+    assert b["quantize.linear.float8.filter_fqns"].startswith("no memory effect: no converter")
+    defaults = {k.key: k.became for k in r.keys if k.default}
+    assert defaults["training.mixed_precision_param"].startswith("--precision amp-bf16")
+    assert any("MixedPrecisionPolicy" in w for w in r.warnings)
+    accounted(r, list(flatten(tomllib.loads(LLAMA3_8B))))
+    spec = valid_spec(r)
+    assert (spec.parallel.gpus, spec.parallel.sharding, spec.activations.checkpointing) == (
+        8,
+        "fsdp",
+        "blocks:16",
+    )
+
+
+def test_torchtitan_s_defaults_for_what_the_file_leaves_out(write):
+    r = read_config(write("min.toml", '[model]\nname = "llama3"\nflavor = "70B"\n'))
+    assert r.model == "hf:meta-llama/Llama-3.1-70B"
+    assert r.sizes == {"B": 8, "S": 2048}
+    assert r.options["checkpointing"] == "blocks:40"  # selective, every 2nd of 80 layers
+    assert r.options["sharding"] == "fsdp" and "gpus" not in r.options  # -1: every rank
+    assert any("data_parallel_shard_degree -1" in w and "--gpus N" in w for w in r.warnings)
+    defaults = {k.key for k in r.keys if k.default}
+    assert {
+        "training.local_batch_size",
+        "training.seq_len",
+        "activation_checkpoint.mode",
+        "optimizer.implementation",
+        "parallelism.data_parallel_shard_degree",
+    } <= defaults
+
+
+def test_an_older_toml_and_what_is_not_modelled(write, became):
+    text = """\
+[model]
+name = "llama3"
+flavor = "8B"
+converters = ["float8"]
+
+[training]
+batch_size = 1
+seq_len = 4096
+compile = true
+data_parallel_shard_degree = 4
+tensor_parallel_degree = 2
+mixed_precision_param = "bfloat16"
+
+[experimental]
+pipeline_parallel_degree = 1
+context_parallel_degree = 2
+
+[float8]
+enable_fsdp_float8_all_gather = true
+
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+"""
+    r = read_config(write("old.toml", text))
+    assert r.sizes == {"B": 1, "S": 4096}
+    assert r.options["gpus"] == 16 and r.options["sharding"] == "fsdp"
+    assert "checkpointing" not in r.options
+    starts = (
+        "training.compile: true: torch.compile",
+        "training.tensor_parallel_degree: 2",
+        "experimental.context_parallel_degree: 2",
+        "model.converters: ['float8']",
+        "float8.enable_fsdp_float8_all_gather: True",
+        "activation_checkpoint.mode: selective (activation_checkpoint.selective_ac_option:"
+        " op): op-level selective",
+    )
+    for start in starts:
+        assert any(w.startswith(start) for w in r.warnings), start
+    assert became(r)["experimental.pipeline_parallel_degree"] == "1: none"
+
+
+def test_hsdp_and_full_checkpointing(write, valid_spec):
+    text = """\
+[model]
+name = "qwen3"
+flavor = "8B"
+[training]
+dtype = "bfloat16"
+[parallelism]
+data_parallel_replicate_degree = 2
+data_parallel_shard_degree = 8
+fsdp_reshard_after_forward = "never"
+[activation_checkpoint]
+mode = "full"
+"""
+    r = read_config(write("hsdp.toml", text))
+    assert r.model == "hf:Qwen/Qwen3-8B"
+    spec = valid_spec(r)
+    assert (spec.parallel.sharding, spec.parallel.gpus, spec.parallel.hsdp_shard_size) == (
+        "hsdp",
+        16,
+        8,
+    )
+    assert (
+        spec.numerics.precision,
+        spec.activations.checkpointing,
+        spec.parallel.reshard_after_forward,
+    ) == (
+        "bf16",
+        "full",
+        False,
+    )
+
+
+def test_an_unknown_flavor_and_key(write):
+    text = '[model]\nname = "llama3"\nflavor = "debugmodel"\n[training]\nwarp_speed = 9\n'
+    r = read_config(write("debug.toml", text))
+    assert r.model is None
+    assert any("flavor debugmodel: no Hugging Face model" in w for w in r.warnings)
+    assert any(w.startswith("unknown key training.warp_speed") for w in r.warnings)
+
+
+def test_a_global_batch_that_does_not_divide_is_refused(write):
+    text = "[training]\nlocal_batch_size = 3\nglobal_batch_size = 32\n"
+    text += "[parallelism]\ndata_parallel_shard_degree = 2\n"
+    with pytest.raises(ValueError, match="global_batch_size: 32 is not a multiple"):
+        read_config(write("bad.toml", text))
+
+
+# every key of torchtitan's JobConfig at e347b1e (torchtitan/config/job_config.py) and at
+# 29fb3f9 (torchtitan/config_manager.py), as dotted TOML keys (read with ast)
+JOB_CONFIG_KEYS = """
+    activation_checkpoint.debug activation_checkpoint.determinism_check
+    activation_checkpoint.early_stop activation_checkpoint.memory_budget
+    activation_checkpoint.mode
+    activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns
+    activation_checkpoint.preserve_rng_state activation_checkpoint.selective_ac_option
+    activation_checkpoint.visualize_memory_budget_pareto checkpoint.async_mode
+    checkpoint.create_seed_checkpoint checkpoint.enable checkpoint.enable_checkpoint
+    checkpoint.enable_first_step_checkpoint checkpoint.enable_ft_dataloader_checkpoints
+    checkpoint.exclude_from_loading checkpoint.export_dtype checkpoint.folder
+    checkpoint.initial_load_in_hf checkpoint.initial_load_in_hf_quantized
+    checkpoint.initial_load_model_only checkpoint.initial_load_path checkpoint.interval
+    checkpoint.keep_latest_k checkpoint.last_save_in_hf checkpoint.last_save_model_only
+    checkpoint.load_only checkpoint.load_step checkpoint.model_weights_only
+    comm.init_timeout_seconds comm.mode comm.save_traces_file_prefix comm.save_traces_folder
+    comm.trace_buf_size comm.train_timeout_seconds compile.backend compile.components
+    compile.enable debug.deterministic debug.deterministic_warn_only
+    debug.moe_force_load_balance debug.seed experimental.custom_args_module
+    experimental.custom_import fault_tolerance.enable fault_tolerance.group_size
+    fault_tolerance.min_replica_size fault_tolerance.process_group
+    fault_tolerance.process_group_timeout_ms fault_tolerance.replica_id
+    fault_tolerance.semi_sync_method fault_tolerance.sync_steps float8.emulate
+    float8.enable_fsdp_float8_all_gather float8.filter_fqns
+    float8.force_recompute_fp8_weight_in_bwd float8.precompute_float8_dynamic_scale_for_fsdp
+    float8.recipe_name job.config_file job.custom_config_module job.description job.dump_folder
+    job.print_args job.print_config job.save_config_file job.use_for_integration_test
+    lr_scheduler.decay_ratio lr_scheduler.decay_type lr_scheduler.lr_min
+    lr_scheduler.min_lr_factor lr_scheduler.total_steps lr_scheduler.warmup_steps
+    memory_estimation.disable_fake_mode memory_estimation.enable memory_estimation.enabled
+    metrics.disable_color_printing metrics.enable_tensorboard metrics.enable_wandb
+    metrics.log_freq metrics.save_for_all_ranks metrics.save_tb_folder model.converters
+    model.flavor model.hf_assets_path model.name model.print_after_conversion
+    model.tokenizer_path mx.filter_fqns mx.recipe_name mx.use_fp8_dim1_cast_triton_kernel
+    optimizer.beta1 optimizer.beta2 optimizer.early_step_in_backward optimizer.eps
+    optimizer.implementation optimizer.lr optimizer.name optimizer.weight_decay
+    parallelism.context_parallel_degree parallelism.context_parallel_load_balancer
+    parallelism.context_parallel_rotate_method parallelism.data_parallel_replicate_degree
+    parallelism.data_parallel_shard_degree parallelism.disable_loss_parallel
+    parallelism.enable_async_tensor_parallel parallelism.enable_compiled_autograd
+    parallelism.expert_parallel_comm_backend parallelism.expert_parallel_degree
+    parallelism.expert_tensor_parallel_degree parallelism.fsdp_reshard_after_forward
+    parallelism.module_fqns_per_model_part parallelism.pipeline_parallel_degree
+    parallelism.pipeline_parallel_expert_parallel_overlap
+    parallelism.pipeline_parallel_first_stage_less_layers
+    parallelism.pipeline_parallel_last_stage_less_layers
+    parallelism.pipeline_parallel_layers_per_stage parallelism.pipeline_parallel_microbatch_size
+    parallelism.pipeline_parallel_schedule parallelism.pipeline_parallel_schedule_csv
+    parallelism.pipeline_parallel_split_points parallelism.tensor_parallel_degree
+    profiling.enable_memory_snapshot profiling.enable_profiling profiling.profile_freq
+    profiling.profiler_active profiling.profiler_warmup profiling.save_memory_snapshot_folder
+    profiling.save_traces_folder quantize.grouped_mm.float8.fqns quantize.grouped_mm.mx.fqns
+    quantize.grouped_mm.mx.recipe_name quantize.linear.float8.emulate
+    quantize.linear.float8.enable_fsdp_float8_all_gather quantize.linear.float8.filter_fqns
+    quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp
+    quantize.linear.float8.recipe_name quantize.linear.mx.filter_fqns
+    quantize.linear.mx.mxfp8_dim1_cast_kernel_choice quantize.linear.mx.recipe_name
+    training.batch_size training.compile training.dataloader.num_workers
+    training.dataloader.persistent_workers training.dataloader.pin_memory
+    training.dataloader.prefetch_factor training.dataset training.dataset_path
+    training.deterministic training.dtype training.enable_cpu_offload training.gc_debug
+    training.gc_freq training.global_batch_size training.local_batch_size training.max_norm
+    training.mixed_precision_param training.mixed_precision_reduce training.seed
+    training.seq_len training.steps validation.dataloader.num_workers
+    validation.dataloader.persistent_workers validation.dataloader.pin_memory
+    validation.dataloader.prefetch_factor validation.dataset validation.dataset_path
+    validation.enable validation.freq validation.local_batch_size validation.seq_len
+    validation.steps
+""".split()
+
+
+def test_every_key_of_the_job_config_is_known():
+    """A config naming every JobConfig key of both eras reads with no unknown key."""
+    from pathlib import Path
+
+    from memgnn.predictor.frameworks.torchtitan import read_torchtitan
+
+    words = {
+        "name": "llama3",
+        "flavor": "8B",
+        "mode": "full",
+        "selective_ac_option": "2",
+        "dtype": "float32",
+        "mixed_precision_param": "bfloat16",
+        "implementation": "fused",
+        "fsdp_reshard_after_forward": "default",
+        "converters": [],
+        "global_batch_size": -1,
+    }
+    data: dict = {}
+    for key in JOB_CONFIG_KEYS:
+        *sections, name = key.split(".")
+        table = data
+        for s in sections:
+            table = table.setdefault(s, {})
+        table[name] = words.get(name, 1)
+    r = read_torchtitan(Path("all.toml"), data)
+    assert [w for w in r.warnings if w.startswith("unknown key")] == []
+    assert len(JOB_CONFIG_KEYS) == 171
