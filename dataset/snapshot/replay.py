@@ -126,6 +126,7 @@ def recorded_timeline(snap: Snapshot, state: InitialState | None = None) -> Reco
     allocated, reserved, seg_allocs = [], [], []
     error = None
     peak_a, peak_a_at, peak_r, frag = sim.allocated, -1, sim.reserved, _fragmentation(sim)[0]
+    skip = set(snap.double_frees)  # tolerated double frees: skipped
     for i, ev in enumerate(snap.trace):
         act = ev["action"]
         try:
@@ -133,7 +134,7 @@ def recorded_timeline(snap: Snapshot, state: InitialState | None = None) -> Reco
                 pass
             elif act == "alloc":
                 handles[ev["addr"]] = sim.malloc_at(ev["addr"], ev["size"], ev.get("stream", 0))
-            elif act == "free_completed":
+            elif act == "free_completed" and i not in skip:
                 h = handles.pop(ev["addr"], None)
                 if h is not None:
                     sim.free(h)
@@ -232,6 +233,7 @@ def simulate_snapshot(
     frag = _fragmentation(sim)
     prev_act = None
     malloc, free, expected = sim.malloc, sim.free, segmap.expected
+    skip = set(snap.double_frees)  # tolerated double frees: skipped
     add_allocated, add_reserved = allocated.append, reserved.append
     for i, ev in enumerate(snap.trace):
         act = ev["action"]
@@ -254,7 +256,7 @@ def simulate_snapshot(
                 matched += 1
             elif divergence is None and mode == "recorded":
                 divergence = _diverged(i, ev, "placement", addr, h)
-        elif act == "free_completed":
+        elif act == "free_completed" and i not in skip:
             h = handles.pop(ev["addr"], None)
             if h is not None:
                 free(h)
