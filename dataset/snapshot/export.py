@@ -170,7 +170,9 @@ def step_snapshot(
         try:
             handles[key] = rec.malloc(ev[2], frames=frames, category=cat)
         except SimulatedOOM:
-            rec.trace.append({"action": "oom", "addr": 0, "size": ev[2], "stream": 0})
+            cap = rec.sim.config.capacity_bytes  # PyTorch records what CUDA reports free
+            free = 0 if cap is None else max(cap - rec.sim.reserved, 0)
+            rec.trace.append({"action": "oom", "size": ev[2], "device_free": free, "stream": 0})
             logger.info("export: simulated OOM at a %d-byte request; trace ends there", ev[2])
             break
     return rec.snapshot()
