@@ -1,4 +1,5 @@
-"""`memgnn snapshot replay|plot`: real CUDA snapshots through the allocator simulator."""
+"""`memgnn snapshot replay|plot|diff`: real CUDA snapshots through the allocator simulator,
+and beside memgnn's prediction of the same step."""
 
 from __future__ import annotations
 
@@ -47,6 +48,33 @@ def add_snapshot_parser(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--top", type=int, default=5, help="allocations to label at the peak")
     _load_options(q)
     q.set_defaults(func=plot_cmd)
+    q = ssub.add_parser("diff", help="a real recording beside memgnn's prediction of the step")
+    q.add_argument("real", help="the real recording (_dump_snapshot pickle, plain or .gz)")
+    q.add_argument("predicted", help="memgnn's export (profile --backend sim --snapshot)")
+    q.add_argument("--device", type=int, default=None, help="the real recording's device")
+    q.add_argument(
+        "--step",
+        choices=("first", "steady"),
+        default=None,
+        help="compare only this step of the prediction (default: all of it)",
+    )
+    q.add_argument("--top", type=int, default=12, help="rows per size table")
+    q.add_argument("--json", action="store_true")
+    _load_options(q)
+    q.set_defaults(func=diff_cmd)
+
+
+def diff_cmd(args: argparse.Namespace) -> int:
+    from memgnn.dataset.snapshot.diff import DiffConfig, diff_snapshots
+    from memgnn.dataset.snapshot.diff_text import diff_text
+    from memgnn.dataset.snapshot.loader import load_snapshot
+
+    load = _load_kwargs(args)
+    real = load_snapshot(args.real, device=args.device, **load)
+    predicted = load_snapshot(args.predicted, **load)
+    doc = diff_snapshots(real, predicted, DiffConfig(step=args.step, top=args.top))
+    print(json.dumps(doc, indent=2) if args.json else diff_text(doc), end="\n" if args.json else "")
+    return 0
 
 
 def _load_options(q: argparse.ArgumentParser) -> None:

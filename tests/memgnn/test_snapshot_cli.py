@@ -83,3 +83,25 @@ def test_replay_every_device_and_the_loader_options(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "snapshot", "replay", str(bad), "--tolerate-double-free",
                            "--json")  # fmt: skip
     assert code == 0 and json.loads(out)["double_frees_skipped"] == [4, 5]
+
+
+def test_diff_of_a_prediction_with_itself_and_with_a_recording(tmp_path, capsys):
+    import copy
+
+    from memgnn.dataset.snapshot.export import write_snapshot
+
+    from tests.dataset.test_snapshot_diff import PLAN, _step
+
+    one, two = tmp_path / "one.pickle", tmp_path / "two.pickle.gz"
+    real_plan = copy.deepcopy(PLAN)
+    real_plan[1][1].append(("mask", 3 * MiB, None))
+    for path, plan in ((one, PLAN), (two, real_plan)):
+        snap = _step(plan)
+        write_snapshot({"segments": snap.segments, "device_traces": [snap.trace]}, path)
+    code, out, _ = run_cli(capsys, "snapshot", "diff", str(one), str(one), "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["identical"] and doc["differing_sizes"] == 0
+    code, out, _ = run_cli(capsys, "snapshot", "diff", str(two), str(one))
+    assert code == 0 and "requested bytes per phase" in out and "forward " in out
+    code, _, err = run_cli(capsys, "snapshot", "diff", str(two), str(one), "--step", "steady")
+    assert code == 2 and "no allocations of step 'steady'" in err
