@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import gzip
 import pickle
+import random
 import time
 import tracemalloc
 from pathlib import Path
@@ -25,7 +26,7 @@ from memgnn.dataset.snapshot.unpickle import (
     fast_path_bytes,
 )
 
-__all__ = ["bomb_row", "loader_md", "loader_rows"]
+__all__ = ["bomb_row", "frames_row", "loader_md", "loader_rows"]
 
 MB = 1e6
 
@@ -100,6 +101,36 @@ def bomb_row(n: int = 8_000_000) -> dict:
     }
 
 
+def frames_row(events: int = 100_000, depth: int = 30, distinct: int = 2000) -> dict:
+    """A synthetic recording shaped like PyTorch's with stack frames: each event has its
+    own list of ``depth`` frames drawn from ``distinct`` frame dicts (PyTorch shares the
+    frame dicts between tracebacks, so the pickle memoizes them)."""
+    rng = random.Random(0)
+    frames = [
+        {"filename": f"/site-packages/torch/nn/modules/m{i % 50}.py", "line": i,
+         "name": f"forward_{i}"}
+        for i in range(distinct)
+    ]  # fmt: skip
+    trace, live, addr = [], [], 1 << 40
+    for i in range(events):
+        stack = [frames[rng.randrange(distinct)] for _ in range(depth)]
+        if live and rng.random() < 0.5:
+            a, size = live.pop(rng.randrange(len(live)))
+            act = "free_requested"
+        else:
+            addr += 1 << 25
+            a, size, act = addr, rng.randrange(1, 1 << 24), "alloc"
+            live.append((a, size))
+        trace.append({"action": act, "addr": a, "size": size, "stream": 0,
+                      "time_us": 1_757_000_000_000_000 + i, "compile_context": "N/A",
+                      "frames": stack})  # fmt: skip
+    raw = pickle.dumps({"segments": [], "device_traces": [trace]}, protocol=4)
+    t0 = time.perf_counter()
+    _, work = bounded_load(raw, LoadLimits(), "frames", always_count=True)
+    return {"events": events, "frames_per_event": depth, "distinct_frames": distinct,
+            **work, "counting_seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
+
+
 def loader_md(loader: dict) -> str:
     lim = LoadLimits()
     rows = loader["files"]
@@ -134,4 +165,16 @@ def loader_md(loader: dict) -> str:
         f"{b['c_pickle_seconds']} s and {b['c_pickle_traced_peak_bytes'] / MB:.0f} MB traced "
         "(times without tracemalloc, peaks with it, in separate runs).",
     ]
+    f = loader.get("frames")
+    if f:
+        lines += [
+            "",
+            f"A synthetic recording shaped like PyTorch's with stack frames ({f['events']:,} "
+            f"events, {f['frames_per_event']} frames each from {f['distinct_frames']:,} shared "
+            f"frame dicts): {f['bytes']} bytes of pickle, {f['objects']} values, "
+            f"{f['memory_bytes']} object bytes, depth {f['depth']}; counted in "
+            f"{f['counting_seconds']} s. It fits the defaults "
+            f"({f['memory_bytes'] / lim.max_memory_bytes:.0%} of max_memory_bytes); a larger "
+            "recording of one's own needs `--max-memory` / `--max-objects`.",
+        ]
     return "\n".join(lines) + "\n"

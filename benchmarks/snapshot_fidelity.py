@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from loader_work import bomb_row, loader_md, loader_rows
+from loader_work import bomb_row, frames_row, loader_md, loader_rows
 from memgnn.dataset.allocator import replay
 from memgnn.dataset.snapshot.conf import allocator_config, recorded_alloc_conf
 from memgnn.dataset.snapshot.loader import load_snapshots
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(one(snap, name, load_s, args.repeat))
         print(f"{path.name}: done", file=sys.stderr)
     reg = regression(previous, rows)
-    loader = {"files": loader_rows(files, args.repeat), "bomb": bomb_row()}
+    loader = {"files": loader_rows(files, args.repeat), "bomb": bomb_row(), "frames": frames_row()}
     md = _md(rows, args.dir) + "\n" + _regression_md(reg) + "\n" + loader_md(loader)
     result = {"rows": rows, "regression": reg, "loader": loader}
     print(write_results("snapshot_fidelity", result, md, out=args.out).read_text())
