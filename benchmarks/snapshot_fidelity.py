@@ -9,10 +9,15 @@ recording began, in two address modes:
   returned (the driver's choice; it decides best-fit ties, lowest address first);
 * ``own addresses``: the simulator's addresses (each new segment above all earlier ones).
 
-Also the replay speed (events per second of the seeded, checked replay), measured side by
-side with the plain ``predictor.sim.allocator.replay`` of the same alloc/free requests from an
-empty allocator (the label path), best of ``--repeat`` runs each; and what-if peaks under
-other ``PYTORCH_CUDA_ALLOC_CONF`` settings.
+Every device of a file is a row (``code_location_dev0_dev2`` holds two); a recording made
+with expandable segments is replayed under its recorded settings (its page maps count as
+segment allocations). Also the replay speed (events per second of the seeded, checked
+replay), measured side by side with the plain ``predictor.sim.allocator.replay`` of the same
+alloc/free requests from an empty allocator (the label path), best of ``--repeat`` runs
+each; what-if peaks under other ``PYTORCH_CUDA_ALLOC_CONF`` settings; the loader's work
+per file (values, object bytes, depth: what :class:`LoadLimits` is sized from) and on the
+hostile 8-million-empty-dicts upload; and a regression check: every number of the results
+file as it was before this run, compared with this run's.
 
     .venv/bin/python benchmarks/snapshot_fidelity.py   # -> results/snapshot_fidelity.{md,json}
 """
@@ -20,15 +25,17 @@ other ``PYTORCH_CUDA_ALLOC_CONF`` settings.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import platform
 import sys
 import time
 from pathlib import Path
 
+from loader_work import bomb_row, frames_row, loader_md, loader_rows
 from memgnn.predictor.sim.allocator import replay
-from memgnn.predictor.snapshot.conf import allocator_config
-from memgnn.predictor.snapshot.loader import load_snapshot
+from memgnn.predictor.snapshot.conf import allocator_config, recorded_alloc_conf
+from memgnn.predictor.snapshot.loader import load_snapshots
 from memgnn.predictor.snapshot.replay import (
     blocks_differing,
     dump_blocks,
@@ -67,19 +74,20 @@ def _plain_events(snap) -> list[tuple]:
     return out
 
 
-def one(path: Path, repeat: int) -> dict:
-    t0 = time.perf_counter()
-    snap = load_snapshot(path)
-    load_s = time.perf_counter() - t0
+def one(snap, name: str, load_s: float, repeat: int) -> dict:
     state = initial_state(snap)
     rec = recorded_timeline(snap, state)
+    cfg = allocator_config(recorded_alloc_conf(snap.allocator_settings))
     n = len(snap.trace)
     row: dict = {
-        "file": path.name,
+        "file": name,
+        "alloc_conf": recorded_alloc_conf(snap.allocator_settings),
         "events": n,
         "requests": sum(1 for e in snap.trace if e["action"] == "alloc"),
-        "segment_frees": sum(1 for e in snap.trace if e["action"] == "segment_free"),
-        "initial_segments": len(state.segments),
+        "segment_frees": sum(
+            1 for e in snap.trace if e["action"] in ("segment_free", "segment_unmap")
+        ),
+        "initial_segments": len(state.segments) + len(state.mapped),
         "initial_reserved_bytes": state.reserved_bytes,
         "initial_allocated_bytes": state.allocated_bytes,
         "recorded_peak_reserved_bytes": rec.peak_reserved_bytes,
@@ -92,7 +100,7 @@ def one(path: Path, repeat: int) -> dict:
     }
     for mode, addresses in (("recorded_addresses", True), ("own_addresses", False)):
         secs, run = _best(
-            lambda a=addresses: simulate_snapshot(snap, recorded_addresses=a, state=state),
+            lambda a=addresses: simulate_snapshot(snap, cfg, recorded_addresses=a, state=state),
             repeat,
         )
         matched = 0
@@ -222,6 +230,73 @@ def _md(rows: list[dict], folder: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+_COMPARED = (
+    "initial_reserved_bytes",
+    "initial_allocated_bytes",
+    "recorded_peak_reserved_bytes",
+    "recorded_peak_allocated_bytes",
+    "recorded_segment_allocs",
+    "recorded_final_blocks_differing",
+)
+_COMPARED_RUN = (
+    "simulated_peak_reserved_bytes",
+    "simulated_peak_allocated_bytes",
+    "segment_allocs_matched",
+    "requests_at_recorded_address",
+    "final_blocks_differing",
+)
+
+
+def _numbers(row: dict) -> dict[str, object]:
+    out: dict[str, object] = {k: row.get(k) for k in _COMPARED}
+    for mode in ("recorded_addresses", "own_addresses"):
+        out |= {f"{mode}.{k}": row.get(mode, {}).get(k) for k in _COMPARED_RUN}
+    out |= {f"what_if.{k}": v for k, v in row.get("what_if_peak_reserved_bytes", {}).items()}
+    return out
+
+
+def regression(previous: list[dict], rows: list[dict]) -> list[dict]:
+    """Each file of the previous results against this run: the numbers that differ."""
+    now = {r["file"]: _numbers(r) for r in rows}
+    out = []
+    for old in previous:
+        new = now.get(old["file"])
+        if new is None:
+            out.append({"file": old["file"], "compared": 0, "differing": "missing"})
+            continue
+        before = _numbers(old)
+        diff = {k: [v, new.get(k)] for k, v in before.items() if v is not None and new.get(k) != v}
+        out.append({"file": old["file"], "compared": len(before), "differing": diff})
+    return out
+
+
+def _regression_md(reg: list[dict]) -> str:
+    if not reg:
+        return "## Regression\n\nNo earlier results to compare with.\n"
+    same = sum(1 for r in reg if r["differing"] == {})
+    lines = [
+        "## Regression: the numbers of the results file before this run",
+        "",
+        f"{same} of {len(reg)} earlier rows give every compared number again (initial state, "
+        "recorded and simulated peaks, segment allocations matched, requests at the recorded "
+        "address, end-state blocks, what-if peaks).",
+        "",
+        "| file | numbers compared | differing |",
+        "|---|---|---|",
+    ]
+    for r in reg:
+        diff = r["differing"]
+        text = (
+            "none"
+            if diff == {}
+            else diff
+            if isinstance(diff, str)
+            else "; ".join(f"{k}: {a} -> {b}" for k, (a, b) in diff.items())
+        )
+        lines.append(f"| {r['file']} | {r['compared']} | {text} |")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=DEFAULT_DIR)
@@ -233,12 +308,24 @@ def main(argv: list[str] | None = None) -> int:
     if not files:
         print(f"no snapshot files in {args.dir}", file=sys.stderr)
         return 2
+    before = args.out / "snapshot_fidelity.json"
+    previous = json.loads(before.read_text()) if before.exists() else []
+    previous = previous["rows"] if isinstance(previous, dict) else previous
     rows = []
     for path in files:
-        rows.append(one(path, args.repeat))
+        t0 = time.perf_counter()
+        snaps = load_snapshots(path)
+        load_s = time.perf_counter() - t0
+        for snap in snaps:
+            name = path.name if len(snaps) == 1 else f"{path.name} (device {snap.device})"
+            rows.append(one(snap, name, load_s, args.repeat))
         print(f"{path.name}: done", file=sys.stderr)
-    print(write_results("snapshot_fidelity", rows, _md(rows, args.dir), out=args.out).read_text())
-    return 0
+    reg = regression(previous, rows)
+    loader = {"files": loader_rows(files, args.repeat), "bomb": bomb_row(), "frames": frames_row()}
+    md = _md(rows, args.dir) + "\n" + _regression_md(reg) + "\n" + loader_md(loader)
+    result = {"rows": rows, "regression": reg, "loader": loader}
+    print(write_results("snapshot_fidelity", result, md, out=args.out).read_text())
+    return 0 if all(r["differing"] == {} for r in reg) else 1
 
 
 if __name__ == "__main__":

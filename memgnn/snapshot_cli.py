@@ -1,4 +1,5 @@
-"""`memgnn snapshot replay|plot`: real CUDA snapshots through the allocator simulator."""
+"""`memgnn snapshot replay|plot|diff`: real CUDA snapshots through the allocator simulator,
+and beside memgnn's prediction of the same step."""
 
 from __future__ import annotations
 
@@ -32,8 +33,11 @@ def add_snapshot_parser(sub: argparse._SubParsersAction) -> None:
         help="set_per_process_memory_fraction of --capacity (garbage_collection_threshold "
         "acts only with one)",
     )
-    q.add_argument("--device", type=int, default=None, help="trace of this device (default: first)")
+    q.add_argument(
+        "--device", type=int, default=None, help="this device's trace (default: every device)"
+    )
     q.add_argument("--json", action="store_true")
+    _load_options(q)
     q.set_defaults(func=replay_cmd)
     q = ssub.add_parser("plot", help="memory timeline of a snapshot (PNG or SVG)")
     q.add_argument("file")
@@ -42,27 +46,83 @@ def add_snapshot_parser(sub: argparse._SubParsersAction) -> None:
     q.add_argument("--capacity", default=None, help="draw the device capacity (bytes, 80GiB)")
     q.add_argument("--device", type=int, default=None)
     q.add_argument("--top", type=int, default=5, help="allocations to label at the peak")
+    _load_options(q)
     q.set_defaults(func=plot_cmd)
+    q = ssub.add_parser("diff", help="a real recording beside memgnn's prediction of the step")
+    q.add_argument("real", help="the real recording (_dump_snapshot pickle, plain or .gz)")
+    q.add_argument("predicted", help="memgnn's export (profile --backend sim --snapshot)")
+    q.add_argument("--device", type=int, default=None, help="the real recording's device")
+    q.add_argument(
+        "--step",
+        choices=("first", "steady"),
+        default=None,
+        help="compare only this step of the prediction (default: all of it)",
+    )
+    q.add_argument("--top", type=int, default=12, help="rows per size table")
+    q.add_argument("--json", action="store_true")
+    _load_options(q)
+    q.set_defaults(func=diff_cmd)
+
+
+def diff_cmd(args: argparse.Namespace) -> int:
+    from memgnn.predictor.snapshot.diff import DiffConfig, diff_snapshots
+    from memgnn.predictor.snapshot.diff_text import diff_text
+    from memgnn.predictor.snapshot.loader import load_snapshot
+
+    load = _load_kwargs(args)
+    real = load_snapshot(args.real, device=args.device, **load)
+    predicted = load_snapshot(args.predicted, **load)
+    doc = diff_snapshots(real, predicted, DiffConfig(step=args.step, top=args.top))
+    print(json.dumps(doc, indent=2) if args.json else diff_text(doc), end="\n" if args.json else "")
+    return 0
+
+
+def _load_options(q: argparse.ArgumentParser) -> None:
+    """What the loader tolerates (predictor.snapshot.loader; defaults: LoadLimits)."""
+    q.add_argument(
+        "--tolerate-double-free",
+        action="store_true",
+        help="skip frees of unallocated blocks (as the replay used to) instead of refusing",
+    )
+    q.add_argument("--max-objects", type=int, default=None, help="loader limit (values built)")
+    q.add_argument("--max-memory", default=None, help="loader limit (object bytes, 1GiB)")
+
+
+def _load_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    from memgnn.predictor.snapshot.loader import LoadLimits
+
+    limits: dict[str, int] = {}
+    if args.max_objects is not None:
+        limits["max_objects"] = args.max_objects
+    if args.max_memory is not None:
+        limits["max_memory_bytes"] = parse_bytes(args.max_memory)
+    return {"limits": LoadLimits(**limits), "tolerate_double_free": args.tolerate_double_free}
 
 
 def replay_cmd(args: argparse.Namespace) -> int:
-    from memgnn.predictor.snapshot.loader import load_snapshot
-    from memgnn.predictor.snapshot.whatif import replay_report
+    from memgnn.predictor.snapshot.loader import load_snapshot, load_snapshots
+    from memgnn.predictor.snapshot.whatif import replay_devices
 
     capacity = None if args.capacity is None else parse_bytes(args.capacity)
-    snap = load_snapshot(args.file, device=args.device)
-    out = replay_report(
-        snap,
+    load = _load_kwargs(args)
+    if args.device is None:
+        snaps = load_snapshots(args.file, **load)
+    else:
+        snaps = [load_snapshot(args.file, device=args.device, **load)]
+    out = replay_devices(
+        snaps,
         alloc_conf=args.alloc_conf,
         capacity_bytes=capacity,
         memory_fraction=args.memory_fraction,
     )
-    if out["oom"] is not None and snap.memgnn is not None:
-        out["oom"]["smaller_batch"] = smaller_batch(snap.memgnn, capacity, args.alloc_conf)
+    if out["oom"] is not None and snaps[0].memgnn is not None:
+        out["oom"]["smaller_batch"] = smaller_batch(snaps[0].memgnn, capacity, args.alloc_conf)
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    _print_report(args.file, out)
+    for r in out.get("devices", [out]):
+        where = f"{args.file} (device {r['device']})" if "devices" in out else args.file
+        _print_report(where, r)
     return 0
 
 
@@ -112,6 +172,28 @@ def _print_report(path: str, r: dict[str, Any]) -> None:
     )
     d = r["first_divergence"]
     print("first divergence: " + ("none" if d is None else json.dumps(d)))
+    if r.get("segments") == "expandable":
+        print(
+            f"expandable segments: mapped {fmt_bytes(r['recorded_mapped_bytes'])} in "
+            f"{r['recorded_segment_maps']} maps, unmapped "
+            f"{fmt_bytes(r['recorded_unmapped_bytes'])} (simulated: mapped "
+            f"{fmt_bytes(r['simulated_mapped_bytes'])}, unmapped "
+            f"{fmt_bytes(r['simulated_unmapped_bytes'])}); mapped at the end: recorded "
+            f"{r['recorded_final_mapped_bytes']}, simulated {r['simulated_final_mapped_bytes']}, "
+            f"dump {r['dump_mapped_bytes']} bytes"
+        )
+        if "initial_state_note" in r:
+            print(f"note: {r['initial_state_note']}")
+    for o in r.get("recorded_ooms", []):
+        print(
+            f"recorded OOM at event {o['event']}: request {fmt_bytes(o['request_bytes'])}, "
+            f"device free {o['device_free_bytes']} bytes; simulated reserved "
+            f"{fmt_bytes(o['simulated_reserved_bytes'])}, largest free block "
+            f"{fmt_bytes(o['largest_free_block_bytes'])}; simulator agrees: "
+            f"{o['simulator_agrees']}"
+        )
+    if r.get("double_frees_skipped"):
+        print(f"double frees skipped (tolerated): events {r['double_frees_skipped']}")
     if r["simulated_final_blocks_differing"] is not None:
         print(
             f"state at the end vs the file's dump: {r['dump_blocks']} blocks, "
@@ -154,7 +236,7 @@ def plot_cmd(args: argparse.Namespace) -> int:
     from memgnn.predictor.snapshot.loader import load_snapshot
     from memgnn.predictor.snapshot.plot import PlotConfig, plot_snapshot
 
-    snap = load_snapshot(args.file, device=args.device)
+    snap = load_snapshot(args.file, device=args.device, **_load_kwargs(args))
     capacity = None if args.capacity is None else parse_bytes(args.capacity)
     cfg = PlotConfig(
         top=args.top,

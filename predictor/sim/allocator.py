@@ -182,7 +182,8 @@ class CachingAllocatorSim:
         self.peak_allocated = self.peak_reserved = self.peak_requested = 0
         self.num_alloc_retries = self.num_ooms = 0
         # Called as observer(action, address, size, stream) on every native segment
-        # alloc / free ("segment_alloc" / "segment_free"); None = no observer.
+        # alloc / free ("segment_alloc" / "segment_free") and expandable page map / unmap
+        # ("segment_map" / "segment_unmap"); None = no observer.
         self.segment_observer: Callable[[str, int, int, int], None] | None = None
         # Called as hint(size, stream) for a new native segment's address (the driver's
         # choice, e.g. the recorded cudaMalloc result); None or a None answer = the next

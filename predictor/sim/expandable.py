@@ -114,6 +114,8 @@ def _map(sim: CachingAllocatorSim, pool: BlockPool, b: Block, size: int) -> bool
         return False  # cuMemCreate fails; pages created in this call are released
     remove_unmapped(pool, b)
     b.mapped = True
+    if sim.segment_observer is not None:  # what the trace records as segment_map
+        sim.segment_observer("segment_map", b.addr, mapped, b.stream)
     if mapped < b.size:
         rest = Block(b.addr + mapped, b.size - mapped, b.stream, b.small, b.seg, mapped=False)
         rest.link_after(b)
@@ -162,6 +164,8 @@ def unmap_block(sim: CachingAllocatorSim, pool: BlockPool, b: Block) -> None:
         after.link_after(b)
         pool.insert(after)
     b.addr, b.size, b.mapped = begin, end - begin, False
+    if sim.segment_observer is not None:  # what the trace records as segment_unmap
+        sim.segment_observer("segment_unmap", begin, end - begin, b.stream)
     sim.try_merge(b, b.prev, pool)
     sim.try_merge(b, b.next, pool)
     insert_unmapped(pool, b)

@@ -6,8 +6,9 @@ actions ``segment_alloc``, ``alloc``, ``free_requested``, ``free_completed`` and
 ``segment_free`` (with ``addr``, ``size`` = requested bytes, ``stream``, optional
 ``frames``), and at the end ``segments`` with their ``blocks``. So a memgnn prediction
 opens in PyTorch's memory viewer (pytorch.org/memory_viz) and in ``memgnn snapshot
-replay``. Each event may carry a ``category`` (memgnn's storage category; not a PyTorch
-field, viewers ignore it).
+replay``. Each event may carry a ``category`` (memgnn's storage category) and an alloc a
+``phase`` and ``step`` (from the simulated trace's phase markers; ``setup`` before the
+first); neither is a PyTorch field, and viewers ignore them.
 
 :func:`step_snapshot` does this for a captured training step (the path with the highest
 simulated reserved peak), with frames naming the node (op, module, phase, step).
@@ -56,8 +57,10 @@ class SnapshotRecorder:
         *,
         frames: list[dict[str, Any]] | None = None,
         category: str | None = None,
+        phase: tuple[str, str] | None = None,
     ) -> int:
-        """Allocate; a zero-byte request records nothing (PyTorch returns null)."""
+        """Allocate; a zero-byte request records nothing (PyTorch returns null).
+        ``phase``: (phase, step) written on the alloc event only."""
         handle = self.sim.malloc(size, stream)
         if handle == 0:
             return 0
@@ -67,7 +70,8 @@ class SnapshotRecorder:
             extra["frames"] = frames
         if category is not None:
             extra["category"] = category
-        self.trace.append(ev | extra)
+        marks = {} if phase is None else {"phase": phase[0], "step": phase[1]}
+        self.trace.append(ev | extra | marks)
         self._info[handle] = extra | {"requested": size, "stream": stream}
         return handle
 
@@ -151,9 +155,11 @@ def step_snapshot(
     alloc_node, category = p.storages["alloc"], p.storages["category"]
     rec = SnapshotRecorder(config)
     handles: dict[Any, int] = {}
+    phase = ("setup", STEP_NAMES[0])  # before the trace's first phase marker
     for ev in build_trace(graph, path, resolved, device):
         op, key = ev[0], ev[1]
         if op == "mark":
+            phase = (ev[1], STEP_NAMES[ev[2]])
             continue
         if op == "free":
             rec.free(handles.pop(key))
@@ -168,9 +174,11 @@ def step_snapshot(
             frames = _frames(graph, path, node) if node >= 0 else None
             cat = CATEGORIES[category[key]]
         try:
-            handles[key] = rec.malloc(ev[2], frames=frames, category=cat)
+            handles[key] = rec.malloc(ev[2], frames=frames, category=cat, phase=phase)
         except SimulatedOOM:
-            rec.trace.append({"action": "oom", "addr": 0, "size": ev[2], "stream": 0})
+            cap = rec.sim.config.capacity_bytes  # PyTorch records what CUDA reports free
+            free = 0 if cap is None else max(cap - rec.sim.reserved, 0)
+            rec.trace.append({"action": "oom", "size": ev[2], "device_free": free, "stream": 0})
             logger.info("export: simulated OOM at a %d-byte request; trace ends there", ev[2])
             break
     return rec.snapshot()

@@ -1,24 +1,25 @@
 """Safe loading of ``torch.cuda.memory._dump_snapshot()`` pickles (plain or gzip).
 
-A snapshot is plain Python data (dict, list, str, int, float, bool, None, tuple), so it
-is read with an :class:`pickle.Unpickler` whose ``find_class`` always raises: nothing a
-file names is ever imported or called. The decompressed size and the nesting depth are
-bounded, and the result is checked to be a snapshot (a dict with ``segments`` and
-``device_traces``; the old list-only format, a bare list of segments, is refused with an
-error that says so).
+A snapshot is plain Python data (dict, list, str, int, float, bool, None, tuple). It is
+read by :mod:`predictor.snapshot.unpickle`, which runs only the opcodes of plain data
+(nothing a file names is ever imported or called) and counts decompressed bytes, values,
+object bytes and nesting while it builds, stopping at the first limit of
+:class:`LoadLimits`. The result is then checked to be a snapshot (a dict with
+``segments`` and ``device_traces``; the old list-only format, a bare list of segments, is
+refused with an error that says so), every event and segment to have the fields the
+replay reads, and :mod:`predictor.snapshot.checks` refuses absurd sizes, blocks outside
+their segment, overlapping segments and double frees.
 """
 
 from __future__ import annotations
 
-import gzip
-import io
 import logging
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memgnn.predictor.errors import UserError
+from memgnn.predictor.snapshot.checks import check_geometry, check_sizes, double_frees
+from memgnn.predictor.snapshot.unpickle import GZIP_MAGIC, LoadLimits, SnapshotError, bounded_load
 
 logger = logging.getLogger(__name__)
 
@@ -27,31 +28,11 @@ __all__ = [
     "Snapshot",
     "SnapshotError",
     "load_snapshot",
+    "load_snapshots",
     "loads_snapshot",
     "read_snapshot_data",
     "snapshot_from_dict",
 ]
-
-_GZIP_MAGIC = b"\x1f\x8b"
-_PLAIN = (str, int, float, bool, bytes, type(None))
-
-
-class SnapshotError(UserError):
-    """The file is not a snapshot this loader accepts (the message says why)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class LoadLimits:
-    """Bounds on what a snapshot file may make the loader do."""
-
-    max_bytes: int = 1 << 30  # decompressed pickle bytes
-    max_depth: int = 64  # nesting of containers
-
-    def __post_init__(self) -> None:
-        if self.max_bytes < 1:
-            raise ValueError(f"max_bytes must be >= 1, got {self.max_bytes}")
-        if self.max_depth < 4:
-            raise ValueError(f"max_depth must be >= 4, got {self.max_depth}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,78 +46,16 @@ class Snapshot:
     source: str = ""
     other_devices: list[int] = field(default_factory=list)
     memgnn: dict[str, Any] | None = None  # what a memgnn export was made from (model, sizes)
+    double_frees: list[int] = field(default_factory=list)  # tolerated; the replay skips them
+    load_work: dict[str, int] | None = None  # bytes, objects, memory_bytes, depth (loader)
 
 
-class _DataOnlyUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):  # noqa: ARG002 - refuse every global
-        raise SnapshotError(
-            f"refusing to load {module}.{name}: a snapshot holds only plain data, and this "
-            "file asks to import code"
-        )
-
-    def persistent_load(self, pid):  # noqa: ARG002
-        raise SnapshotError("refusing a pickle with persistent ids (not a snapshot)")
+def _unpickle(raw: bytes, limits: LoadLimits, what: str) -> tuple[Any, dict[str, Any]]:
+    return bounded_load(raw, limits, what)
 
 
-def _read_limited(stream: io.BufferedIOBase, limit: int, what: str) -> bytes:
-    data = stream.read(limit + 1)
-    if len(data) > limit:
-        raise SnapshotError(f"{what} is larger than the limit of {limit} bytes (decompressed)")
-    return data
-
-
-def _decompress(raw: bytes, limit: int, what: str) -> bytes:
-    if not raw.startswith(_GZIP_MAGIC):
-        if len(raw) > limit:
-            raise SnapshotError(f"{what} is larger than the limit of {limit} bytes")
-        return raw
-    try:
-        with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
-            return _read_limited(gz, limit, what)
-    except (OSError, EOFError) as exc:
-        raise SnapshotError(f"{what} is not a readable gzip file: {exc}") from None
-
-
-def _check_depth(obj: Any, max_depth: int, what: str) -> None:
-    """Iterative walk: every value is plain data and containers nest <= max_depth."""
-    stack: list[tuple[Any, int]] = [(obj, 1)]
-    seen: set[int] = set()  # shared sub-objects (pickle memo) are walked once
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, _PLAIN):
-            continue
-        if depth > max_depth:
-            raise SnapshotError(f"{what} nests deeper than {max_depth} levels")
-        if id(value) in seen:
-            continue
-        seen.add(id(value))
-        if isinstance(value, dict):
-            stack.extend((v, depth + 1) for v in value.values())
-            stack.extend((k, depth + 1) for k in value.keys())
-        elif isinstance(value, (list, tuple, set, frozenset)):
-            stack.extend((v, depth + 1) for v in value)
-        else:  # pragma: no cover - the unpickler builds nothing else without find_class
-            raise SnapshotError(f"{what} holds a {type(value).__name__}, not plain data")
-
-
-def _unpickle(data: bytes, limits: LoadLimits, what: str) -> Any:
-    # Depth is checked after loading; the unpickler itself is bounded by max_bytes, and
-    # Python's own recursion limit stops pathological nesting while building.
-    try:
-        obj = _DataOnlyUnpickler(io.BytesIO(data)).load()
-    except SnapshotError:
-        raise
-    except RecursionError:
-        raise SnapshotError(f"{what} nests too deeply to load") from None
-    except MemoryError:
-        raise SnapshotError(f"{what} asks for more memory than is available") from None
-    except Exception as exc:  # any malformed pickle (UnpicklingError, EOF, KeyError, ...)
-        raise SnapshotError(f"{what} is not a readable pickle: {exc!r}") from None
-    _check_depth(obj, limits.max_depth, what)
-    return obj
-
-
-def _as_snapshot(obj: Any, device: int | None, what: str) -> Snapshot:
+def _document(obj: Any, what: str) -> tuple[list[dict], list[list[dict]]]:
+    """The checked ``segments`` and ``device_traces`` of a snapshot dict."""
     if isinstance(obj, list):
         raise SnapshotError(
             f"{what} is a bare list (the old _snapshot() format with segments only, or not "
@@ -154,51 +73,87 @@ def _as_snapshot(obj: Any, device: int | None, what: str) -> Snapshot:
         raise SnapshotError(f"{what}: 'segments' must be a list of dicts")
     if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
         raise SnapshotError(f"{what}: 'device_traces' must be a list of lists (one per device)")
-    used = [d for d, t in enumerate(traces) if t]
-    if device is None:
-        device = used[0] if used else 0
-    if not 0 <= device < max(len(traces), 1):
-        raise SnapshotError(f"{what}: no trace for device {device} ({len(traces)} devices)")
-    trace = traces[device] if traces else []
-    for i, ev in enumerate(trace):
-        _check_event(ev, i, what)
+    for d, trace in enumerate(traces):
+        for i, ev in enumerate(trace):
+            _check_event(ev, i, d, what)
     for k, seg in enumerate(segments):
         _check_segment(seg, k, what)
+    return segments, traces
+
+
+def _as_snapshots(
+    obj: Any,
+    devices: list[int] | None,
+    what: str,
+    limits: LoadLimits,
+    tolerate_double_free: bool,
+) -> list[Snapshot]:
+    """One :class:`Snapshot` per device in ``devices`` (None: every device with a trace,
+    or device 0 when none has one)."""
+    segments, traces = _document(obj, what)
+    check_sizes(traces, limits, what)
+    check_geometry(segments, limits, what)
+    used = [d for d, t in enumerate(traces) if t]
+    if devices is None:
+        devices = used or [0]
     settings = obj.get("allocator_settings")
     meta = obj.get("memgnn")
-    return Snapshot(
-        memgnn=meta if isinstance(meta, dict) else None,
-        segments=[s for s in segments if s.get("device", device) == device],
-        trace=trace,
-        device=device,
-        allocator_settings=settings if isinstance(settings, dict) else None,
-        source=what,
-        other_devices=[d for d in used if d != device],
-    )
+    out = []
+    for device in devices:
+        if not 0 <= device < max(len(traces), 1):
+            raise SnapshotError(f"{what}: no trace for device {device} ({len(traces)} devices)")
+        trace = traces[device] if traces else []
+        frees = double_frees(trace, device, what, tolerate=tolerate_double_free)
+        out.append(
+            Snapshot(
+                memgnn=meta if isinstance(meta, dict) else None,
+                segments=[s for s in segments if s.get("device", device) == device],
+                trace=trace,
+                device=device,
+                allocator_settings=settings if isinstance(settings, dict) else None,
+                source=what,
+                other_devices=[d for d in used if d != device],
+                double_frees=frees,
+            )
+        )
+    return out
 
 
-_MEMORY_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free")
+_MEMORY_ACTIONS = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+)
 
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _check_event(ev: Any, i: int, what: str) -> None:
+def _check_event(ev: Any, i: int, device: int, what: str) -> None:
+    where = f"{what}: trace event {i}" + (f" of device {device}" if device else "")
     if not isinstance(ev, dict) or not isinstance(ev.get("action"), str):
-        raise SnapshotError(f"{what}: trace event {i} is not a dict with an 'action'")
-    if ev["action"] in _MEMORY_ACTIONS:
+        raise SnapshotError(f"{where} is not a dict with an 'action'")
+    act = ev["action"]
+    if act in _MEMORY_ACTIONS:
         if not (_is_count(ev.get("addr")) and _is_count(ev.get("size"))):
-            raise SnapshotError(
-                f"{what}: trace event {i} ({ev['action']}) needs non-negative int addr and size"
-            )
-        if not isinstance(ev.get("stream", 0), int):
-            raise SnapshotError(f"{what}: trace event {i} has a non-int stream")
+            raise SnapshotError(f"{where} ({act}) needs non-negative int addr and size")
+    elif act == "oom":  # PyTorch records size and device_free (memgnn's old exports: addr)
+        if not _is_count(ev.get("size")) or not _is_count(ev.get("device_free", 0)):
+            raise SnapshotError(f"{where} (oom) needs non-negative int size and device_free")
+    if not isinstance(ev.get("stream", 0), int):
+        raise SnapshotError(f"{where} has a non-int stream")
 
 
 def _check_segment(seg: dict, k: int, what: str) -> None:
     if not (_is_count(seg.get("address")) and _is_count(seg.get("total_size"))):
         raise SnapshotError(f"{what}: segment {k} needs int address and total_size")
+    if not isinstance(seg.get("device", 0), int):
+        raise SnapshotError(f"{what}: segment {k} has a non-int device")
     blocks = seg.get("blocks", [])
     if not isinstance(blocks, list) or not all(
         isinstance(b, dict) and _is_count(b.get("address")) and _is_count(b.get("size"))
@@ -207,19 +162,42 @@ def _check_segment(seg: dict, k: int, what: str) -> None:
         raise SnapshotError(f"{what}: segment {k} blocks need int address and size")
 
 
-def loads_snapshot(
-    raw: bytes, *, device: int | None = None, limits: LoadLimits | None = None, what: str = ""
-) -> Snapshot:
-    """Parse snapshot bytes (pickle, optionally gzip); raises :class:`SnapshotError`."""
+def _loads(
+    raw: bytes,
+    devices: list[int] | None,
+    limits: LoadLimits | None,
+    what: str,
+    tolerate_double_free: bool,
+) -> list[Snapshot]:
     limits = limits or LoadLimits()
+    obj, work = _unpickle(raw, limits, what)
+    snaps = _as_snapshots(obj, devices, what, limits, tolerate_double_free)
+    for snap in snaps:
+        snap.load_work = work
+    return snaps
+
+
+def loads_snapshot(
+    raw: bytes,
+    *,
+    device: int | None = None,
+    limits: LoadLimits | None = None,
+    what: str = "",
+    tolerate_double_free: bool = False,
+) -> Snapshot:
+    """Parse snapshot bytes (pickle, optionally gzip); raises :class:`SnapshotError`.
+    ``device`` None: the first device with a trace."""
     what = what or "snapshot"
-    obj = _unpickle(_decompress(raw, limits.max_bytes, what), limits, what)
-    return _as_snapshot(obj, device, what)
+    if device is None:  # the first device with a trace
+        snaps = _loads(raw, None, limits, what, tolerate_double_free)
+        return snaps[0]
+    return _loads(raw, [device], limits, what, tolerate_double_free)[0]
 
 
 def snapshot_from_dict(obj: Any, *, device: int | None = None, what: str = "") -> Snapshot:
     """Check an in-memory snapshot dict (e.g. from :mod:`predictor.snapshot.export`)."""
-    return _as_snapshot(obj, device, what or "snapshot")
+    devices = None if device is None else [device]
+    return _as_snapshots(obj, devices, what or "snapshot", LoadLimits(), False)[0]
 
 
 def _read_file(path: Path, limits: LoadLimits) -> bytes:
@@ -227,8 +205,11 @@ def _read_file(path: Path, limits: LoadLimits) -> bytes:
         size = path.stat().st_size
         with path.open("rb") as f:
             head = f.read(2)
-            if head != _GZIP_MAGIC and size > limits.max_bytes:
-                raise SnapshotError(f"{path} is larger than the limit of {limits.max_bytes} bytes")
+            if head != GZIP_MAGIC and size > limits.max_bytes:
+                raise SnapshotError(
+                    f"{path} is larger than max_bytes={limits.max_bytes} bytes "
+                    "(LoadLimits.max_bytes)"
+                )
             # gzip input is bounded by the decompressed limit; the compressed file is smaller.
             return head + f.read(limits.max_bytes + 1)
     except OSError as exc:
@@ -239,18 +220,38 @@ def read_snapshot_data(path: str | Path, *, limits: LoadLimits | None = None) ->
     """The raw snapshot dict of a file (checked as :func:`load_snapshot` does), e.g. to
     add a key and write it back."""
     limits = limits or LoadLimits()
-    raw = _read_file(Path(path), limits)
-    obj = _unpickle(_decompress(raw, limits.max_bytes, str(path)), limits, str(path))
-    _as_snapshot(obj, None, str(path))
+    obj, _ = _unpickle(_read_file(Path(path), limits), limits, str(path))
+    _as_snapshots(obj, None, str(path), limits, False)
     return obj
 
 
 def load_snapshot(
-    path: str | Path, *, device: int | None = None, limits: LoadLimits | None = None
+    path: str | Path,
+    *,
+    device: int | None = None,
+    limits: LoadLimits | None = None,
+    tolerate_double_free: bool = False,
 ) -> Snapshot:
-    """Load a ``_dump_snapshot`` file safely (see the module docstring)."""
+    """Load one device of a ``_dump_snapshot`` file safely (the module docstring);
+    ``device`` None: the first device with a trace."""
     limits = limits or LoadLimits()
     path = Path(path)
-    snap = loads_snapshot(_read_file(path, limits), device=device, limits=limits, what=str(path))
+    raw = _read_file(path, limits)
+    snap = loads_snapshot(
+        raw,
+        device=device,
+        limits=limits,
+        what=str(path),
+        tolerate_double_free=tolerate_double_free,
+    )
     logger.debug("loaded %s: %d segments, %d events", path, len(snap.segments), len(snap.trace))
     return snap
+
+
+def load_snapshots(
+    path: str | Path, *, limits: LoadLimits | None = None, tolerate_double_free: bool = False
+) -> list[Snapshot]:
+    """Every device with a trace in a ``_dump_snapshot`` file (one unpickling)."""
+    limits = limits or LoadLimits()
+    path = Path(path)
+    return _loads(_read_file(path, limits), None, limits, str(path), tolerate_double_free)

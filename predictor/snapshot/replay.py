@@ -22,65 +22,32 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from memgnn.predictor.sim.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
+from memgnn.predictor.snapshot.expandable import recorded_expandable, simulate_expandable
 from memgnn.predictor.snapshot.loader import Snapshot
+from memgnn.predictor.snapshot.runs import (
+    RecordedTimeline,
+    SimulatedRun,
+    diverged,
+    fragmentation,
+    oom_record,
+    recorded_oom,
+    sim_blocks,
+)
 from memgnn.predictor.snapshot.state import InitialState, initial_state, seed, seed_live_blocks
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "RecordedTimeline",
+    "RecordedTimeline",  # re-exported from predictor.snapshot.runs
     "SimulatedRun",
     "blocks_differing",
     "dump_blocks",
     "recorded_timeline",
     "simulate_snapshot",
 ]
-
-
-@dataclass(kw_only=True, slots=True)
-class RecordedTimeline:
-    """The recorded run, event by event (block sizes by the allocator's rules)."""
-
-    allocated: list[int]  # allocated bytes after each event
-    reserved: list[int]
-    segment_allocs: list[int]  # sizes, in order
-    peak_allocated_bytes: int
-    peak_reserved_bytes: int
-    peak_allocated_event: int  # first event at the allocated peak (-1: the initial state)
-    fragmentation_at_peak: float  # largest free block / free reserved, at the reserved peak
-    model_error: dict[str, Any] | None  # first recorded step the rules cannot reproduce
-    final_blocks: dict[int, tuple[int, bool]]  # address -> (size, allocated) at the end
-
-
-@dataclass(kw_only=True, slots=True)
-class SimulatedRun:
-    initial_state: str  # "recorded" (segments and blocks) or "live_blocks" (empty cache)
-    allocated: list[int]
-    reserved: list[int]
-    segment_allocs: list[int]
-    peak_allocated_bytes: int
-    peak_reserved_bytes: int
-    fragmentation_at_peak: float
-    largest_free_at_peak_bytes: int
-    free_reserved_at_peak_bytes: int
-    first_divergence: dict[str, Any] | None
-    addresses_matched: int  # requests placed at the recorded address
-    requests: int
-    oom: dict[str, Any] | None
-    seconds: float  # seeding and replay
-    final_blocks: dict[int, tuple[int, bool]]  # address -> (size, allocated) at the end
-
-    @property
-    def events_replayed(self) -> int:  # up to and including an OOM
-        return len(self.reserved)
-
-
-def _blocks(sim: CachingAllocatorSim) -> dict[int, tuple[int, bool]]:
-    return {b["address"]: (b["size"], b["allocated"]) for s in sim.snapshot() for b in s["blocks"]}
 
 
 def dump_blocks(snap: Snapshot) -> dict[int, tuple[int, bool]]:
@@ -97,35 +64,17 @@ def blocks_differing(a: dict[int, tuple[int, bool]], b: dict[int, tuple[int, boo
     return sum(1 for k in a.keys() | b.keys() if a.get(k) != b.get(k))
 
 
-def _largest_free(sim: CachingAllocatorSim) -> int:
-    """Largest free block: pool keys sort by (stream, size, addr), so with one stream in a
-    pool it is the last key; with several, the largest over the pool."""
-    best = 0
-    for pool in (sim._small, sim._large):
-        keys = pool.keys
-        if not keys:
-            continue
-        if keys[0][0] == keys[-1][0]:
-            best = max(best, keys[-1][1])
-        else:
-            best = max(best, max(k[1] for k in keys))
-    return best
-
-
-def _fragmentation(sim: CachingAllocatorSim) -> tuple[float, int, int]:
-    free = sim.reserved - sim.allocated
-    largest = _largest_free(sim)
-    return (largest / free if free > 0 else 1.0), largest, free
-
-
 def recorded_timeline(snap: Snapshot, state: InitialState | None = None) -> RecordedTimeline:
     """Follow the recorded placements; stops following at the first impossible step."""
     state = state or initial_state(snap)
+    if state.expandable:
+        return recorded_expandable(snap, state)
     sim = CachingAllocatorSim()
     handles = seed(sim, state)
     allocated, reserved, seg_allocs = [], [], []
     error = None
-    peak_a, peak_a_at, peak_r, frag = sim.allocated, -1, sim.reserved, _fragmentation(sim)[0]
+    peak_a, peak_a_at, peak_r, frag = sim.allocated, -1, sim.reserved, fragmentation(sim)[0]
+    skip = set(snap.double_frees)  # tolerated double frees: skipped
     for i, ev in enumerate(snap.trace):
         act = ev["action"]
         try:
@@ -133,7 +82,7 @@ def recorded_timeline(snap: Snapshot, state: InitialState | None = None) -> Reco
                 pass
             elif act == "alloc":
                 handles[ev["addr"]] = sim.malloc_at(ev["addr"], ev["size"], ev.get("stream", 0))
-            elif act == "free_completed":
+            elif act == "free_completed" and i not in skip:
                 h = handles.pop(ev["addr"], None)
                 if h is not None:
                     sim.free(h)
@@ -151,7 +100,7 @@ def recorded_timeline(snap: Snapshot, state: InitialState | None = None) -> Reco
         if sim.allocated > peak_a:
             peak_a, peak_a_at = sim.allocated, i
         if act == "alloc" and sim.reserved > peak_r:  # as the simulated pass measures it
-            peak_r, frag = sim.reserved, _fragmentation(sim)[0]
+            peak_r, frag = sim.reserved, fragmentation(sim)[0]
     return RecordedTimeline(
         allocated=allocated,
         reserved=reserved,
@@ -161,7 +110,7 @@ def recorded_timeline(snap: Snapshot, state: InitialState | None = None) -> Reco
         peak_allocated_event=peak_a_at,
         fragmentation_at_peak=frag,
         model_error=error,
-        final_blocks=_blocks(sim),
+        final_blocks=sim_blocks(sim),
     )
 
 
@@ -214,9 +163,11 @@ def simulate_snapshot(
     """
     cfg = config or AllocatorConfig()
     state = state or initial_state(snap)
+    if state.expandable and cfg.expandable_segments:
+        return simulate_expandable(snap, cfg, state)
     sim = CachingAllocatorSim(cfg)
     t0 = time.perf_counter()
-    if cfg.expandable_segments:
+    if cfg.expandable_segments or state.expandable:  # no recorded native cache to seed
         mode, handles = "live_blocks", seed_live_blocks(sim, state)
     else:
         mode, handles = "recorded", seed(sim, state)
@@ -227,11 +178,12 @@ def simulate_snapshot(
     if mode == "recorded" and recorded_addresses:
         sim.segment_address_hint = _RecordedAddresses(sim, rec_pending, sim_new)
     allocated, reserved, seg_allocs = [], [], []
-    divergence, matched, requests, oom = None, 0, 0, None
+    divergence, matched, requests, oom, ooms = None, 0, 0, None, []
     peak_r = sim.reserved
-    frag = _fragmentation(sim)
+    frag = fragmentation(sim)
     prev_act = None
     malloc, free, expected = sim.malloc, sim.free, segmap.expected
+    skip = set(snap.double_frees)  # tolerated double frees: skipped
     add_allocated, add_reserved = allocated.append, reserved.append
     for i, ev in enumerate(snap.trace):
         act = ev["action"]
@@ -242,44 +194,48 @@ def simulate_snapshot(
             try:
                 h = malloc(ev["size"], ev.get("stream", 0))
             except SimulatedOOM as exc:
-                oom = _oom_record(sim, i, ev, exc)
+                oom = oom_record(sim, i, ev, exc)
                 add_allocated(sim.allocated)
                 add_reserved(sim.reserved)
                 break
             handles[addr] = h
             if sim_new or rec_pending or sim.reserved != before:  # segments changed
-                divergence = _segment_step(i, ev, sim, before, sim_new, rec_pending, segmap,
-                                           seg_allocs, divergence)  # fmt: skip
+                divergence = _segment_step(i, ev, sim_new, rec_pending, segmap, seg_allocs,
+                                           divergence)  # fmt: skip
             if expected(addr) == h:
                 matched += 1
             elif divergence is None and mode == "recorded":
-                divergence = _diverged(i, ev, "placement", addr, h)
-        elif act == "free_completed":
+                divergence = diverged(i, ev, "placement", addr, h)
+        elif act == "free_completed" and i not in skip:
             h = handles.pop(ev["addr"], None)
             if h is not None:
                 free(h)
         elif act == "segment_alloc":
             rec_pending.append((ev["addr"], ev["size"]))
             segmap.add(ev["addr"], ev["size"])
-        elif act == "segment_free":
+        elif act == "segment_free" and recorded_settings and mode == "recorded":
             segmap.remove(ev["addr"])
-            if recorded_settings and mode == "recorded":
-                got = segmap.sim_of.pop(ev["addr"], None)
-                try:
-                    if got is None:
-                        raise ValueError("no simulated segment corresponds")
-                    sim.release_segment(got)
-                except ValueError as exc:
-                    if divergence is None:
-                        divergence = _diverged(i, ev, f"segment free ({exc})", ev["addr"], None)
-            elif prev_act != "segment_free":
+            got = segmap.sim_of.pop(ev["addr"], None)
+            try:
+                if got is None:
+                    raise ValueError("no simulated segment corresponds")
+                sim.release_segment(got)
+            except ValueError as exc:
+                if divergence is None:
+                    divergence = diverged(i, ev, f"segment free ({exc})", ev["addr"], None)
+            sim_new.clear()
+        elif act in _RELEASES:  # a what-if: a run of releases is an empty_cache()
+            segmap.remove(ev["addr"])
+            if prev_act not in _RELEASES:
                 sim.empty_cache()
             sim_new.clear()
+        elif act == "oom":
+            ooms.append(recorded_oom(i, ev, sim))
         prev_act = act
         add_allocated(sim.allocated)
         add_reserved(sim.reserved)
         if act == "alloc" and sim.reserved > peak_r:
-            peak_r, frag = sim.reserved, _fragmentation(sim)
+            peak_r, frag = sim.reserved, fragmentation(sim)
     return SimulatedRun(
         initial_state=mode,
         allocated=allocated,
@@ -295,15 +251,17 @@ def simulate_snapshot(
         requests=requests,
         oom=oom,
         seconds=time.perf_counter() - t0,
-        final_blocks=_blocks(sim),
+        final_blocks=sim_blocks(sim),
+        recorded_ooms=ooms,
     )
+
+
+_RELEASES = ("segment_free", "segment_unmap")
 
 
 def _segment_step(
     i: int,
     ev: dict,
-    sim: CachingAllocatorSim,
-    before: int,
     sim_new: list[tuple[str, int, int]],
     rec_pending: list[tuple[int, int]],
     segmap: _SegmentMap,
@@ -312,19 +270,17 @@ def _segment_step(
 ) -> dict[str, Any] | None:
     """A request that allocated or released segments (here or in the recording): compare,
     extend the segment map; returns the first divergence so far."""
-    if divergence is None and any(e[0] == "segment_free" for e in sim_new):
-        freed = [s for act, _, s in sim_new if act == "segment_free"]
+    if divergence is None and any(e[0] in _RELEASES for e in sim_new):
+        freed = [s for act, _, s in sim_new if act in _RELEASES]
         summary = {"segments_freed": len(freed), "bytes_freed": sum(freed)}
-        divergence = _diverged(i, ev, "cache release (OOM retry or gc)", None, summary)
-    new = [(a, s) for act, a, s in sim_new if act == "segment_alloc"]
-    if not sim_new and sim.reserved > before:  # expandable: pages mapped
-        new = [(0, sim.reserved - before)]
+        divergence = diverged(i, ev, "cache release (OOM retry or gc)", None, summary)
+    new = [(a, s) for act, a, s in sim_new if act in ("segment_alloc", "segment_map")]
     seg_allocs.extend(s for _, s in new)
     if [s for _, s in rec_pending] == [s for _, s in new]:
         for (rec, _), (got, _) in zip(rec_pending, new):
             segmap.sim_of[rec] = got
     elif divergence is None:
-        divergence = _diverged(i, ev, "segment allocation", rec_pending, new)
+        divergence = diverged(i, ev, "segment allocation", rec_pending, new)
     rec_pending.clear()
     sim_new.clear()
     return divergence
@@ -345,27 +301,3 @@ class _RecordedAddresses:
             return None
         addr = self.pending[k][0]
         return None if self.sim.overlapping_segment(addr, size) is not None else addr
-
-
-def _diverged(i: int, ev: dict, what: str, recorded: Any, simulated: Any) -> dict[str, Any]:
-    return {
-        "event": i,
-        "action": ev["action"],
-        "size": ev.get("size"),
-        "what": what,
-        "recorded": list(recorded) if isinstance(recorded, list) else recorded,
-        "simulated": list(simulated) if isinstance(simulated, list) else simulated,
-    }
-
-
-def _oom_record(sim: CachingAllocatorSim, i: int, ev: dict, exc: SimulatedOOM) -> dict:
-    free = sim.reserved - sim.allocated
-    return {
-        "event": i,
-        "request_bytes": ev["size"],
-        "reserved_bytes": sim.reserved,
-        "allocated_bytes": sim.allocated,
-        "free_reserved_bytes": free,  # reserved but unallocated: free-but-fragmented
-        "largest_free_block_bytes": _largest_free(sim),
-        "message": str(exc),
-    }

@@ -15,6 +15,12 @@ events since recording began (``device_traces``). The state at the start is:
   is ``round_size`` of its request, plus the free space after it when that space could
   not be a free block of its own: a large-pool free block is always > 1 MiB (a request
   that leaves <= 1 MiB takes the whole block), a small-pool one >= 512 B.
+
+A recording made with expandable segments (``segment_map`` / ``segment_unmap`` events,
+``is_expandable`` segments) has no native segments: the mapped ranges at the start are the
+dump's (each dump segment is one contiguous mapped range) with the trace's maps undone
+and its unmaps redone, last event first; the blocks allocated before recording are found
+as above, each ``round_size`` of its request (expandable blocks always split).
 """
 
 from __future__ import annotations
@@ -34,10 +40,19 @@ from memgnn.predictor.snapshot.loader import Snapshot, SnapshotError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BlockState", "InitialState", "SegmentState", "initial_state", "seed"]
+__all__ = [
+    "BlockState",
+    "InitialState",
+    "Intervals",
+    "SegmentState",
+    "initial_state",
+    "is_expandable",
+    "seed",
+]
 
 _ALLOCATED_STATES = ("active_allocated", "active_pending_free")
 _FREES = ("free_requested", "free_completed")
+_MAPS = ("segment_map", "segment_unmap")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -61,10 +76,12 @@ class InitialState:
     segments: list[SegmentState]
     blocks: list[BlockState]
     orphans: list[int] = field(default_factory=list)  # pre-trace blocks outside any segment
+    expandable: bool = False  # recorded with expandable segments
+    mapped: list[tuple[int, int]] = field(default_factory=list)  # expandable: [start, end)
 
     @property
     def reserved_bytes(self) -> int:
-        return sum(s.size for s in self.segments)
+        return sum(s.size for s in self.segments) + sum(e - a for a, e in self.mapped)
 
     @property
     def allocated_bytes(self) -> int:
@@ -73,15 +90,9 @@ class InitialState:
 
 def _start_segments(snap: Snapshot) -> list[SegmentState]:
     first: dict[int, dict] = {}
-    for i, ev in enumerate(snap.trace):
+    for ev in snap.trace:
         if ev["action"] in ("segment_alloc", "segment_free"):
             first.setdefault(ev["addr"], ev)
-        elif ev["action"] in ("segment_map", "segment_unmap"):
-            raise SnapshotError(
-                f"event {i} ({ev['action']}): recorded with expandable_segments, which the "
-                "replay does not support (replay a native recording with --alloc-conf "
-                "expandable_segments:True instead)"
-            )
     segs = [
         SegmentState(
             address=ev["addr"],
@@ -93,8 +104,6 @@ def _start_segments(snap: Snapshot) -> list[SegmentState]:
         if ev["action"] == "segment_free"
     ]
     for seg in snap.segments:
-        if seg.get("is_expandable"):
-            raise SnapshotError("expandable-segment snapshots are not supported by the replay")
         if seg["address"] not in first:
             segs.append(
                 SegmentState(
@@ -107,21 +116,70 @@ def _start_segments(snap: Snapshot) -> list[SegmentState]:
     return sorted(segs, key=lambda s: s.address)
 
 
-def initial_state(snap: Snapshot) -> InitialState:
-    """The segments and allocated blocks when recording began (module docstring)."""
-    segs = _start_segments(snap)
+def is_expandable(snap: Snapshot) -> bool:
+    """Recorded with expandable segments (its settings, segments or trace say so)."""
+    if (snap.allocator_settings or {}).get("expandable_segments") is True:
+        return True
+    if any(seg.get("is_expandable") for seg in snap.segments):
+        return True
+    return any(ev["action"] in _MAPS for ev in snap.trace)
+
+
+def _pre_trace_blocks(snap: Snapshot) -> dict[int, tuple[int | None, int, int]]:
+    """addr -> (block size or None: from the request, requested, stream) of the blocks
+    allocated before recording began (module docstring)."""
     first: dict[int, dict] = {}
     for ev in snap.trace:
         if ev["action"] in ("alloc", *_FREES):
             first.setdefault(ev["addr"], ev)
-    wanted: dict[int, tuple[int | None, int]] = {}  # addr -> (block size or None, requested)
+    wanted: dict[int, tuple[int | None, int, int]] = {}
     for addr, ev in first.items():
         if ev["action"] in _FREES:
-            wanted[addr] = (None, ev["size"])
+            wanted[addr] = (None, ev["size"], ev.get("stream", 0))
     for seg in snap.segments:
         for b in seg.get("blocks", ()):
             if b.get("state") in _ALLOCATED_STATES and b["address"] not in first:
-                wanted[b["address"]] = (b["size"], b.get("requested_size", b["size"]))
+                req = b.get("requested_size", b["size"])
+                wanted[b["address"]] = (b["size"], req, seg.get("stream", 0))
+    return wanted
+
+
+def _expandable_state(snap: Snapshot) -> InitialState:
+    ranges = Intervals()
+    for k, seg in enumerate(snap.segments):
+        if not seg.get("is_expandable"):
+            raise SnapshotError(f"segment {k} is native in a recording with expandable segments")
+        ranges.add(seg["address"], seg["address"] + seg["total_size"])
+    for i in range(len(snap.trace) - 1, -1, -1):
+        ev = snap.trace[i]
+        if ev["action"] in _MAPS:
+            a, e = ev["addr"], ev["addr"] + ev["size"]
+            ok = ranges.remove(a, e) if ev["action"] == "segment_map" else ranges.add(a, e)
+            if not ok:
+                raise SnapshotError(
+                    f"trace event {i} ({ev['action']} [{a:#x}, {e:#x})) does not fit the "
+                    "mapped ranges of the dump and the later events"
+                )
+    blocks, orphans = [], []
+    for addr, (size, req, stream) in sorted(_pre_trace_blocks(snap).items()):
+        size = _round_size(req) if size is None else size
+        if not ranges.covers(addr, addr + size):
+            orphans.append(addr)
+            continue
+        blocks.append(BlockState(address=addr, size=size, requested=req, stream=stream))
+    if orphans:
+        logger.warning("%d pre-trace blocks lie in no mapped range (ignored)", len(orphans))
+    return InitialState(
+        segments=[], blocks=blocks, orphans=orphans, expandable=True, mapped=ranges.spans()
+    )
+
+
+def initial_state(snap: Snapshot) -> InitialState:
+    """The segments and allocated blocks when recording began (module docstring)."""
+    if is_expandable(snap):
+        return _expandable_state(snap)
+    segs = _start_segments(snap)
+    wanted = {a: (size, req) for a, (size, req, _) in _pre_trace_blocks(snap).items()}
     bases = [s.address for s in segs]
     per_seg: dict[int, list[tuple[int, int | None, int]]] = {}
     orphans = []
@@ -165,3 +223,58 @@ def seed_live_blocks(sim: CachingAllocatorSim, state: InitialState) -> dict[int,
     """Start with the live blocks only (an empty cache): each one ``malloc``'d in address
     order. For settings under which the recorded cache could not have existed."""
     return {b.address: sim.malloc(b.requested, b.stream) for b in state.blocks}
+
+
+class Intervals:
+    """Disjoint ``[start, end)`` ranges (adjacent ones merged): the mapped pages."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+
+    def spans(self) -> list[tuple[int, int]]:
+        return list(zip(self._starts, self._ends))
+
+    @property
+    def total(self) -> int:
+        return sum(e - a for a, e in zip(self._starts, self._ends))
+
+    def _at(self, addr: int) -> int:
+        """Index of the range holding ``addr`` (or the one before it), -1 if none."""
+        return bisect.bisect_right(self._starts, addr) - 1
+
+    def covers(self, a: int, e: int) -> bool:
+        k = self._at(a)
+        return k >= 0 and self._ends[k] >= e
+
+    def add(self, a: int, e: int) -> bool:
+        """Add ``[a, e)``; False (and nothing changed) if it overlaps a range."""
+        k = self._at(a)
+        if k >= 0 and self._ends[k] > a:
+            return False
+        if k + 1 < len(self._starts) and self._starts[k + 1] < e:
+            return False
+        if k + 1 < len(self._starts) and self._starts[k + 1] == e:  # merge with the next
+            e = self._ends[k + 1]
+            del self._starts[k + 1], self._ends[k + 1]
+        if k >= 0 and self._ends[k] == a:  # merge with the previous
+            self._ends[k] = e
+        else:
+            self._starts.insert(k + 1, a)
+            self._ends.insert(k + 1, e)
+        return True
+
+    def remove(self, a: int, e: int) -> bool:
+        """Remove ``[a, e)``; False (and nothing changed) unless one range covers it."""
+        k = self._at(a)
+        if k < 0 or self._ends[k] < e:
+            return False
+        start, end = self._starts[k], self._ends[k]
+        del self._starts[k], self._ends[k]
+        if e < end:
+            self._starts.insert(k, e)
+            self._ends.insert(k, end)
+        if start < a:
+            self._starts.insert(k, start)
+            self._ends.insert(k, a)
+        return True

@@ -18,6 +18,7 @@ from memgnn.predictor.sim.allocator import AllocatorConfig
 from memgnn.predictor.snapshot.conf import allocator_config, recorded_alloc_conf
 from memgnn.predictor.snapshot.loader import Snapshot
 from memgnn.predictor.snapshot.replay import (
+    RecordedTimeline,
     SimulatedRun,
     blocks_differing,
     dump_blocks,
@@ -28,7 +29,7 @@ from memgnn.predictor.snapshot.state import InitialState, initial_state
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ALTERNATIVES", "CONTRACT_FIELDS", "replay_report"]
+__all__ = ["ALTERNATIVES", "CONTRACT_FIELDS", "replay_devices", "replay_report"]
 
 CONTRACT_FIELDS = (
     "initial_reserved_bytes",
@@ -140,7 +141,52 @@ def replay_report(
     }
     if run.oom is not None:
         out["oom"] = run.oom | {"avoided_by": _alternatives(snap, state, limit, conf, alternatives)}
+    if state.expandable:
+        out |= _mapped(snap, state, rec, run)
+    if run.recorded_ooms:  # recorded `oom` events beside the simulated state then
+        out["recorded_ooms"] = run.recorded_ooms
+    if snap.double_frees:  # tolerated (--tolerate-double-free); skipped by both passes
+        out["double_frees_skipped"] = snap.double_frees
     out["seconds"] = round(time.perf_counter() - t0, 6)
+    return out
+
+
+def replay_devices(snaps: list[Snapshot], **kwargs: Any) -> dict[str, Any]:
+    """:func:`replay_report` of each device's snapshot; with several, the first device's
+    report at the top (the single-device contract) plus ``devices``: every report, each
+    with its ``device``."""
+    reports = [{"device": s.device} | replay_report(s, **kwargs) for s in snaps]
+    if len(reports) == 1:
+        return {k: v for k, v in reports[0].items() if k != "device"}
+    return reports[0] | {"devices": reports}
+
+
+def _mapped(
+    snap: Snapshot, state: InitialState, rec: RecordedTimeline, run: SimulatedRun
+) -> dict[str, Any]:
+    """Expandable segments: the pages mapped (reserved bytes are mapped bytes)."""
+    maps = [e["size"] for e in snap.trace if e["action"] == "segment_map"]
+    unmaps = [e["size"] for e in snap.trace if e["action"] == "segment_unmap"]
+    sim_end = run.reserved[-1] if run.reserved else state.reserved_bytes
+    out = {
+        "segments": "expandable",  # segment allocs above count segment_map events
+        "recorded_segment_maps": len(maps),
+        "recorded_segment_unmaps": len(unmaps),
+        "recorded_mapped_bytes": sum(maps),
+        "recorded_unmapped_bytes": sum(unmaps),
+        "simulated_mapped_bytes": sum(run.segment_allocs),
+        "simulated_unmapped_bytes": state.reserved_bytes + sum(run.segment_allocs) - sim_end,
+        "recorded_final_mapped_bytes": rec.reserved[-1] if rec.reserved else 0,
+        "simulated_final_mapped_bytes": sim_end,
+        "dump_mapped_bytes": sum(s["total_size"] for s in snap.segments),
+    }
+    if run.initial_state == "live_blocks":
+        out["initial_state_note"] = (
+            f"the recording began with {state.reserved_bytes} bytes mapped in "
+            f"{len(state.mapped)} ranges and {len(state.blocks)} live blocks; the simulator "
+            "cannot be seeded with mapped pages at given addresses, so its pass starts from "
+            "the live blocks only (its peaks are not the recording's)"
+        )
     return out
 
 

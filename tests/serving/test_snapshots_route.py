@@ -82,3 +82,23 @@ def test_limits(client):
     assert r.status_code == 422
     r = client.post("/snapshots/replay", content=pickle.dumps([{"address": 1}]))
     assert r.status_code == 422 and "bare list" in r.text
+
+
+def test_nonsense_geometry_and_a_bomb_are_422_naming_what(client):
+    """The hostile probe's cases: a block past its segment (was a 500), a 2^70-byte
+    allocation (was a 200 with a peak of 1.2e21 bytes), 8 million empty dicts (was 1.33 GB
+    before the 422: now refused while loading)."""
+    snap = pickle.loads(gzip.decompress(snapshot_bytes()))
+    past = pickle.loads(pickle.dumps(snap))
+    past["segments"][0]["blocks"][-1]["size"] += 512
+    huge = pickle.loads(pickle.dumps(snap))
+    huge["device_traces"][0].append({"action": "alloc", "addr": 1 << 40, "size": 2**70})
+    bomb = b"\x80\x04](" + b"}" * 8_000_000 + b"e."
+    for body, message in (
+        (pickle.dumps(past), "runs past its segment"),
+        (pickle.dumps(huge), "beyond any device"),
+        (gzip.compress(bomb, 9), "max_memory_bytes"),
+    ):
+        r = client.post("/snapshots/replay", content=body)
+        assert r.status_code == 422, r.text
+        assert message in r.text

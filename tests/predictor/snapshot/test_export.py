@@ -60,6 +60,12 @@ def test_step_export_round_trips_with_the_same_peaks(tmp_path, tiny_gpt):
     acts = {e["action"] for e in snap.trace}
     assert {"alloc", "free_requested", "free_completed", "segment_alloc"} <= acts
     assert any(e.get("frames") for e in snap.trace if e["action"] == "alloc")
+    # every alloc carries the phase and step of the trace's markers, in the step's order
+    marks = [(e["step"], e["phase"]) for e in snap.trace if e["action"] == "alloc"]
+    assert marks[0] == ("first", "setup") and {m[0] for m in marks} == {"first", "steady"}
+    order = [m for i, m in enumerate(marks) if i == 0 or marks[i - 1] != m]
+    assert [p for s, p in order if s == "first"][:3] == ["setup", "input", "forward"]
+    assert order.index(("first", "backward")) < order.index(("first", "optimizer"))
     r = replay_report(snap)
     assert r["initial_reserved_bytes"] == 0
     assert r["recorded_peak_reserved_bytes"] == res.peak_reserved_bytes

@@ -76,7 +76,7 @@ def test_size_limit_applies_to_decompressed_bytes():
     raw = pickle.dumps(_snap(pad="x" * 100_000))
     blob = gzip.compress(raw)
     assert len(blob) < 10_000 < len(raw)
-    with pytest.raises(SnapshotError, match="larger than the limit of 50000 bytes"):
+    with pytest.raises(SnapshotError, match="larger than max_bytes=50000 bytes"):
         loads_snapshot(blob, limits=LoadLimits(max_bytes=50_000))
     assert loads_snapshot(blob, limits=LoadLimits(max_bytes=200_000)).trace
 
@@ -85,7 +85,7 @@ def test_depth_limit_and_shared_references():
     deep: list = []
     for _ in range(100):
         deep = [deep]
-    with pytest.raises(SnapshotError, match="nests deeper than 64"):
+    with pytest.raises(SnapshotError, match="nests deeper than max_depth=64"):
         loads_snapshot(pickle.dumps(_snap(deep=deep)))
     # 40 levels of a list holding the same list twice: 2**40 paths, walked once each.
     shared: list = []
@@ -117,5 +117,5 @@ def test_malformed_events_and_segments_are_clear_errors():
 def test_file_size_limit(tmp_path):
     path = tmp_path / "big.pickle"
     path.write_bytes(pickle.dumps(_snap(pad="x" * 10_000)))
-    with pytest.raises(SnapshotError, match="larger than the limit of 5000 bytes"):
+    with pytest.raises(SnapshotError, match="larger than max_bytes=5000 bytes"):
         load_snapshot(path, limits=LoadLimits(max_bytes=5000))

@@ -159,13 +159,28 @@ def test_initial_state_whole_block_when_the_rest_cannot_be_split_off():
     assert [(b.address, b.size, b.requested) for b in st.blocks] == [(X, 20 * MiB, 19 * MiB + 512)]
 
 
-def test_expandable_recordings_are_refused_clearly():
-    trace = [{"action": "segment_map", "addr": A, "size": 20 * MiB, "stream": 0}]
-    with pytest.raises(ValueError, match="recorded with expandable_segments"):
-        initial_state(Snapshot(segments=[], trace=trace, device=0))
-    seg = _seg(A, 20 * MiB, []) | {"is_expandable": True}
-    with pytest.raises(ValueError, match="expandable-segment snapshots"):
-        initial_state(Snapshot(segments=[seg], trace=[], device=0))
+def test_expandable_initial_state_undoes_the_trace_on_the_dump():
+    """The dump maps [A, A+60 MiB); the trace mapped [A+20, A+40) and unmapped
+    [A+60, A+80): at the start [A, A+20) and [A+40, A+80) were mapped, and the block
+    freed first was live (its size rounded: expandable blocks always split)."""
+    ev = lambda act, addr, size: {"action": act, "addr": addr, "size": size, "stream": 0}
+    trace = [
+        ev("free_requested", A + 50 * MiB, 3 * MiB + 1),
+        ev("free_completed", A + 50 * MiB, 3 * MiB + 1),
+        ev("segment_unmap", A + 60 * MiB, 20 * MiB),
+        ev("segment_map", A + 20 * MiB, 20 * MiB),
+        ev("alloc", A + 20 * MiB, 5 * MiB),
+    ]
+    blocks = [{"address": A + 20 * MiB, "size": 5 * MiB, "state": "active_allocated"}]
+    dump = [_seg(A, 60 * MiB, blocks) | {"is_expandable": True}]
+    st = initial_state(Snapshot(segments=dump, trace=trace, device=0))
+    assert st.expandable and st.segments == []
+    assert st.mapped == [(A, A + 20 * MiB), (A + 40 * MiB, A + 80 * MiB)]
+    assert st.reserved_bytes == 60 * MiB
+    assert [(b.address, b.size) for b in st.blocks] == [(A + 50 * MiB, 3 * MiB + 512)]
+    bad = [ev("segment_map", A + 100 * MiB, 20 * MiB)]  # mapped, yet not in the dump
+    with pytest.raises(ValueError, match=r"trace event 0 \(segment_map .* does not fit"):
+        initial_state(Snapshot(segments=dump, trace=bad, device=0))
 
 
 def test_a_pre_trace_free_outside_every_segment_is_counted_not_seeded():
