@@ -164,7 +164,9 @@ def test_predict_lora_dtype_model_keeps_adapters_in_the_model_dtype(capsys):
     code, text, _ = run_cli(capsys, *argv)
     assert code == 0
     fp32 = json.loads(text)["breakdown"]["categories"]
-    assert json.loads(text)["train"]["lora_dtype"] == "fp32"  # the answer says what it assumed
+    assert (
+        json.loads(text)["train"]["adapter"]["dtype"] == "fp32"
+    )  # the answer says what it assumed
     code, text, _ = run_cli(capsys, *argv, "--lora-dtype", "model", "--hold-outputs")
     assert code == 0
     model = json.loads(text)["breakdown"]["categories"]

@@ -37,8 +37,11 @@ def test_plan_json_carries_the_decision_and_the_graph_count(capsys):
     )
     assert got["global_batch"] == got["batch_size"] * got["grad_accum"] * got["gpus"]
     t = got["train"]  # the chosen step as the answer assumed it
-    assert (t["grad_accum"], t["optimizer_impl"]) == (got["grad_accum"], got["optimizer_impl"])
-    assert t["hold_outputs"] is False
+    assert (t["loop"]["grad_accum"], t["optim"]["impl"]) == (
+        got["grad_accum"],
+        got["optimizer_impl"],
+    )
+    assert t["loop"]["hold_outputs"] is False
 
 
 def test_plan_prints_state_per_sample_and_the_choice(capsys):

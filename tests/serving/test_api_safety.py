@@ -244,7 +244,7 @@ def test_spec_errors(client):
     r = client.post(
         "/predict", json={"model": {"spec": "mlp", "train": {"grad_accum": -1}}, "configs": [{}]}
     )
-    assert locs(r)[0][:4] == ["body", "model", "train", "grad_accum"]
+    assert locs(r)[0][:5] == ["body", "model", "train", "loop", "grad_accum"]
     r = client.post(
         "/predict",
         json={

@@ -97,7 +97,9 @@ def test_hf_checkpointing_wraps_every_decoder_layer(llama_config):
     assert step.checkpointed == LAYERS
     layers = step.model.model.layers
     assert all(layer.gradient_checkpointing for layer in layers)
-    assert TrainSpec.of(checkpointing="hf").checkpoint_blocks == -1  # every block, as full
+    assert (
+        TrainSpec.of(checkpointing="hf").activations.checkpoint_blocks == -1
+    )  # every block, as full
 
 
 def test_hf_checkpointing_needs_a_transformers_model():

@@ -151,7 +151,8 @@ def test_the_cli_and_the_service_take_attention():
     args = build_parser().parse_args(
         ["predict", "--model", "gpt2", "--attention", "flash", "--checkpointing", "hf"]
     )
-    assert (train_spec(args).attention, train_spec(args).checkpointing) == ("flash", "hf")
-    assert TrainIn(attention="eager", checkpointing="hf").to_spec().attention == "eager"
+    spec = train_spec(args)
+    assert (spec.kernels.attention, spec.activations.checkpointing) == ("flash", "hf")
+    assert TrainIn(attention="eager", checkpointing="hf").to_spec().kernels.attention == "eager"
     with pytest.raises(ValueError, match="attention"):
         TrainIn(attention="flash2")

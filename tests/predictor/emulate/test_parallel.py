@@ -63,11 +63,11 @@ def test_bad_combinations_name_the_option(kwargs, needle):
 
 
 def test_shard_group_sizes():
-    assert TrainSpec.of(gpus=8, sharding="fsdp").shard_group_size == 8
-    assert TrainSpec.of(gpus=8, sharding="ddp").shard_group_size == 1
-    assert TrainSpec.of(gpus=4, sharding="hsdp").shard_group_size == 2
-    assert TrainSpec.of(gpus=16, sharding="hsdp").shard_group_size == 8
-    assert TrainSpec.of(gpus=32, sharding="hsdp", hsdp_shard_size=4).shard_group_size == 4
+    assert TrainSpec.of(gpus=8, sharding="fsdp").parallel.shard_group_size == 8
+    assert TrainSpec.of(gpus=8, sharding="ddp").parallel.shard_group_size == 1
+    assert TrainSpec.of(gpus=4, sharding="hsdp").parallel.shard_group_size == 2
+    assert TrainSpec.of(gpus=16, sharding="hsdp").parallel.shard_group_size == 8
+    assert TrainSpec.of(gpus=32, sharding="hsdp", hsdp_shard_size=4).parallel.shard_group_size == 4
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -104,7 +104,7 @@ def test_http_schema_fields():
     req = PredictRequest.model_validate(
         {"model": {"spec": "mlp", "train": {"gpus": 2, "sharding": "ddp"}}, "configs": [{}]}
     )
-    assert req.model.train.to_spec().sharding == "ddp"
+    assert req.model.train.to_spec().parallel.sharding == "ddp"
     plan = PlanRequest.model_validate(
         {
             "model": {"spec": "mlp", "train": {"gpus": 2, "sharding": "fsdp",
@@ -112,7 +112,7 @@ def test_http_schema_fields():
             "budget_bytes": 1 << 30,
         }
     )  # fmt: skip
-    assert plan.model.train.to_spec().fsdp_reshard_after_forward is False
+    assert plan.model.train.to_spec().parallel.reshard_after_forward is False
 
 
 # ---- the sharded step, captured over a fake process group ---------------------------------

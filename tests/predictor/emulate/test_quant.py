@@ -182,11 +182,13 @@ def test_nf4_before_0_43_2_keeps_each_input_until_its_graph_is_freed():
 
 def test_bnb_version_picks_the_4bit_input_behaviour():
     def keeps(version: str, kind: str = "nf4") -> bool:
-        return TrainSpec.of(peft="lora", quantize_base=kind, bnb_version=version).bnb_keeps_input
+        return TrainSpec.of(peft="lora", quantize_base=kind, bnb_version=version).quant.keeps_input
 
     assert keeps("0.42.0") and keeps("0.43.1") and keeps("0.39") and keeps("0.42.0", "nf4-dq")
     assert not keeps("0.43.2") and not keeps("0.50.2") and not keeps("1.0.0")
-    assert not TrainSpec.of(peft="lora", quantize_base="int8", bnb_version="0.45.0").bnb_keeps_input
+    assert not TrainSpec.of(
+        peft="lora", quantize_base="int8", bnb_version="0.45.0"
+    ).quant.keeps_input
 
 
 def _peak(bundle, **kw) -> int:
