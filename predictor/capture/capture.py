@@ -28,6 +28,7 @@ from memgnn.predictor.capture.model_info import ModelInfo, describe, describe_bu
 from memgnn.predictor.capture.replicate import replicate
 from memgnn.predictor.capture.step import TrainingStep, step_plan
 from memgnn.predictor.emulate.attention import check_attention, unpacked_positions
+from memgnn.predictor.emulate.cuda_kernels import cuda_dropout, cuda_kernel_hooks
 from memgnn.predictor.emulate.flash_attn import flash_scratch, hf_flash_kernels
 from memgnn.predictor.emulate.kernels import (
     cpu_kernel_hooks,
@@ -166,6 +167,8 @@ class _Run:
             table = hooks.table() | eager_hooks() | symbolic_hooks() | index_bound_hooks()
             if self.cfg.target == "cpu":
                 table |= cpu_kernel_hooks()
+            else:  # CUDA kernels where they allocate otherwise (predictor.emulate.cuda_kernels)
+                table |= cuda_kernel_hooks()
             if sharded:
                 table |= comm_hooks(gloo=self.cfg.target == "cpu")
             blocks = self._blocks(step.model)
@@ -221,6 +224,7 @@ class _Run:
         if self.cfg.target != "cuda":
             return stack
         stack.enter_context(cuda_sdpa(self.cfg.sm))
+        stack.enter_context(cuda_dropout())
         if self.train.kernels.attention == "flash":
             stack.enter_context(hf_flash_kernels())
         return stack
@@ -228,7 +232,15 @@ class _Run:
     def _scratch(self):
         if self.cfg.target != "cuda":
             return None
-        return lambda func, args: cuda_scratch(func, args) or flash_scratch(func, args)
+        sm = self.cfg.sm
+
+        def scratch(func, args):
+            got = cuda_scratch(func, args, sm)  # a formula may be 0 at the trace sizes:
+            if isinstance(got, torch.SymInt) or got:  # no truth test on a SymInt (a guard)
+                return got
+            return flash_scratch(func, args)
+
+        return scratch
 
     def _run_steps(self, step, sizes, rec: StepRecorder, state: BranchState, steps) -> None:
         if step.world is not None:

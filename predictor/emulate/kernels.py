@@ -2,14 +2,14 @@
 
 Capture runs on the CPU device, whose kernels differ from CUDA's where memory differs most:
 scaled dot-product attention. On CUDA, `F.scaled_dot_product_attention` picks
-FlashAttention-2 (sm80+, fp16/bf16, no explicit mask), else the memory-efficient kernel
-(masks and fp32 too), else the math path that materialises the S x S attention matrix;
-the CPU picks differently (e.g. math whenever dropout is on). For a CUDA target we route
-the call to the CUDA op itself (`aten._scaled_dot_product_flash_attention` /
-`_efficient_attention`), whose fake-tensor rules give CUDA's output sizes, and record the
-scratch their backward kernels allocate inside the op (invisible to a dispatch mode):
-FlashAttention-2's fp32 dq accumulator and softmax-delta buffer (sequence rounded to 128,
-head dim to 8), the memory-efficient kernel's fp32 delta.
+FlashAttention-2 (sm80+, fp16/bf16, no explicit mask, grouped-query attention included),
+else the memory-efficient kernel (masks and fp32 too, equal head counts), else the math
+path that materialises the S x S attention matrix; the CPU picks differently (its own
+flash kernel, math whenever dropout is on). For a CUDA target we route the call to the
+CUDA op itself (`aten._scaled_dot_product_flash_attention` / `_efficient_attention` /
+`_scaled_dot_product_attention_math`), whose fake-tensor rules give CUDA's output sizes,
+and record the scratch their backward kernels allocate inside the op (invisible to a
+dispatch mode; `predictor.emulate.cuda_kernels` has the formulas and the other CUDA-only kernels).
 
 The CPU has one kernel whose fake-tensor rule gets memory wrong: oneDNN's LSTM
 (`aten.mkldnn_rnn_layer`, what nn.LSTM runs per layer and direction when training on the
@@ -25,6 +25,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from memgnn.predictor.emulate.cuda_kernels import (
+    efficient_backward_scratch,
+    embedding_backward_scratch,
+    flash_backward_scratch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,19 +37,28 @@ aten = torch.ops.aten
 _LOW = (torch.float16, torch.bfloat16)
 
 
-def choose_sdpa(q, k, v, attn_mask, sm: int) -> str:
+def choose_sdpa(q, k, v, attn_mask, sm: int, enable_gqa: bool = False) -> str:
     """'flash', 'efficient' or 'math': the CUDA backend PyTorch's dispatcher would pick.
 
-    Head dims as `sdp_utils.cpp` checks them: flash needs q, k and v alike
-    (`check_head_dim_size_flash`); the memory-efficient kernel needs q and k alike and
-    both q's and v's aligned, so a value head dim of its own (DeepSeek's multi-head latent
-    attention: 192 for q/k, 128 for v) runs there (`check_head_dim_size_mem_efficient`)."""
-    same_heads = q.dim() == 4 and k.shape[-3] == q.shape[-3] and v.shape[-3] == q.shape[-3]
+    Grouped-query attention (`enable_gqa`, fewer key/value heads than query heads, as
+    transformers passes for an unmasked causal LM) runs on FlashAttention-2 or the math
+    kernel only (torch 2.13's `scaled_dot_product_attention` documentation). Head dims as
+    `sdp_utils.cpp` checks them: flash needs q, k and v alike (`check_head_dim_size_flash`);
+    the memory-efficient kernel needs q and k alike and both q's and v's aligned, so a value
+    head dim of its own (DeepSeek's multi-head latent attention: 192 for q/k, 128 for v)
+    runs there (`check_head_dim_size_mem_efficient`)."""
+    if q.dim() != 4 or not q.dtype == k.dtype == v.dtype:
+        return "math"
+    h, hk = q.shape[-3], k.shape[-3]
+    if hk != h and not (enable_gqa and hk == v.shape[-3] and h % hk == 0):
+        return "math"
     d, dv = q.shape[-1], v.shape[-1]
-    if not (same_heads and q.dtype == k.dtype == v.dtype and k.shape[-1] == d):
+    if k.shape[-1] != d:
         return "math"
     if sm >= 80 and q.dtype in _LOW and attn_mask is None and d <= 256 and d % 8 == 0 and dv == d:
         return "flash"
+    if hk != h:
+        return "math"
     align = 4 if q.dtype == torch.float32 else 8
     if q.dtype in (torch.float32, *_LOW) and d % align == 0 and dv % align == 0:
         if q.dtype == torch.bfloat16 and sm < 80:
@@ -71,7 +85,7 @@ def cuda_sdpa(sm: int):
         dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
         if dtype is not None:  # CUDA autocast runs attention in the low-precision dtype
             query, key, value = (t.to(dtype) for t in (query, key, value))
-        choice = choose_sdpa(query, key, value, attn_mask, sm)
+        choice = choose_sdpa(query, key, value, attn_mask, sm, enable_gqa)
         if choice == "flash":
             return aten._scaled_dot_product_flash_attention(
                 query, key, value, dropout_p, is_causal, False, scale=scale
@@ -85,16 +99,22 @@ def cuda_sdpa(sm: int):
             return aten._scaled_dot_product_efficient_attention(
                 query, key, value, attn_mask, need_lse, dropout_p, is_causal, scale=scale
             )[0]
-        return original(
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(
+                attn_mask.logical_not(), float("-inf")
+            )
+        # the math kernel itself: on the CPU device F.scaled_dot_product_attention would
+        # pick the CPU's flash kernel, which CUDA does not run
+        return aten._scaled_dot_product_attention_math(
             query,
             key,
             value,
-            attn_mask=attn_mask,
-            dropout_p=dropout_p,
-            is_causal=is_causal,
+            attn_mask,
+            dropout_p,
+            is_causal,
             scale=scale,
             enable_gqa=enable_gqa,
-        )
+        )[0]
 
     F.scaled_dot_product_attention = sdpa
     torch.nn.functional.scaled_dot_product_attention = sdpa
@@ -108,18 +128,15 @@ def _round_up(x: Any, m: int) -> Any:
     return (x + m - 1) // m * m
 
 
-def cuda_scratch(func: Any, args: tuple) -> Any:
-    """Bytes a CUDA kernel allocates and frees inside the op (0 when none is known)."""
+def cuda_scratch(func: Any, args: tuple, sm: int = 80) -> Any:
+    """Bytes a CUDA kernel allocates and frees inside the op (0 when none is known);
+    the formulas are `predictor.emulate.cuda_kernels`'."""
     if func is aten._scaled_dot_product_flash_attention_backward.default:
-        q = args[1]
-        b, h, s, d = q.shape
-        softmax_d = b * h * _round_up(s, 128) * 4
-        dq_accum = b * _round_up(s, 128) * h * _round_up(d, 8) * 4
-        return softmax_d + dq_accum
+        return flash_backward_scratch(args[1], args[2])
     if func is aten._scaled_dot_product_efficient_attention_backward.default:
-        q = args[1]
-        b, h, s, _ = q.shape
-        return b * h * s * 4  # delta = rowsum(dO * O), fp32
+        return efficient_backward_scratch(args[1], args[3], dropout=args[9] > 0, sm=sm)
+    if func is aten.embedding_dense_backward.default:
+        return embedding_backward_scratch(args[0], args[1], bool(args[4]))
     return 0
 
 

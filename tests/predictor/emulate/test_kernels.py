@@ -40,17 +40,21 @@ def test_cuda_target_uses_cuda_attention_kernels_and_records_scratch(tiny_gpt):
         for i, op in enumerate(p.nodes["op"])
         if op.startswith("_scaled_dot_product_flash") and "backward" in op
     ]
-    # 2 heads, S rounded to 128, head dim 16: softmax_d + dq_accum, fp32
-    assert all(int(scratch[i]) == 2 * 2 * 128 * 4 + 2 * 128 * 2 * 16 * 4 for i in bwd)
-    assert int(scratch.sum()) == len(bwd) * (2 * 2 * 128 * 4 + 2 * 128 * 2 * 16 * 4)
+    # 2 heads, S rounded to 128, head dim 16 rounded to 32: softmax_d + dq_accum, fp32
+    flash = 2 * 2 * 128 * 4 + 2 * 128 * 2 * 32 * 4
+    assert all(int(scratch[i]) == flash for i in bwd)
+    assert int(scratch.sum()) == len(bwd) * flash
     fp32 = capture(tiny_gpt, TrainSpec(), CaptureConfig(target="cuda"))
     assert "_scaled_dot_product_efficient_attention.default" in _ops(fp32)
     # the efficient backward (a dispatch hook: predictor.emulate.kernels.symbolic_hooks) keeps its
-    # delta = rowsum(dO * O) scratch, fp32 per (batch, head, query)
+    # fp32 kernel's scratch: the 64 x 64 tile kernel's dq accumulator, ceil(100/64) x
+    # ceil(16/64) tiles of 64 x 64 floats + a 16-byte lock, per (batch, head), above
+    # delta = rowsum(dO * O), fp32 per (batch, head, query)
     scratch = fp32.scratch_bytes(0, fp32.resolve_sizes({"B": 2, "S": 100}))
     eff = [i for i, op in enumerate(fp32.paths[0].nodes["op"])
            if op == "_scaled_dot_product_efficient_attention_backward.default"]  # fmt: skip
-    assert eff and all(int(scratch[i]) == 2 * 2 * 100 * 4 for i in eff)
+    delta, workspace = 2 * 2 * 100 * 4, 2 * 2 * (2 * 1 * (4 + 64 * 64)) * 4
+    assert eff and all(int(scratch[i]) == delta + workspace for i in eff)
     cpu = capture(tiny_gpt, TrainSpec(), CaptureConfig(target="cpu"))
     assert not any(
         "efficient" in op or op.startswith("_scaled_dot_product_flash_attention.")

@@ -145,6 +145,27 @@ def test_nf4_dequantises_the_whole_weight_in_forward_and_backward(nested):
     assert len(dequant) == 2 and all(s.free_node is not None for s in dequant)  # transient
 
 
+def test_nf4_fp16_base_with_fp32_compute_dequantises_twice_as_bitsandbytes_does():
+    """bitsandbytes 0.50.2 on CUDA: the forward's fallback dequantises straight into the
+    compute dtype (`_dequant_linear_fallback`: `torch.empty(shapeB, dtype=A.dtype)`); the
+    backward dequantises in the dtype the weight was loaded in (`quant_state.dtype`, fp16)
+    and casts to the gradient's dtype (`.to(grad_output.dtype)`): both alive at the cast."""
+    layer = Linear4bitSim(
+        nn.Linear(K, N, bias=False, dtype=torch.float16), nested=False, compute=torch.float32
+    )
+    x = torch.randn(M, K, dtype=torch.float16, requires_grad=True)
+    rec = _run(layer, x)
+    fwd, back = _new(rec, "forward"), _new(rec, "backward")
+    assert (N * K * 4, "float32") in fwd and (N * K * 2, "float16") not in fwd
+    assert (N * K * 2, "float16") in back and (N * K * 4, "float32") in back
+    half = next(s for s in rec.storages if (s.nbytes, s.dtype) == (N * K * 2, "float16"))
+    cast = next(
+        s for s in rec.storages
+        if (s.nbytes, s.dtype) == (N * K * 4, "float32") and s.phase == "backward"
+    )  # fmt: skip
+    assert half.alloc_node < cast.alloc_node <= half.free_node  # the cast reads the fp16 copy
+
+
 def _input_lifetime(keeps_input: bool) -> tuple[str, str]:
     """(phase, op) at which a 4-bit layer's input storage dies, the graph freed at the end."""
     layer = Linear4bitSim(
