@@ -176,10 +176,10 @@ def with_live_samples(
     """What /predict answers after k live samples: each record's k samples are other
     records of its (graph, device) (the same model and training config at other sizes,
     drawn seeded), sent through `serving.store.correction_from` and applied with
-    `serving.engine.corrected`, as the service does. Records whose group has fewer than k
+    `predictor.answer.types.corrected`, as the service does. Records whose group has fewer than k
     others are not scored (NaN)."""
+    from memgnn.predictor.answer.types import corrected
     from memgnn.predictor.memory.base import Prediction
-    from memgnn.serving.engine import corrected
     from memgnn.serving.store import correction_from, ratio
 
     groups: dict[tuple[str, str], list[int]] = {}

@@ -9,8 +9,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memgnn.args import CLI_REPLAY_BUDGET_MS, memory_limit, model_args, parse_sizes, train_spec
+from memgnn.args import memory_limit, model_args, parse_sizes, train_spec
 from memgnn.display import fmt_bytes, loop_line, model_line, print_table
+from memgnn.predictor.answer.backend import LocalBackend
+from memgnn.predictor.answer.predict import predict
+from memgnn.predictor.answer.types import ModelRef, PredictRequest, QueryConfig
+from memgnn.predictor.spec.devices import get_profile
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.serving.client import remote_predict
+from memgnn.snapshot_cli import plot_prediction
 
 
 def resolve_bundle(args: argparse.Namespace):
@@ -267,92 +274,76 @@ def _model_info(graph, bundle, train, target: str) -> dict[str, Any]:
     return info | ({"capture": how} if how else {})
 
 
-def predict_cmd(args: argparse.Namespace) -> int:
-    from memgnn.predictor.answer.exact import ExactConfig, choose_method, predict_with
-    from memgnn.predictor.capture.query import unused_sizes
-    from memgnn.predictor.memory.base import Query
-    from memgnn.predictor.memory.onnx_model import load_default_model
-    from memgnn.predictor.spec.devices import get_profile
+def predict_request(args: argparse.Namespace, device) -> PredictRequest:
+    """The answer layer's request for `memgnn predict`'s arguments (the limit checked
+    first: a bad --budget fails before a capture)."""
+    limit = memory_limit(args, device)
+    limit_fields: dict[str, Any] = {}
+    if limit is not None and limit.source == "threshold":
+        limit_fields["threshold"] = limit.threshold
+    elif limit is not None:
+        limit_fields["budget"] = limit.budget_bytes
+    return PredictRequest(
+        model=ModelRef(spec=args.model, args=model_args(args), task=args.task),
+        train=train_spec(args),
+        configs=[
+            QueryConfig(
+                sizes=parse_sizes(args), device=device.name, metric=args.metric,
+                scenario=args.scenario,
+            )
+        ],
+        method=args.method,
+        replay_budget_ms=args.replay_budget_ms,
+        **limit_fields,
+    )  # fmt: skip
 
+
+def predict_cmd(args: argparse.Namespace) -> int:
     if args.url and args.plot:
         raise ValueError("--plot draws a local simulation; it cannot be used with --url")
-    limit = memory_limit(args, get_profile(args.device))
-    if args.url:
-        from memgnn.serving.client import remote_predict
-
-        limit_fields = {}
-        if limit is not None and limit.source == "threshold":
-            limit_fields["threshold"] = limit.threshold
-        elif limit is not None:
-            limit_fields["budget_bytes"] = limit.budget_bytes
-        out = remote_predict(
-            args.url,
-            model=args.model,
-            model_args=model_args(args),
-            task=args.task,
-            train=train_spec(args),
-            sizes=parse_sizes(args),
-            device=args.device,
-            metric=args.metric,
-            scenario=args.scenario,
-            token=args.token,
-            **limit_fields,
-            method=args.method,
-            replay_budget_ms=args.replay_budget_ms,
-        )
-        print(json.dumps(out, indent=2, default=str))
-        return 0
-    bundle = resolve_bundle(args)
     device = get_profile(args.device)
-    train = train_spec(args)
-    device.check_precision(train.numerics.precision)
-    sizes = bundle.sizes(parse_sizes(args))
-    query = Query(sizes=sizes, device=device.name, metric=args.metric, scenario=args.scenario)
-    query.resolved_metric(device.is_gpu)
-    capture = getattr(args, "capture", "blocks")
-    graph = _graph_for(bundle, device, sizes, not args.no_cache, args.scenario, capture)(train)
-    info = _model_info(graph, bundle, train, "cuda" if device.is_gpu else "cpu")
-    budget_ms = CLI_REPLAY_BUDGET_MS if args.replay_budget_ms is None else args.replay_budget_ms
-    exact = ExactConfig(budget_s=budget_ms / 1e3)
-    learned = load_default_model() if choose_method(args.method, graph, exact) == "gnn" else None
-    t0 = time.perf_counter()
-    pred = predict_with(args.method, graph, [query], learned=learned, config=exact)[0]
-    warnings = unused_sizes(graph, parse_sizes(args))
-    for w in warnings:
+    req = predict_request(args, device)
+    device.check_precision(req.train.numerics.precision)
+    if args.url:
+        out = remote_predict(args.url, req, token=args.token)
+    else:
+        backend = LocalBackend(use_cache=not args.no_cache, capture_mode=args.capture)
+        out = predict(req, backend).predictions[0].to_dict()
+    for w in out["warnings"]:
         print(f"memgnn predict: warning: {w}", file=sys.stderr)
-    out = pred.to_dict() | {
-        "sizes": sizes,
-        "device": device.name,
-        "graph_id": graph.graph_id,
-        "predict_seconds": round(time.perf_counter() - t0, 6),
-        "model": info,
-        "train": train.to_dict(),  # what the answer assumed of the training step
-        "warnings": warnings,
-    }
-    if limit is not None:
-        out["verdict"] = limit.verdict(pred.upper_bound_bytes) | {"metric": pred.metric}
     if args.plot:
-        from memgnn.snapshot_cli import plot_prediction
-
+        graph = backend.entry(out["graph_id"]).graph
         title = (
-            f"{bundle.name} {sizes} on {device.name}: predicted {pred.metric} peak "
-            f"{fmt_bytes(pred.predicted_peak_bytes)} ({pred.method}, {pred.model_version})"
+            f"{args.model} {out['sizes']} on "
+            f"{device.name}: predicted {out['metric']} peak "
+            f"{fmt_bytes(out['predicted_peak_bytes'])} ({out['method']}, {out['model_version']})"
         )
-        plot_prediction(args.plot, graph, sizes, device, pred, scenario=args.scenario, title=title)
+        plot_prediction(args.plot, graph, out["sizes"], device, out, scenario=args.scenario,
+                        title=title)  # fmt: skip
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
-    par = pred.breakdown.get("parallel")
-    print(
-        f"{bundle.name} {sizes} on {device.name}: {pred.metric} peak "
-        f"{fmt_bytes(pred.predicted_peak_bytes)} (bound {fmt_bytes(pred.upper_bound_bytes)}),"
-        f" model {pred.model_version} ({pred.method})"
-        + (f", per rank (rank 0 of {par['world_size']}, {par['sharding']})" if par else "")
-    )
-    print(model_line(info))
-    print(loop_line(train))
-    if route := pred.breakdown.get("route"):
-        print(f"path: {route['method']} ({route['reason']})")
-    if limit is not None:
-        print(verdict_line(out["verdict"], f"upper bound {pred.metric}"))
+    for line in predict_lines(out):
+        print(line)
     return 0
+
+
+def predict_lines(out: dict[str, Any]) -> list[str]:
+    """The text answer of `memgnn predict` from its JSON document."""
+    par = out["breakdown"].get("parallel")
+    name = out["model"]["spec"] if out["model"] else out["graph_id"]
+    lines = [
+        f"{name} {out['sizes']} on {out['device']}: {out['metric']} peak "
+        f"{fmt_bytes(out['predicted_peak_bytes'])} (bound {fmt_bytes(out['upper_bound_bytes'])}),"
+        f" model {out['model_version']} ({out['method']})"
+        + (f", per rank (rank 0 of {par['world_size']}, {par['sharding']})" if par else "")
+    ]
+    if out["model"]:
+        lines.append(model_line(out["model"]))
+    if out["train"]:
+        lines.append(loop_line(TrainSpec.from_dict(out["train"])))
+    if route := out["breakdown"].get("route"):
+        lines.append(f"path: {route['method']} ({route['reason']})")
+    if out["verdict"] is not None:
+        lines.append(verdict_line(out["verdict"], f"upper bound {out['metric']}"))
+    return lines

@@ -266,10 +266,10 @@ def plot_prediction(
         simulated_step_snapshot(graph, sizes, device, scenario=scenario), what="simulated step"
     )
     hlines = []
-    if pred.metric in ("allocated", "reserved"):  # device_total adds the context
+    if pred["metric"] in ("allocated", "reserved"):  # device_total adds the context
         hlines += [
-            (pred.predicted_peak_bytes, f"predicted {pred.metric} peak"),
-            (pred.upper_bound_bytes, f"upper bound ({pred.metric})"),
+            (pred["predicted_peak_bytes"], f"predicted {pred['metric']} peak"),
+            (pred["upper_bound_bytes"], f"upper bound ({pred['metric']})"),
         ]
     if device.total_bytes is not None:
         usable = device.total_bytes - device.context_bytes

@@ -12,6 +12,7 @@ it, asks /predict and /plan about a model, and stops it.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import logging
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from memgnn.predictor.answer.types import ModelRef, PredictRequest, QueryConfig
 from memgnn.serving.config import ServeConfig
 
 log = logging.getLogger(__name__)
@@ -179,59 +181,41 @@ class MemgnnClient:
 def model_body(
     model: str, model_args: dict[str, str] | None, task: str | None, train: Any
 ) -> dict[str, Any]:
-    """The `model` object of a request from CLI-style arguments (train: TrainSpec or dict)."""
+    """The `model` object of a request (train: a TrainSpec, nested as answers show it, or
+    a dict, nested or by flat option names)."""
     train_dict = train.to_dict() if hasattr(train, "to_dict") else dict(train or {})
     return {"spec": model, "model_args": dict(model_args or {}), "task": task, "train": train_dict}
 
 
-def remote_predict(
-    url: str,
-    *,
-    model: str,
-    model_args: dict[str, str] | None = None,
-    task: str | None = None,
-    train: Any = None,
-    sizes: dict[str, int] | None = None,
-    device: str = "h100-80gb",
-    metric: str | None = None,
-    scenario: str = "worst",
-    token: str | None = None,
-    timeout: float = 300.0,
-    threshold: float | None = None,
-    budget_bytes: int | None = None,
-    method: str = "auto",
-    replay_budget_ms: float | None = None,
-) -> dict[str, Any]:
-    """What `memgnn predict --json` prints, answered by the service at `url`:
-    predicted_peak_bytes, upper_bound_bytes, metric, breakdown, model_version, method,
-    plus sizes (the model's example dims filled in), device, graph_id, correction, and the
-    `verdict` under `threshold` (a fraction of the device) or `budget_bytes` if given."""
-    config = {"sizes": dict(sizes or {}), "device": device, "metric": metric, "scenario": scenario}
-    limit = {k: v for k, v in (("threshold", threshold), ("budget_bytes", budget_bytes)) if v}
-    with MemgnnClient(url, token=token, timeout=timeout) as client:
-        answer = client.predict(
-            configs=[config],
-            model=model_body(model, model_args, task, train),
-            method=method,
-            replay_budget_ms=replay_budget_ms,
-            **limit,
-        )
-    p = answer["predictions"][0]
-    return {
-        "predicted_peak_bytes": p["predicted_peak_bytes"],
-        "upper_bound_bytes": p["upper_bound_bytes"],
-        "metric": p["metric"],
-        "breakdown": p["breakdown"],
-        "model_version": p["model_version"],
-        "method": p["method"],
-        "paths": p["paths"],
-        "sizes": p["config"]["sizes"],
-        "device": p["config"]["device"],
-        "graph_id": p["graph_id"],
-        "correction": p["correction"],
-        "unknown_ops": answer["unknown_ops"],
-        "verdict": p.get("verdict"),
+def request_body(req: PredictRequest) -> dict[str, Any]:
+    """The `/predict` body of the answer layer's request."""
+    body: dict[str, Any] = {
+        "configs": [dataclasses.asdict(c) for c in req.configs],
+        "apply_correction": req.apply_correction,
+        "method": req.method,
     }
+    if req.replay_budget_ms is not None:
+        body["replay_budget_ms"] = req.replay_budget_ms
+    if req.model is not None:
+        body["model"] = model_body(req.model.spec, req.model.args, req.model.task, req.train)
+    if req.graph_id is not None:
+        body["graph_id"] = req.graph_id
+    if req.graph is not None:
+        body["graph"] = req.graph.content() | {"meta": req.graph.meta}
+    if req.threshold is not None:
+        body["threshold"] = req.threshold
+    if req.budget is not None:
+        body["budget_bytes"] = int(req.budget)
+    return body
+
+
+def remote_predict(
+    url: str, req: PredictRequest, *, token: str | None = None, timeout: float = 300.0
+) -> dict[str, Any]:
+    """The first config's answer from the service at `url`: the document `memgnn predict
+    --json` prints locally (`predictor.answer.types.Answer`), as the service sent it."""
+    with MemgnnClient(url, token=token, timeout=timeout) as client:
+        return client.predict(**request_body(req))["predictions"][0]
 
 
 def remote_plan(
@@ -314,9 +298,11 @@ def service_round_trip(
     """Start the service on loopback, ask /predict and /plan about `model`, stop it: the
     answers ({"url", "predict", "plan"}) for a demo to print."""
     with local_server(config) as url:
-        predicted = remote_predict(
-            url, model=model, model_args=model_args, sizes=sizes, device=device
+        req = PredictRequest(
+            model=ModelRef(spec=model, args=dict(model_args or {})),
+            configs=[QueryConfig(sizes=dict(sizes or {}), device=device)],
         )
+        predicted = remote_predict(url, req)
         other = {k: v for k, v in (sizes or {}).items() if k != "B"}
         planned = remote_plan(
             url,

@@ -15,60 +15,24 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
-from typing import Any
 
+from memgnn.predictor.answer.checks import check_sizes
+from memgnn.predictor.answer.predict import MAX_BYTES
+from memgnn.predictor.answer.types import Correction, GraphEntry, Served, corrected
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.memory.base import EncodingModel, MemoryModel, Prediction, Query
+from memgnn.predictor.memory.ops import as_encoding_model, op_checker, unknown_ops
 from memgnn.predictor.spec.bundle import ModelBundle
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.captures import CaptureWorker, Work
-from memgnn.serving.checks import check_hparams, check_measurement, check_sizes
+from memgnn.serving.checks import check_hparams, check_measurement
 from memgnn.serving.config import ServeConfig
-from memgnn.serving.graphs import RequestError, build_graph, decode_body, graph_bytes, unknown_ops
+from memgnn.serving.graphs import RequestError, build_graph, decode_body, graph_bytes
 from memgnn.serving.metrics import Metrics
-from memgnn.serving.models import as_encoding_model, op_checker
-from memgnn.serving.store import Correction, Sample, Store
+from memgnn.serving.store import Sample, Store
 
 log = logging.getLogger(__name__)
-
-MAX_BYTES = 1 << 62  # a prediction past this overflowed int64 arithmetic
-
-
-@dataclass(kw_only=True, slots=True)
-class GraphEntry:
-    graph: StepGraph
-    graph_id: str
-    n_nodes: int
-    unknown_ops: list[str]
-    model_version: str
-    encoding: Any = None
-
-
-@dataclass(kw_only=True, slots=True)
-class Served:
-    """One answered query: the corrected prediction, the model's own, the correction."""
-
-    prediction: Prediction
-    raw: Prediction
-    correction: Correction
-
-
-def corrected(pred: Prediction, corr: Correction) -> Prediction:
-    """Scale the peak by the median ratio and the bound by the (>= 1) bound ratio; the
-    bound never drops below the corrected peak."""
-    if corr.samples == 0:
-        return pred
-    peak = round(pred.predicted_peak_bytes * corr.peak_scale)
-    bound = max(round(pred.upper_bound_bytes * corr.bound_scale), peak)
-    paths = [
-        p | {"predicted_peak_bytes": round(p["predicted_peak_bytes"] * corr.peak_scale)}
-        if isinstance(p.get("predicted_peak_bytes"), int)
-        else p
-        for p in pred.paths
-    ]
-    return replace(pred, predicted_peak_bytes=peak, upper_bound_bytes=bound, paths=paths)
 
 
 class Engine:

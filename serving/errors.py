@@ -31,7 +31,8 @@ async def _request_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _user_error(request: Request, exc: Exception) -> JSONResponse:
     log.info("%s %s: 422: %s", request.method, request.url.path, exc)
-    return error_response(422, ("body",), str(exc))
+    assert isinstance(exc, UserError)
+    return error_response(422, ("body", *exc.loc), str(exc))
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

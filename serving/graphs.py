@@ -19,7 +19,7 @@ import keyword
 import logging
 import re
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from memgnn.predictor.errors import UserError
@@ -37,9 +37,8 @@ class RequestError(UserError):
     """A bad request: `status` (404, 413, 422) and `loc`, the path of the field at fault."""
 
     def __init__(self, message: str, *, status: int = 422, loc: Iterable[str | int] = ("body",)):
-        super().__init__(message)
+        super().__init__(message, loc=loc)
         self.status = status
-        self.loc = tuple(loc)
 
 
 def decode_body(body: bytes, encoding: str | None, *, max_bytes: int) -> bytes:
@@ -226,39 +225,6 @@ def _check_formulas(data: dict[str, Any], loc: tuple) -> None:
                         f"powers need a constant exponent in [0, {MAX_EXPONENT}]: {src[:80]!r}",
                         loc=where,
                     )
-
-
-# ---- unknown ops ------------------------------------------------------------------------
-_OP_CACHE: dict[str, bool] = {}
-
-
-def _is_torch_op(op: str) -> bool:
-    """Whether `op` ('name.overload', or 'namespace.name.overload') is a registered op."""
-    known = _OP_CACHE.get(op)
-    if known is not None:
-        return known
-    parts = op.split(".")
-    ns, rest = ("aten", parts) if len(parts) <= 2 else (parts[0], parts[1:])
-    ok = False
-    if len(rest) == 2 and all(_IDENT.match(x) for x in (ns, *rest)):
-        try:
-            import torch
-
-            packet = getattr(getattr(torch.ops, ns), rest[0])
-            ok = rest[1] in packet.overloads()
-        except (AttributeError, RuntimeError):
-            ok = False
-    if len(_OP_CACHE) < 100_000:
-        _OP_CACHE[op] = ok
-    return ok
-
-
-def unknown_ops(graph: StepGraph, is_unknown: Callable[[str], bool] | None = None) -> list[str]:
-    """Ops the model has never seen (`is_unknown`, see `serving.models.op_checker`), by
-    default the ops that are not registered torch ops. Sorted, unique."""
-    ops = {op for p in graph.paths for op in p.nodes["op"]}
-    check = is_unknown or (lambda op: not _is_torch_op(op))
-    return sorted(op for op in ops if check(op))
 
 
 def graph_bytes(graph: StepGraph) -> bytes:

@@ -12,67 +12,17 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.memory.analytic import AnalyticModel
-from memgnn.predictor.memory.base import EncodingModel, MemoryModel, Prediction, Query
+from memgnn.predictor.memory.base import MemoryModel
 from memgnn.predictor.memory.encoded_analytic import EncodedAnalytic
 from memgnn.predictor.memory.onnx_model import load_default_model
 
 log = logging.getLogger(__name__)
 
 MLFLOW_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
-
-
-class Unencoded:
-    """A plain `MemoryModel` as an `EncodingModel`: the encoding is the graph itself,
-    every call goes to `predict`, one at a time (nothing says it is thread-safe)."""
-
-    thread_safe = False
-
-    def __init__(self, model: MemoryModel):
-        self.model = model
-        self.version = model.version
-
-    def encode(self, graph: StepGraph) -> None:
-        return None
-
-    def predict_encoded(
-        self, encoding: Any, graph: StepGraph, queries: Sequence[Query]
-    ) -> list[Prediction]:
-        return self.model.predict(graph, queries)
-
-    def predict(self, graph: StepGraph, queries: Sequence[Query]) -> list[Prediction]:
-        return self.model.predict(graph, queries)
-
-
-def as_encoding_model(model: MemoryModel) -> EncodingModel:
-    """`model` itself when it is an `EncodingModel`, else wrapped in `Unencoded`."""
-    return model if isinstance(model, EncodingModel) else Unencoded(model)
-
-
-def op_checker(model: Any) -> Callable[[str], bool] | None:
-    """A predicate "this op is unknown to the model": from the model's `op_vocab` when it
-    has one, from the learned models' feature vocabulary (`predictor.memory.features.op_id`) for
-    `OnnxMemoryModel`; None (the caller checks the torch op registry) otherwise."""
-    if isinstance(model, Unencoded):
-        model = model.model
-    vocab = getattr(model, "op_vocab", None)
-    if vocab is not None:
-        known = {str(op) for op in vocab}
-        return lambda op: op not in known
-    try:
-        from memgnn.predictor.memory.onnx_model import OnnxMemoryModel
-    except ImportError:
-        return None
-    if isinstance(model, OnnxMemoryModel):
-        from memgnn.predictor.memory.features import op_id
-
-        return lambda op: op_id(op)[1]
-    return None
 
 
 def _load_dir(path: Path) -> MemoryModel:

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from memgnn.predictor.answer.types import GraphEntry
 from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.memory.base import Prediction, Query
@@ -18,7 +19,7 @@ from memgnn.predictor.spec.devices import DeviceProfile, get_profile
 from memgnn.predictor.spec.limits import resolve_limit
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.captures import Work
-from memgnn.serving.engine import Engine, GraphEntry
+from memgnn.serving.engine import Engine
 from memgnn.serving.graphs import RequestError
 from memgnn.serving.routing import Route, plan_exact
 

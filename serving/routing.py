@@ -28,18 +28,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from memgnn.predictor.answer.exact import Choice, ExactConfig, ReplayModel, decide, with_route
-from memgnn.predictor.errors import UserError
-from memgnn.predictor.memory.analytic import AnalyticModel
-from memgnn.predictor.memory.base import Query
-from memgnn.serving.checks import check_sizes
-from memgnn.serving.engine import MAX_BYTES, Engine, GraphEntry, Served
+from memgnn.predictor.answer.exact import Choice, ExactConfig, ReplayModel, decide
+from memgnn.predictor.answer.predict import skipped
+from memgnn.predictor.answer.types import GraphEntry
+from memgnn.predictor.ir.vocab import METHOD_CHOICES
 from memgnn.serving.graphs import RequestError
-from memgnn.serving.store import Correction
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +45,6 @@ __all__ = [
     "Route",
     "choose",
     "plan_exact",
-    "predict_routed",
-    "skipped",
     "warm_replay",
 ]
 
@@ -124,7 +119,7 @@ class Route:
     wait_s: float = 300.0
 
     def __post_init__(self) -> None:
-        if self.method not in ("auto", "replay", "gnn", "analytic"):
+        if self.method not in METHOD_CHOICES:
             raise ValueError(f"unknown method {self.method!r}")
         if not self.budget_ms >= 0:
             raise ValueError(f"replay_budget_ms must be >= 0, got {self.budget_ms}")
@@ -155,48 +150,6 @@ def choose(route: Route, entry: GraphEntry) -> Choice:
             loc=("body", "method"),
         )
     return choice
-
-
-def skipped(choice: Choice) -> str | None:
-    """Why an ``auto`` request was not replayed (None where it was, or was not ``auto``)."""
-    return choice.reason if choice.asked == "auto" and choice.method != "replay" else None
-
-
-def predict_routed(engine: Engine, entry: GraphEntry, queries: Sequence[Query], route: Route,
-                   *, correct: bool) -> list[Served]:  # fmt: skip
-    """Answer one graph's queries by the chosen path; exact answers are not corrected."""
-    choice = choose(route, entry)
-    method = choice.method
-    if method == "gnn":
-        return [_noted(s, choice) for s in engine.predict(entry, queries, correct=correct)]
-    model = ReplayModel(config=route.exact_config) if method == "replay" else AnalyticModel()
-    check_sizes(entry.graph, queries)  # as the engine checks them for the model
-    preds = []
-    for i, q in enumerate(queries):  # one at a time: an error names its config
-        try:
-            (p,) = model.predict(entry.graph, [q])
-        except (UserError, ArithmeticError) as exc:
-            raise RequestError(str(exc), loc=("body", "configs", i, "sizes")) from None
-        if not 0 <= p.predicted_peak_bytes < MAX_BYTES:
-            raise RequestError(
-                "sizes too large: the prediction overflows 64-bit bytes",
-                loc=("body", "configs", i, "sizes"),
-            )
-        preds.append(p)
-    if method == "analytic":
-        preds = [replace(p, method="analytic") for p in preds]
-    preds = [with_route(p, choice) for p in preds]
-    return [Served(prediction=p, raw=p, correction=Correction()) for p in preds]
-
-
-def _noted(s: Served, choice: Choice) -> Served:
-    why = skipped(choice)
-
-    def note(p):
-        p = with_route(p, choice)
-        return p if why is None else replace(p, breakdown={**p.breakdown, "replay_skipped": why})
-
-    return Served(prediction=note(s.prediction), raw=note(s.raw), correction=s.correction)
 
 
 def plan_exact(route: Route, entry: GraphEntry, is_gpu: bool) -> tuple[Any, str, str | None]:

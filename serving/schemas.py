@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
+from memgnn.predictor.ir.vocab import MethodChoice as Method
 from memgnn.predictor.ir.vocab import Metric, Scenario, SearchMode, Sharding
 from memgnn.predictor.spec.choices import (
     OPTIMIZER_IMPLS,
@@ -39,7 +40,6 @@ Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
 Checkpointing = Annotated[str, StringConstraints(pattern=r"^(none|full|hf|blocks:[0-9]{1,6})$")]
 Bytes = Annotated[StrictInt, Field(ge=0, le=1 << 60)]
 # which path answers (serving.routing): auto = replay within the budget, else the model
-Method = Literal["auto", "replay", "gnn", "analytic"]
 ReplayBudget = Annotated[
     float | None,
     Field(default=None, ge=0, le=600_000, description="ms; default: the server's budget"),
@@ -187,19 +187,29 @@ class CorrectionOut(BaseModel):
 
 
 class PredictionOut(BaseModel):
-    graph_id: str
-    config: ConfigIn
+    """One config's answer: `predictor.answer.types.Answer`, the document `memgnn predict
+    --json` prints (the same with and without `--url`)."""
+
     predicted_peak_bytes: int
     upper_bound_bytes: int
     metric: str
-    breakdown: dict[str, Any]
-    model_version: str
     method: str  # the path that made it: replay | gnn | analytic
+    model_version: str
+    breakdown: dict[str, Any]
     paths: list[dict[str, Any]]
+    sizes: dict[str, int]  # the config's sizes, the model's example dims filled in
+    device: str
+    scenario: str
+    graph_id: str
+    model: dict[str, Any] | None  # what model the answer is about
+    train: dict[str, Any] | None  # the training step it assumed (nested by group)
+    warnings: list[str]
+    verdict: dict[str, Any] | None = None  # under the request's threshold / budget_bytes
     correction: CorrectionOut
     uncorrected_peak_bytes: int
     uncorrected_upper_bound_bytes: int
-    verdict: dict[str, Any] | None = None  # under the request's threshold / budget_bytes
+    unknown_ops: list[str]
+    predict_seconds: float
 
 
 class PredictResponse(BaseModel):

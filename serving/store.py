@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memgnn.predictor.answer.types import Correction
 from sqlalchemy import (
     BigInteger,
     Float,
@@ -112,20 +113,6 @@ class Sample:
     def __post_init__(self) -> None:
         if self.measured_bytes <= 0:
             raise ValueError(f"measured_bytes must be > 0, got {self.measured_bytes}")
-
-
-@dataclass(kw_only=True, slots=True)
-class Correction:
-    peak_scale: float = 1.0
-    bound_scale: float = 1.0
-    samples: int = 0  # how many samples the scales come from (<= window)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "peak_scale": self.peak_scale,
-            "bound_scale": self.bound_scale,
-            "samples": self.samples,
-        }
 
 
 def ratio(measured: int, predicted: int) -> float:

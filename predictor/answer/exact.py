@@ -8,8 +8,8 @@ step would need (the same trace replayed without a device limit) and the breakdo
 ``would_oom`` with the simulator's message. A CPU target has no allocator to replay: the
 simulator's label there is the liveness sweep, and the prediction says ``analytic``.
 
-`decide` / `predict_with` route a query: ``auto`` takes the replay where its estimated
-cost fits the per-request budget, else the learned model. The estimate is the fixed
+`decide` routes a query (`answer.predict` runs the path): ``auto`` takes the replay where
+its estimated cost fits the per-request budget, else the learned model. The estimate is the fixed
 constants' (``overhead_s + seconds_per_event x events``) times the factor this process
 measured on its own warm replays, plus the JIT's first-call cost where the compiled core
 is not loaded yet (`predictor.sim.replay.cost`). Every answer's ``breakdown["route"]`` says
@@ -24,11 +24,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from memgnn.predictor.emulate.parallel import annotate
 from memgnn.predictor.ir.graph import StepGraph
-from memgnn.predictor.memory.analytic import AnalyticModel
-from memgnn.predictor.memory.base import MemoryModel, Prediction, Query
-from memgnn.predictor.memory.onnx_model import load_default_model
+from memgnn.predictor.ir.vocab import METHOD_CHOICES
+from memgnn.predictor.memory.base import Prediction, Query
 from memgnn.predictor.sim.allocator import AllocatorConfig
 from memgnn.predictor.sim.replay.cost import REPLAY_COST, CostEstimate, ReplayCost, jit_state
 from memgnn.predictor.sim.replay.trace import replay_trace_fast
@@ -41,15 +39,11 @@ __all__ = [
     "Choice",
     "ExactConfig",
     "ReplayModel",
-    "choose_method",
     "decide",
     "estimate_cost",
     "estimate_events",
-    "predict_with",
     "with_route",
 ]
-
-METHOD_CHOICES = ("auto", "replay", "gnn", "analytic")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -228,39 +222,6 @@ def decide(method: str, graph: StepGraph, config: ExactConfig, *,
         )
     log.info("%s: %s -> %s", method, why, chosen)
     return Choice(asked=method, method=chosen, reason=why, budget_s=config.budget_s, cost=est)
-
-
-def choose_method(method: str, graph: StepGraph, config: ExactConfig) -> str:
-    """The path a query takes (`decide`'s method)."""
-    return decide(method, graph, config).method
-
-
-def predict_with(
-    method: str,
-    graph: StepGraph,
-    queries: Sequence[Query],
-    *,
-    learned: MemoryModel | None = None,
-    config: ExactConfig | None = None,
-) -> list[Prediction]:
-    """Predictions by the chosen path; ``learned`` is the GNN (default: the shipped one).
-
-    The learned model falls back to the analytic baseline where no model ships; the
-    answer's ``method`` then says ``analytic``."""
-    config = config or ExactConfig()
-    choice = decide(method, graph, config)
-    if choice.method == "replay":
-        preds = ReplayModel(config.allocator, config=config).predict(graph, queries)
-    elif choice.method == "analytic":
-        preds = AnalyticModel().predict(graph, queries)
-    else:
-        model = learned or load_default_model()
-        preds = model.predict(graph, queries)
-        if isinstance(model, AnalyticModel):
-            preds = [replace(p, method="analytic") for p in preds]
-        for p in preds:  # a sharded step: one rank's peak, and which (predictor.emulate.parallel)
-            annotate(p.breakdown, graph.train)
-    return [with_route(p, choice) for p in preds]
 
 
 def with_route(p: Prediction, choice: Choice) -> Prediction:

@@ -13,10 +13,17 @@ SearchMode = Literal["power", "binsearch"]
 # state (FSDP2 fully_shard); hsdp shards inside groups and replicates across them; zero1
 # shards the optimizer state; zero2 shards gradients and optimizer state.
 Sharding = Literal["none", "ddp", "fsdp", "hsdp", "zero1", "zero2", "zero3"]
+# How an answer is made: `replay` (the allocator simulator's exact bytes), `gnn` (the
+# learned model), `analytic` (the liveness sweep); `auto` (asked for only) picks replay when
+# its cost fits the request's budget, else the learned model (predictor/answer/exact.py)
+Method = Literal["replay", "gnn", "analytic"]
+MethodChoice = Literal["auto", "replay", "gnn", "analytic"]
 METRICS: tuple[Metric, ...] = get_args(Metric)
 SCENARIOS: tuple[Scenario, ...] = get_args(Scenario)
 SEARCH_MODES: tuple[SearchMode, ...] = get_args(SearchMode)
 SHARDINGS: tuple[Sharding, ...] = get_args(Sharding)
+METHODS: tuple[Method, ...] = get_args(Method)
+METHOD_CHOICES: tuple[MethodChoice, ...] = get_args(MethodChoice)
 
 CATEGORIES = (
     "parameter",

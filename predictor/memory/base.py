@@ -17,11 +17,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.graph import StepGraph
-from memgnn.predictor.ir.vocab import METRICS, SCENARIOS
+from memgnn.predictor.ir.vocab import METHODS, METRICS, SCENARIOS
 
 log = logging.getLogger(__name__)
-
-METHODS = ("replay", "gnn", "analytic")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -181,6 +181,29 @@ def normalize(value: Any) -> Any:
     return value
 
 
+def missing(stored: Any, got: Any, where: str = "") -> list[str]:
+    """Where `got` does not state what `stored` did: every recorded key (recursively) with
+    the same value; keys an answer gained since are allowed (a new field is not a change
+    of what the answer says)."""
+    if isinstance(stored, dict):
+        if not isinstance(got, dict):
+            return [f"{where or '.'}: {got!r} is not a mapping"]
+        out = []
+        for k, v in stored.items():
+            if k not in got:
+                out.append(f"{where}.{k}: gone")
+            else:
+                out += missing(v, got[k], f"{where}.{k}")
+        return out
+    if isinstance(stored, list):
+        if not isinstance(got, list) or len(got) != len(stored):
+            return [f"{where}: {got!r} != {stored!r}"]
+        return [
+            m for i, (a, b) in enumerate(zip(stored, got)) for m in missing(a, b, f"{where}[{i}]")
+        ]
+    return [] if stored == got else [f"{where}: {got!r} != {stored!r} (recorded)"]
+
+
 def _memgnn(argv: list[str]) -> str:
     from memgnn.cli import main
 
@@ -211,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     changed = 0
     for name in names:
         got = run(name)
-        if got != stored.get(name):
+        if name not in stored or missing(stored[name], got):
             changed += 1
             print(f"{name}: {'recorded' if args.write else 'DIFFERS'}", file=sys.stderr)
         stored[name] = got

@@ -6,8 +6,9 @@ import json
 import textwrap
 
 import pytest
-from clirun import run_cli
 from tiny_models import tiny_gpt2_config
+
+from tests.memgnn.clirun import run_cli
 
 GUARDED = """
 import torch

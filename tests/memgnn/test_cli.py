@@ -1,9 +1,9 @@
 import json
 
 import pytest
-from clirun import run_cli
 
 from memgnn.cli import main
+from tests.memgnn.clirun import run_cli
 
 
 def test_capture_and_graph_info_roundtrip(tmp_path, capsys):
@@ -85,32 +85,26 @@ def test_profile_json_has_contract_fields(capsys):
     assert rec["peak_reserved_bytes"] is None and rec["device"] == "cpu"
 
 
-def test_predict_through_a_running_service(tmp_path, capsys):
+def test_predict_prints_the_same_document_with_and_without_url(tmp_path, capsys):
+    """One answer layer: the service's answer is the document the CLI prints locally, key
+    for key and byte for byte (but the seconds it took and the route's cost estimate)."""
     from memgnn.serving.client import local_server
     from memgnn.serving.config import ServeConfig
 
-    cfg = ServeConfig(model="analytic", state_dir=tmp_path)
-    with local_server(cfg) as url:
-        code, text, err = run_cli(
-            capsys,
-            "predict",
-            "--url",
-            url,
-            "--model",
-            "mlp",
-            "--batch",
-            "8",
-            "--device",
-            "a100-80gb",
-        )
+    argv = ["predict", "--model", "mlp", "--batch", "8", "--device", "a100-80gb"]
+    argv += ["--precision", "bf16", "--method", "analytic", "--threshold", "0.5", "--json"]
+    with local_server(ServeConfig(model="analytic", state_dir=tmp_path)) as url:
+        code, text, err = run_cli(capsys, *argv, "--url", url)
     assert code == 0, err
     remote = json.loads(text)
-    code, text, _ = run_cli(
-        capsys, "predict", "--model", "mlp", "--batch", "8", "--device", "a100-80gb", "--json"
-    )
+    code, text, err = run_cli(capsys, *argv)
+    assert code == 0, err
     local = json.loads(text)
-    assert remote["metric"] == local["metric"] == "reserved"
-    assert remote["predicted_peak_bytes"] > 0
+    assert sorted(remote) == sorted(local)
+    for doc in (remote, local):
+        del doc["predict_seconds"], doc["breakdown"]["route"]
+    assert remote == local
+    assert local["train"]["numerics"]["precision"] == "bf16" and local["verdict"]["fits"]
 
 
 def test_models_lists_catalog_counts_and_checks_them(capsys):
@@ -172,7 +166,7 @@ def test_predict_lora_dtype_model_keeps_adapters_in_the_model_dtype(capsys):
     model = json.loads(text)["breakdown"]["categories"]
     assert model["parameter"] < fp32["parameter"]  # bf16 adapters, not fp32
     assumed = json.loads(text)["train"]
-    assert assumed["lora_dtype"] == "model" and assumed["hold_outputs"] is True
+    assert assumed["adapter"]["dtype"] == "model" and assumed["loop"]["hold_outputs"] is True
     code, _, err = run_cli(capsys, "predict", "--model", "mlp", "--lora-dtype", "model")
     assert code == 2 and "--lora-dtype model applies to --peft lora" in err
     code, text, _ = run_cli(capsys, *argv[:-1])

@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from clirun import run_cli
+
+from tests.memgnn.clirun import run_cli
 
 A100 = 81920 << 20  # the a100-80gb profile's total
 MLP = ("--model", "mlp", "--device", "a100-80gb")

@@ -9,9 +9,9 @@ import sys
 import textwrap
 
 import pytest
-from clirun import run_cli
 
 from memgnn.cli import build_parser
+from tests.memgnn.clirun import run_cli
 
 USER_MODEL = textwrap.dedent(
     """

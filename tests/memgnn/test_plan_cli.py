@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from clirun import run_cli
+
+from tests.memgnn.clirun import run_cli
 
 BASE = ("plan", "--model", "mlp", "--device", "cpu", "--budget", "2MiB",
         "--checkpointing-choices", "none", "--max-batch", "4096")  # fmt: skip

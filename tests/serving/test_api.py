@@ -153,9 +153,9 @@ def test_predict_model_spec_fills_example_dims(client):
     r = client.post("/predict", json=body)
     assert r.status_code == 200, r.text
     preds = r.json()["predictions"]
-    assert preds[0]["config"]["sizes"]["B"] >= 1 and preds[1]["config"]["sizes"] == {"B": 16}
+    assert preds[0]["sizes"]["B"] >= 1 and preds[1]["sizes"] == {"B": 16}
     assert preds[1]["predicted_peak_bytes"] > preds[0]["predicted_peak_bytes"] or (
-        preds[0]["config"]["sizes"]["B"] >= 16
+        preds[0]["sizes"]["B"] >= 16
     )
     # the captured graph is now known by id: samples can refer to it
     gid = preds[0]["graph_id"]

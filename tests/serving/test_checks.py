@@ -8,7 +8,7 @@ from memgnn.predictor.capture.capture import capture
 from memgnn.predictor.memory.base import Query
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.predictor.zoo import resolve
-from memgnn.serving.checks import check_hparams, check_measurement, check_sizes, resident_bytes
+from memgnn.serving.checks import check_hparams, check_measurement, resident_bytes
 from memgnn.serving.graphs import RequestError
 from tiny_models import tiny_mlp_bundle
 
@@ -33,13 +33,6 @@ def test_measurements_out_of_range_name_the_field(graph):
         with pytest.raises(RequestError) as err:
             check_measurement(graph, q, bad)
         assert err.value.loc == ("body", "measured_peak_bytes")
-
-
-def test_sizes_are_checked_per_config(graph):
-    check_sizes(graph, [Query(sizes={"B": 2})])
-    with pytest.raises(RequestError) as err:
-        check_sizes(graph, [Query(sizes={"B": 2}), Query(sizes={"S": 2})])
-    assert err.value.loc == ("body", "configs", 1, "sizes")
 
 
 def test_hparams_are_bounded_by_the_zoo_range():

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
+from memgnn.predictor.answer.types import ModelRef, PredictRequest, QueryConfig
 from memgnn.predictor.capture.capture import capture
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.cli import add_serve_arguments, config_from_args
@@ -81,15 +83,13 @@ def test_client_errors(url):
 
 
 def test_remote_predict_prints_the_cli_contract(url):
-    out = remote_predict(
-        url,
-        model="mlp",
+    req = PredictRequest(
+        model=ModelRef(spec="mlp"),
         train=TrainSpec.of(optimizer="sgd"),
-        sizes={"B": 8},
-        device="a100-80gb",
-        metric="allocated",
+        configs=[QueryConfig(sizes={"B": 8}, device="a100-80gb", metric="allocated")],
         method="gnn",
     )
+    out = remote_predict(url, req)
     for key in (
         "method",
         "predicted_peak_bytes",
@@ -104,11 +104,10 @@ def test_remote_predict_prints_the_cli_contract(url):
         assert key in out
     assert out["metric"] == "allocated" and out["sizes"] == {"B": 8}
     assert out["model_version"] == "analytic-1" and out["method"] == "analytic"
-    exact = remote_predict(url, model="mlp", train=TrainSpec.of(optimizer="sgd"), sizes={"B": 8},
-                           device="a100-80gb", method="replay")  # fmt: skip
+    exact = remote_predict(url, dataclasses.replace(req, method="replay"))
     assert exact["method"] == "replay" and exact["model_version"] == "replay-1"
     with pytest.raises(ServiceError, match="model"):
-        remote_predict(url, model="no-such-model")
+        remote_predict(url, dataclasses.replace(req, model=ModelRef(spec="no-such-model")))
 
 
 def test_remote_plan(url):

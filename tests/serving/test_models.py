@@ -6,7 +6,8 @@ import pytest
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.memory.base import EncodingModel
 from memgnn.predictor.memory.encoded_analytic import EncodedAnalytic
-from memgnn.serving.models import Unencoded, as_encoding_model, load_model
+from memgnn.predictor.memory.ops import Unencoded, as_encoding_model
+from memgnn.serving.models import load_model
 
 
 def test_loader_serves_the_analytic_model_encoded():

@@ -7,7 +7,8 @@ import sqlite3
 import threading
 
 import pytest
-from memgnn.serving.store import RATIO_MAX, Correction, Sample, Store, correction_from, ratio
+from memgnn.predictor.answer.types import Correction
+from memgnn.serving.store import RATIO_MAX, Sample, Store, correction_from, ratio
 
 
 def sample(measured: int, predicted: int = 1000, **kw) -> Sample:

@@ -5,7 +5,9 @@ import json
 
 import numpy as np
 import pytest
-from memgnn.predictor.answer.exact import ExactConfig, ReplayModel, choose_method, predict_with
+from memgnn.predictor.answer.backend import LocalBackend
+from memgnn.predictor.answer.exact import ExactConfig, ReplayModel, decide
+from memgnn.predictor.answer.predict import answer_entry
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.ir.vocab import MATMUL_OPS, PHASES
 from memgnn.predictor.memory.analytic import AnalyticModel, sweep
@@ -148,17 +150,20 @@ def test_cpu_target_is_the_sweep_and_says_analytic(graphs):
 
 def test_auto_routes_by_budget(graphs):
     graph = graphs["gpt2"]
-    assert choose_method("auto", graph, ExactConfig(budget_s=10.0)) == "replay"
-    assert choose_method("auto", graph, ExactConfig(budget_s=0.0)) == "gnn"
-    assert choose_method("analytic", graph, ExactConfig(budget_s=10.0)) == "analytic"
+    assert decide("auto", graph, ExactConfig(budget_s=10.0)).method == "replay"
+    assert decide("auto", graph, ExactConfig(budget_s=0.0)).method == "gnn"
+    assert decide("analytic", graph, ExactConfig(budget_s=10.0)).method == "analytic"
     with pytest.raises(ValueError, match="unknown method"):
-        choose_method("exact", graph, ExactConfig())
+        decide("exact", graph, ExactConfig())
     with pytest.raises(ValueError, match="budget_s"):
         ExactConfig(budget_s=-1)
     q = [Query(sizes=SIZES[0], device=A100.name)]
-    gnn = predict_with("auto", graph, q, learned=AnalyticModel(), config=ExactConfig(budget_s=0))
-    assert gnn[0].method == "analytic"  # the learned slot held the analytic baseline
-    assert predict_with("auto", graph, q)[0].method == "replay"
+    backend = LocalBackend(learned=AnalyticModel())
+    entry = backend.register(graph)
+    (gnn,) = answer_entry(entry, q, backend.choose("auto", 0, entry), backend)
+    assert gnn.prediction.method == "analytic"  # the learned slot held the analytic baseline
+    (exact,) = answer_entry(entry, q, backend.choose("auto", 10_000, entry), backend)
+    assert exact.prediction.method == "replay"
 
 
 def test_prediction_rejects_unknown_method():

@@ -9,12 +9,13 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 import torch
-from governed import governor
 from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor.alerts import AlertBook, HttpSampleSink, StepRecord, tier_of
 from memgnn.serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
 from memgnn.serving.governor.runtime import OverflowTracker, sensitive_modules
+
+from tests.serving.governor.governed import governor
 
 MiB = 1 << 20
 

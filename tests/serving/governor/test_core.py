@@ -8,13 +8,14 @@ from dataclasses import replace
 
 import pytest
 import torch
-from governed import config, governor
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor import EmulatedDevice, MemoryGovernor
 from memgnn.serving.governor.batching import LengthBuckets, even_chunks, split
 from memgnn.serving.governor.correction import ResidualCorrector
 from memgnn.serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
+
+from tests.serving.governor.governed import config, governor
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

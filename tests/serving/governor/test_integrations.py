@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from governed import config
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor import MemoryGovernor
 from memgnn.serving.governor.batching import pad_collate
 from memgnn.serving.governor.demo import long_tail_samples, tiny_varlen_bundle
 from memgnn.serving.governor.devices import EmulatedDevice
+
+from tests.serving.governor.governed import config
 
 MiB = 1 << 20
 

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from governed import governor
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor import EmulatedDevice, MemoryGovernor
 from memgnn.serving.governor.demo import fixed_batches, long_tail_samples, tiny_varlen_bundle
+
+from tests.serving.governor.governed import governor
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 MiB = 1 << 20

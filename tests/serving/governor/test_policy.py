@@ -12,7 +12,8 @@ import pytest
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor.correction import GovernedPredictor
 from memgnn.serving.governor.policy import Policy, PolicyConfig
-from stub_policy import BASE, StubGraph, StubModel, stub_policy
+
+from tests.serving.governor.stub_policy import BASE, StubGraph, StubModel, stub_policy
 
 CAPACITY = 100_000
 S = 10

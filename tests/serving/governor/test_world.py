@@ -11,7 +11,8 @@ import torch.distributed as dist
 from memgnn.serving.client import free_port
 from memgnn.serving.governor.policy import Policy, PolicyConfig
 from memgnn.serving.governor.world import World, WorldChoice, agree, resolve_world
-from stub_policy import stub_policy
+
+from tests.serving.governor.stub_policy import stub_policy
 
 S = 10
 

@@ -12,7 +12,9 @@ import sys
 
 import pytest
 from memgnn.predictor.answer import exact
+from memgnn.predictor.answer.backend import LocalBackend
 from memgnn.predictor.answer.exact import ExactConfig, ReplayModel, decide, estimated_seconds
+from memgnn.predictor.answer.predict import answer_entry
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.memory.base import Query
@@ -113,13 +115,17 @@ def test_warm_replays_are_measured_and_a_jit_call_is_not(graph, cost, monkeypatc
 
 def test_every_answer_says_which_path_ran_and_why(graph, cost):
     warm_replay()
-    (p,) = exact.predict_with("auto", graph, Q)
+    backend = LocalBackend()
+    entry = backend.register(graph)
+    (p,) = [
+        s.prediction for s in answer_entry(entry, Q, backend.choose("auto", 250, entry), backend)
+    ]
     route = p.breakdown["route"]
     assert p.method == route["method"] == "replay" and route["asked"] == "auto"
     assert route["jit"] == "warm" and route["budget_ms"] == 250.0 and route["estimated_ms"] > 0
-    (g,) = exact.predict_with(
-        "auto", graph, Q, learned=AnalyticModel(), config=ExactConfig(budget_s=0)
-    )
+    backend = LocalBackend(learned=AnalyticModel())
+    entry = backend.register(graph)
+    (g,) = [s.prediction for s in answer_entry(entry, Q, backend.choose("auto", 0, entry), backend)]
     assert g.method == g.breakdown["route"]["method"] == "analytic"  # the learned slot
     assert "over the 0 ms budget" in g.breakdown["route"]["reason"]
 
