@@ -14,6 +14,7 @@ from memgnn.display import fmt_bytes, loop_line, model_line, print_table
 from memgnn.predictor.answer.backend import LocalBackend
 from memgnn.predictor.answer.predict import predict
 from memgnn.predictor.answer.types import ModelRef, PredictRequest, QueryConfig
+from memgnn.predictor.capture.model_info import describe_bundle
 from memgnn.predictor.spec.devices import get_profile
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.client import remote_predict
@@ -180,7 +181,9 @@ def profile_cmd(args: argparse.Namespace) -> int:
         from memgnn.snapshot_cli import tag_export
 
         tag_export(args.snapshot, args, record.sizes, record.device)
-    info = _model_info(None, bundle, train, "cuda" if args.backend != "cpu" else "cpu")
+    target = "cuda" if args.backend != "cpu" else "cpu"
+    info = describe_bundle(bundle, train, target).to_dict()
+    info |= {"kind": bundle.origin} if bundle.origin else {}
     verdict = None
     if limit is not None:  # the allocator's reserved peak where the backend has one
         reserved = record.peak_reserved_bytes is not None
@@ -237,41 +240,6 @@ def demo_cmd(args: argparse.Namespace) -> int:
     from memgnn.demo import run_demo
 
     return run_demo(Path(args.out))
-
-
-def _graph_for(
-    bundle, device, sizes, use_cache: bool = True, scenario: str = "worst", capture: str = "blocks"
-):
-    """train -> a captured graph whose guards hold at `sizes`, each training config
-    captured (or loaded from the cache) once."""
-    from memgnn.predictor.capture.query import graph_for_query
-
-    target = "cuda" if device.is_gpu else "cpu"
-    graphs: dict[str, Any] = {}
-
-    def graph_for(train):
-        key = json.dumps(train.flat(), sort_keys=True)
-        if key not in graphs:
-            graphs[key] = graph_for_query(
-                bundle, train, sizes, target=target, sm=device.sm or 80, scenario=scenario,
-                use_cache=use_cache, capture_mode=capture,
-            )  # fmt: skip
-        return graphs[key]
-
-    return graph_for
-
-
-def _model_info(graph, bundle, train, target: str) -> dict[str, Any]:
-    """What model the answer is about: from the graph's capture, else built on fake tensors."""
-    info = graph.meta.get("model_info") if graph is not None else None
-    if info is None:
-        from memgnn.predictor.capture.model_info import describe_bundle
-
-        info = describe_bundle(bundle, train, target).to_dict()
-    if bundle.origin:  # how the user named it, not what a cached graph was captured as
-        info = info | {"kind": bundle.origin}
-    how = graph.meta.get("capture") if graph is not None else None
-    return info | ({"capture": how} if how else {})
 
 
 def predict_request(args: argparse.Namespace, device) -> PredictRequest:

@@ -13,13 +13,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from typing import Any
 
-from memgnn.args import memory_limit, parse_sizes, train_spec
+from memgnn.args import memory_limit, model_args, parse_sizes, train_spec
 from memgnn.display import fmt_bytes, loop_line, model_line
+from memgnn.predictor.answer.backend import LocalBackend
+from memgnn.predictor.answer.plan import PlanRequest, plan
+from memgnn.predictor.answer.types import ModelRef
+from memgnn.predictor.errors import UserError
+from memgnn.predictor.spec.devices import get_profile
+from memgnn.predictor.spec.train import TrainSpec
 
-__all__ = ["add_plan_space_args", "decision_lines", "plan_cmd"]
+__all__ = ["add_plan_space_args", "decision_lines", "plan_cmd", "plan_request"]
 
 
 def add_plan_space_args(p: argparse.ArgumentParser) -> None:
@@ -52,29 +57,8 @@ def _csv(text: str | None, name: str, cast=str) -> list:
     return out
 
 
-def _counting(graph_for):
-    """graph_for that records the seconds each distinct capture took to get."""
-    seen: dict[str, float] = {}
-
-    def wrapped(train):
-        key = json.dumps(train.flat(), sort_keys=True)
-        t0 = time.perf_counter()
-        graph = graph_for(train)
-        seen.setdefault(key, round(time.perf_counter() - t0, 3))
-        return graph
-
-    return wrapped, seen
-
-
-def plan_cmd(args: argparse.Namespace) -> int:
-    from memgnn.commands import _graph_for, _model_info, resolve_bundle
-    from memgnn.predictor.answer.exact import ReplayModel
-    from memgnn.predictor.errors import UserError
-    from memgnn.predictor.memory.onnx_model import load_default_model
-    from memgnn.predictor.plan.search import PlanConfig, plan
-    from memgnn.predictor.plan.space import SearchSpace, capture_spec, variants
-    from memgnn.predictor.spec.devices import get_profile
-
+def plan_request(args: argparse.Namespace) -> PlanRequest:
+    """The answer layer's request for `memgnn plan`'s arguments."""
     if args.batch is not None:
         raise UserError("plan searches the batch size: cap it with --max-batch N, not --batch")
     if args.mode == "power" and args.any_batch:
@@ -82,92 +66,61 @@ def plan_cmd(args: argparse.Namespace) -> int:
     any_batch = args.any_batch or args.mode == "binsearch"
     device = get_profile(args.device)
     limit = memory_limit(args, device, required=True)
-    bundle = resolve_bundle(args)
     base = train_spec(args)
-    sizes = bundle.sizes(parse_sizes(args))
     precisions = _csv(args.precision_choices, "--precision-choices") or [base.numerics.precision]
-    for p in precisions:
-        device.check_precision(p)
-    space = SearchSpace(
-        sizes={k: v for k, v in sizes.items() if k != "B"},
-        max_batch=args.max_batch,
-        grad_accum=_csv(args.accum_choices, "--accum-choices", int),
-        checkpointing=_csv(args.checkpointing_choices, "--checkpointing-choices"),
-        precision=precisions,
-        effective_batch=args.effective_batch,
-        mode="binsearch" if any_batch else "power",
-        power_of_two=not any_batch,
-        optimizer_impl=_csv(args.optimizer_impl_choices, "--optimizer-impl-choices"),
-        sharding=_csv(args.sharding_choices, "--sharding-choices"),
-        gpus=_csv(args.gpus_choices, "--gpus-choices", int),
-    )
-    cfg = PlanConfig(
-        budget_bytes=limit.budget_bytes, device=device.name, metric=args.metric,
-        threshold=limit.threshold,
-    )  # fmt: skip
-    if "B" not in bundle.dims:
-        raise ValueError(f"model {bundle.name!r} has no batch dim B to plan")
-    graph_for, seen = _counting(
-        _graph_for(bundle, device, sizes, not args.no_cache, capture=args.capture)
-    )
-    target = "cuda" if device.is_gpu else "cpu"
-    # blocks counted on the first graph the search captures (fake tensors: no weights built)
-    first = capture_spec(variants(base, space)[0])
-    info = _model_info(graph_for(first), bundle, first, target)
-    exact = ReplayModel() if device.is_gpu else None  # decides the steps near the budget
-    res = plan(
-        load_default_model(), graph_for, base, space, cfg, n_blocks=info["blocks"], exact=exact
-    )
-    if res.best is None:
-        raise UserError(res.reason)
-    best = res.best
-    picked = first.with_options(**_train_fields(best))
-    chosen = capture_spec(picked)  # captured already
-    out = {
-        "batch_size": best.batch_size,
-        "grad_accum": best.grad_accum,
-        "checkpointing": best.checkpointing,
-        "precision": best.precision,
-        "optimizer_impl": best.optimizer_impl,
-        "gpus": best.gpus,
-        "sharding": best.sharding,
-        "global_batch": best.batch_size * best.grad_accum * best.gpus,
-        "decision": best.decision,
-        "prediction": best.prediction,
-        "budget_bytes": cfg.budget_bytes,
-        "limit_bytes": cfg.limit,
-        "threshold": cfg.threshold,
-        "runners_up": [c.to_dict() for c in res.runners_up],
-        "queries": res.queries,
-        "variants": res.variants,
-        "graphs": res.graphs,
-        "graph_seconds": list(seen.values()),
-        "model": _model_info(graph_for(chosen), bundle, chosen, target),
-        "train": picked.to_dict(),  # the chosen step as the answer assumed it
+    space: dict[str, Any] = {
+        "sizes": {k: v for k, v in parse_sizes(args).items() if k != "B"},
+        "max_batch": args.max_batch,
+        "grad_accum": _csv(args.accum_choices, "--accum-choices", int),
+        "checkpointing": _csv(args.checkpointing_choices, "--checkpointing-choices"),
+        "precision": precisions,
+        "effective_batch": args.effective_batch,
+        "mode": "binsearch" if any_batch else "power",
+        "power_of_two": not any_batch,
+        "optimizer_impl": _csv(args.optimizer_impl_choices, "--optimizer-impl-choices"),
+        "sharding": _csv(args.sharding_choices, "--sharding-choices"),
+        "gpus": _csv(args.gpus_choices, "--gpus-choices", int),
     }
+    return PlanRequest(
+        model=ModelRef(spec=args.model, args=model_args(args), task=args.task),
+        train=base,
+        **(
+            {"threshold": limit.threshold}
+            if limit.source == "threshold"
+            else {"budget": limit.budget_bytes}
+        ),
+        device=device.name,
+        metric=args.metric,
+        space=space,
+    )
+
+
+def plan_cmd(args: argparse.Namespace) -> int:
+    req = plan_request(args)
+    backend = LocalBackend(use_cache=not args.no_cache, capture_mode=args.capture)
+    answer = plan(req, backend)
+    if answer.best is None:
+        raise UserError(answer.reason)
+    out = answer.to_dict()
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
-    for line in decision_lines(out, cfg.limit):
+    for line in decision_lines(out, out["limit_bytes"]):
         print(line)
     print(model_line(out["model"]))
-    print(loop_line(chosen))
-    for c in res.runners_up:
-        where = f" {c.sharding} x{c.gpus}" if c.gpus > 1 else ""
+    print(loop_line(TrainSpec.from_dict(out["train"])))
+    for c in out["runners_up"]:
+        where = f" {c['sharding']} x{c['gpus']}" if c["gpus"] > 1 else ""
         print(
-            f"  then B={c.batch_size} G={c.grad_accum} {c.checkpointing} {c.precision} "
-            f"{c.optimizer_impl}{where}: {fmt_bytes(c.bound_bytes)}"
+            f"  then B={c['batch_size']} G={c['grad_accum']} {c['checkpointing']} "
+            f"{c['precision']} {c['optimizer_impl']}{where}: {fmt_bytes(c['bound_bytes'])}"
         )
     print(
-        f"searched {res.variants} configurations on {res.graphs} captured graphs "
-        f"({sum(seen.values()):.1f} s to capture or load them), {res.queries} predictions"
+        f"searched {out['variants']} configurations on {out['graphs']} captured graphs "
+        f"({sum(out['graph_seconds']):.1f} s to capture or load them), {out['queries']} "
+        "predictions"
     )
     return 0
-
-
-def _train_fields(c: Any) -> dict[str, Any]:
-    names = ("precision", "checkpointing", "optimizer_impl", "gpus", "sharding", "grad_accum")
-    return {n: getattr(c, n) for n in (*names, "fsdp_reshard_after_forward")}
 
 
 def _ckpt_text(ckpt: str, blocks: int | None) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["UserError"]
+__all__ = ["LimitExceeded", "UserError"]
 
 
 class UserError(ValueError):
@@ -21,3 +21,8 @@ class UserError(ValueError):
     def __init__(self, message: str = "", *, loc: Iterable[str | int] = ()):
         super().__init__(message)
         self.loc = tuple(loc)
+
+
+class LimitExceeded(UserError):
+    """A request over a limit the answering side sets (captures per request, configs per
+    request, a body's size): the service answers 413."""

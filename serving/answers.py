@@ -20,7 +20,7 @@ from memgnn.predictor.spec.bundle import ModelBundle
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.captures import Work
 from memgnn.serving.engine import Engine
-from memgnn.serving.routing import Route, choose
+from memgnn.serving.routing import Route, choose, plan_exact
 
 __all__ = ["EngineBackend", "EngineModel"]
 
@@ -104,3 +104,14 @@ class EngineBackend:
         self, entry: GraphEntry, queries: Sequence[Query], *, correct: bool
     ) -> list[Served]:
         return self.engine.predict(entry, queries, correct=correct)
+
+    @property
+    def max_captures(self) -> int:
+        return self.engine.config.max_captures_per_request
+
+    def plan_route(
+        self, method: str, budget_ms: float, entry: GraphEntry, is_gpu: bool
+    ) -> tuple[MemoryModel | None, str, str | None]:
+        route = Route(method=method, budget_ms=budget_ms, warmup=self.route.warmup,
+                      wait_s=self.route.wait_s)  # fmt: skip
+        return plan_exact(route, entry, is_gpu)

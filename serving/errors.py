@@ -10,7 +10,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from memgnn.predictor.errors import UserError
+from memgnn.predictor.errors import LimitExceeded, UserError
 from memgnn.serving.graphs import RequestError
 
 log = logging.getLogger(__name__)
@@ -30,9 +30,10 @@ async def _request_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _user_error(request: Request, exc: Exception) -> JSONResponse:
-    log.info("%s %s: 422: %s", request.method, request.url.path, exc)
     assert isinstance(exc, UserError)
-    return error_response(422, ("body", *exc.loc), str(exc))
+    status, kind = (413, "too_large") if isinstance(exc, LimitExceeded) else (422, "value_error")
+    log.info("%s %s: %d: %s", request.method, request.url.path, status, exc)
+    return error_response(status, ("body", *exc.loc), str(exc), kind)
 
 
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:

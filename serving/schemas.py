@@ -328,6 +328,21 @@ class PlanResponse(BaseModel):
     model_version: str
     method: str = "gnn"  # what decided the steps near the limit: replay | gnn | analytic
     replay_skipped: str | None = None
+    model: dict[str, Any] | None = None  # what model the answer is about
+    train: dict[str, Any] | None = None  # the chosen training step (nested by group)
+    graph_seconds: list[float] = Field(default_factory=list)  # per distinct capture
+    # the chosen configuration again at the top (`memgnn plan --json`'s contract); None
+    # where nothing fits
+    batch_size: int | None = None
+    grad_accum: int | None = None
+    checkpointing: str | None = None
+    precision: str | None = None
+    optimizer_impl: str | None = None
+    gpus: int | None = None
+    sharding: str | None = None
+    global_batch: int | None = None
+    decision: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
 
 
 class SampleIn(Strict):

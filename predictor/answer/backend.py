@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
-from memgnn.predictor.answer.exact import Choice, ExactConfig, decide
+from memgnn.predictor.answer.exact import Choice, ExactConfig, ReplayModel, decide
 from memgnn.predictor.answer.types import GraphEntry, ModelRef, Served
 from memgnn.predictor.capture.query import graph_for_query
 from memgnn.predictor.errors import UserError
@@ -78,8 +78,17 @@ class Backend(Protocol):
         self, entry: GraphEntry, queries: Sequence[Query], *, correct: bool
     ) -> list[Served]: ...
 
+    def plan_route(
+        self, method: str, budget_ms: float, entry: GraphEntry, is_gpu: bool
+    ) -> tuple[MemoryModel | None, str, str | None]:
+        """For a plan: (the exact model deciding the steps near the limit or None, the
+        method that decides them, why the replay was skipped)."""
+        ...
+
 
 class LocalBackend:
+    max_captures: int | None = None  # a plan captures every variant it searches
+
     """This process: models resolved from the zoo / catalog / `hf:` / `py:`, graphs from
     the on-disk capture cache (`use_cache=False`: captured anew, nothing stored), the
     shipped GNN (or `learned`), no live correction, `auto` judged on the JIT's state."""
@@ -172,3 +181,15 @@ class LocalBackend:
         if isinstance(model, AnalyticModel):  # no learned model ships: the sweep answers
             preds = [replace(p, method="analytic") for p in preds]
         return [Served(prediction=p, raw=p) for p in preds]
+
+    def plan_route(
+        self, method: str, budget_ms: float, entry: GraphEntry, is_gpu: bool
+    ) -> tuple[MemoryModel | None, str, str | None]:
+        """`auto` and `replay` replay near the limit on a GPU target (the JIT loads from
+        numba's cache in seconds, as long as a plan's captures take); a CPU target has no
+        allocator to replay (the sweep is its answer)."""
+        if method in ("gnn", "analytic"):
+            return None, method, None
+        if not is_gpu:
+            return None, "gnn", "cpu target: no allocator to replay"
+        return ReplayModel(), "replay", None
