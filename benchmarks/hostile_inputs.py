@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="memgnn-hostile-"))
     env = os.environ | {"PYTHONPATH": str(ROOT), "MEMGNN_CACHE": str(tmp / "cache")}
     server = subprocess.Popen(
-        [sys.executable, "-m", "memgnn.serving.cli", "--port", str(a.port), "--model", "analytic",
+        [sys.executable, "-m", "memgnn.cli", "serve", "--port", str(a.port), "--model", "analytic",
          "--state-dir", str(tmp / "state"), "--token", TOKEN, "--log-level", "warning"],
         cwd=ROOT, env=env,
     )  # fmt: skip

@@ -32,7 +32,7 @@ from memgnn.predictor.spec.devices import get_profile
 from public_analysis import analyses, tinyllama_analysis
 from public_rows import BY_ID, DIFFERENCES, PROBES, Row
 
-from memgnn.args import option_flags
+from memgnn.cli.options import option_flags
 
 log = logging.getLogger("public_measurements")
 ROOT = Path(__file__).resolve().parents[1]

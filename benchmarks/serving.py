@@ -52,7 +52,8 @@ def start_server(state: Path, workers: int, model: str) -> tuple[subprocess.Pope
     cmd = [
         sys.executable,
         "-m",
-        "memgnn.serving.cli",
+        "memgnn.cli",
+        "serve",
         "--port",
         str(port),
         "--model",

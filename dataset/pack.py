@@ -1,6 +1,6 @@
 """Pack a corpus for the repository: one zstd Parquet part, only the graphs its rows name.
 
-    python -m memgnn.dataset.pack SRC DST [--preset v1]
+    memgnn dataset pack SRC DST [--preset v1]
 
 `pack_corpus` reads SRC's deduplicated rows (`Corpus.table`), keeps those of `--preset`'s
 jobs if given (a build stopped after the preset's jobs is packed to exactly them; a
@@ -14,11 +14,9 @@ rows are meant for, the torch version and the row and byte counts.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -92,22 +90,3 @@ def pack_corpus(src: str | Path, dst: str | Path, *, preset: str | None = None) 
     durable_write(dst / "manifest.json", (json.dumps(manifest, indent=2) + "\n").encode())
     log.info("packed %s -> %s: %s", src, dst, manifest)
     return manifest
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memgnn.dataset.pack", description=__doc__)
-    parser.add_argument("src")
-    parser.add_argument("dst")
-    parser.add_argument("--preset", default=None, help="keep exactly this preset's jobs")
-    args = parser.parse_args(argv)
-    try:
-        manifest = pack_corpus(args.src, args.dst, preset=args.preset)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(manifest, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,13 +15,10 @@ them). Output to a closed pipe (`| head`) ends it quietly.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
-import os
 import re
 import statistics
-import sys
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -227,58 +224,3 @@ def render_stats(stats: dict[str, Any]) -> str:
             fams = ", ".join(f"{k} {v}" for k, v in f["families"].items())
             out.append(f"  {f['count']:>5}  {f['reason']}  [{fams}]")
     return "\n".join(out)
-
-
-# ---- CLI -----------------------------------------------------------------------------------
-
-
-def add_stats_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", help="corpus folder")
-    parser.add_argument("--json", action="store_true", help="print the stats as JSON")
-    parser.add_argument(
-        "--allow-corrupt",
-        action="store_true",
-        help="exit 0 even if parts or graph files are corrupt (they are reported either way)",
-    )
-
-
-def stats_cmd(args: argparse.Namespace) -> int:
-    """Print the stats; 2 on a bad folder, 1 on integrity problems unless allowed."""
-    try:
-        stats = corpus_stats(Corpus(args.dir))
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        print(json.dumps(stats, indent=2) if args.json else render_stats(stats))
-        sys.stdout.flush()
-    except BrokenPipeError:  # the reader left (`| head`): end quietly, as Unix tools do
-        _quiet_stdout()
-        return 141  # 128 + SIGPIPE, what a shell reports for a tool ended by the pipe
-    problems = integrity_problems(stats)
-    if problems is None:
-        return 0
-    allowed = getattr(args, "allow_corrupt", False)
-    hint = "" if allowed else "; `memgnn dataset build` repairs it, --allow-corrupt accepts it"
-    print(f"{'warning' if allowed else 'error'}: corrupt corpus: {problems}{hint}",
-          file=sys.stderr)  # fmt: skip
-    return 0 if allowed else 1
-
-
-def _quiet_stdout() -> None:
-    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, sys.stdout.fileno())
-    finally:
-        os.close(devnull)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m memgnn.dataset.stats", description=__doc__)
-    add_stats_arguments(parser)
-    return stats_cmd(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

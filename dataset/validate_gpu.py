@@ -7,16 +7,14 @@ resumes). Then `OUT/validate_gpu_summary.json` and `.md`: per metric (allocated,
 device_total), the relative error (sim - real) / real over the configs that ran on both
 sides without error or OOM, and the worst configs.
 
-    python -m memgnn.dataset.validate_gpu --out runs/validate [--limit N] [--device h200-141gb]
+    memgnn validate-gpu --out runs/validate [--limit N] [--device h200-141gb]
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import logging
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -363,49 +361,3 @@ def render_markdown(summary: dict[str, Any]) -> str:
             fams = ", ".join(f"{f} {_pct(v)}" for f, v in m["by_family_median_abs"].items())
             lines += ["", f"Median abs error by family: {fams}."]
     return "\n".join(lines) + "\n"
-
-
-# ---- command line ------------------------------------------------------------------------
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of `python -m memgnn.dataset.validate_gpu` (and a `memgnn validate-gpu`)."""
-    parser.add_argument("--out", type=Path, required=True, help="output directory")
-    parser.add_argument("--limit", type=int, default=None, help="run only the first N configs")
-    parser.add_argument("--device", default=None, help="device profile (default: detected)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-
-
-def validate_gpu_cmd(args: argparse.Namespace) -> int:
-    """Run the validation; 2 without a GPU or on a bad option."""
-    if not torch.cuda.is_available():
-        print("validate-gpu: no CUDA device: this validation needs a GPU", file=sys.stderr)
-        return 2
-    if args.limit is not None and args.limit < 1:
-        print("validate-gpu: --limit must be >= 1", file=sys.stderr)
-        return 2
-    summary = run_validation(args.out, limit=args.limit, device_name=args.device, progress=True)
-    for metric, m in summary["metrics"].items():
-        print(
-            f"{metric:>12}: n={m['n']} median {_pct(m['median_abs'])} "
-            f"p90 {_pct(m['p90_abs'])} max {_pct(m['max_abs'])}"
-        )
-    print(f"summary: {args.out / SUMMARY_MD}")
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m memgnn.dataset.validate_gpu", description=__doc__.split("\n\n")[0]
-    )
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    return validate_gpu_cmd(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,8 +22,8 @@ import logging
 import time
 from pathlib import Path
 
+from memgnn.cli.render import fmt_bytes, print_table
 from memgnn.demo_learn import learn_step
-from memgnn.display import fmt_bytes, print_table
 
 log = logging.getLogger(__name__)
 

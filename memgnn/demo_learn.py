@@ -2,7 +2,7 @@
 (embedded SQLite store), registered with an alias, exported to ONNX, then asked about
 configs of a family it never saw, next to their measured (simulated) labels.
 
-A miniature of `python -m memgnn.training.ship` (which trains the shipped model on thousands of
+A miniature of `memgnn ship` (which trains the shipped model on thousands of
 records): the model here sees a few dozen records and a few epochs, so its numbers show the
 pipeline working end to end, not the shipped model's accuracy (`benchmarks/accuracy.py`).
 """
@@ -13,7 +13,7 @@ import logging
 import time
 from pathlib import Path
 
-from memgnn.display import fmt_bytes, print_table
+from memgnn.cli.render import fmt_bytes, print_table
 
 log = logging.getLogger(__name__)
 

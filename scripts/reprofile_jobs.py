@@ -1,7 +1,7 @@
 """Re-profile some jobs of a corpus with today's code, keeping every other row and graph.
 
     python scripts/reprofile_jobs.py SRC DST JOB_ID[,JOB_ID...]
-    python -m memgnn.dataset.pack DST PACKED
+    memgnn dataset pack DST PACKED
 
 Each job is rebuilt from its row (its id must come out the same, `dataset.sampler.
 canonical_id`) and run by the build's own worker (`dataset.executors.run_group`: one

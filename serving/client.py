@@ -255,7 +255,7 @@ def local_server(
     """Start the app on `host` (a free port unless given), yield its URL, stop it."""
     import uvicorn
     from memgnn.serving.app import create_app
-    from memgnn.serving.cli import GRACEFUL_S, Server
+    from memgnn.serving.server import GRACEFUL_S, Server
 
     port = port or free_port(host)
     app = create_app(config)

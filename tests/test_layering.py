@@ -39,6 +39,16 @@ def _type_checking_nodes(tree: ast.Module) -> set[int]:
     return skip
 
 
+def _absolute(module: str, path: Path, level: int, target: str | None) -> str:
+    """The absolute name of `from <level dots><target> import ...` in `module`."""
+    if level == 0:
+        return target or ""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for _ in range(level - 1):
+        package = package.rpartition(".")[0]
+    return f"{package}.{target}" if target else package
+
+
 def import_graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
     """Edges module -> project modules it imports (the longest known module prefix)."""
     modules = _modules() if modules is None else modules
@@ -51,8 +61,9 @@ def import_graph(modules: dict[str, Path] | None = None) -> dict[str, set[str]]:
                 continue
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+            elif isinstance(node, ast.ImportFrom):
+                base = _absolute(name, path, node.level, node.module)
+                targets = [f"{base}.{a.name}" for a in node.names] + [base]
             else:
                 continue
             for target in targets:
@@ -192,3 +203,21 @@ def test_the_checks_can_fail(tmp_path):
     }
     assert _cycles(graph) == [["predictor.a", "predictor.b", "predictor.c"]]
     assert _cycles({"x": {"y"}, "y": set()}) == []
+
+
+def test_relative_imports_are_read(tmp_path):
+    pkg = tmp_path / "predictor" / "sub"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("from ..b import thing\nfrom .c import other\n")
+    (tmp_path / "predictor" / "b.py").write_text("thing = 1\n")
+    (pkg / "c.py").write_text("other = 2\n")
+    modules = {
+        "memgnn.predictor.sub": pkg / "__init__.py",
+        "memgnn.predictor.sub.a": pkg / "a.py",
+        "memgnn.predictor.sub.c": pkg / "c.py",
+        "memgnn.predictor.b": tmp_path / "predictor" / "b.py",
+    }
+    graph = import_graph(modules)
+    assert graph["memgnn.predictor.sub.a"] == {"memgnn.predictor.b", "memgnn.predictor.sub.c"}
+    assert graph["memgnn.predictor.sub"] == {"memgnn.predictor.sub.a"}

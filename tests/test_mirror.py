@@ -44,10 +44,10 @@ ALLOWLIST: dict[str, str] = {
     "training.export": "predictor/memory/test_onnx_model.py, test_gnn.py (PyG vs ONNX)",
     "training.fit": "training/test_train.py, predictor/memory/test_gnn.py",
     "training.pyfunc": "training/test_train.py (the mlflow pyfunc model)",
-    "training.ship": "a script; its steps: dataset/test_build.py, training/test_train.py",
+    "memgnn.cli.ship": "its steps: dataset/test_build.py, training/test_train.py",
     "training.tracking": "training/test_train.py",
     "serving.app": "serving/test_api*.py, through the HTTP API",
-    "serving.cli": "serving/test_client.py, memgnn/test_cli.py",
+    "serving.server": "serving/test_client.py, serving/test_api_captures.py (SIGTERM)",
     "serving.config": "serving/test_api*.py, through the HTTP API",
     "serving.deps": "serving/test_api*.py, through the HTTP API",
     "serving.engine": "serving/test_api*.py, through the HTTP API",
@@ -78,10 +78,10 @@ ALLOWLIST: dict[str, str] = {
     "serving.routes.samples": "serving/test_api_samples.py",
     "serving.routes.snapshots": "serving/test_snapshots_route.py",
     "serving.schemas": "serving/test_api*.py, through the HTTP API",
-    "memgnn.args": "memgnn/test_cli.py, test_cli_user_errors.py",
-    "memgnn.commands": "memgnn/test_cli.py, test_cli_user_errors.py, test_answers.py",
+    "memgnn.cli.options": "predictor/spec/test_options.py, memgnn/cli/test_user_errors.py",
     "memgnn.demo": "memgnn/test_demo_learn.py; the README's demo command runs it whole",
-    "memgnn.display": "memgnn/test_cli.py",
+    "memgnn.cli.__main__": "predictor/sim/replay/test_cost.py runs python -m memgnn.cli",
+    "memgnn.cli.demo": "the README's demo command runs it; memgnn/test_demo_learn.py",
 }
 
 

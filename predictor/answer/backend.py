@@ -135,7 +135,7 @@ class LocalBackend:
         entry = GraphEntry(
             graph=graph, graph_id=gid, n_nodes=sum(p.num_nodes for p in graph.paths),
             unknown_ops=unknown_ops(graph, self._unknown_op()),
-            model_version=self.version,
+            model_version=self._learned.version if self._learned is not None else "",
         )  # fmt: skip
         with self._lock:
             self._entries[gid] = entry

@@ -60,7 +60,7 @@ class KeyRead:
 class ConfigReading:
     """A framework config file read as a memgnn run.
 
-    `options` are memgnn option dests (the `dest` of memgnn/args.py's flags) with values;
+    `options` are memgnn option dests (the `dest` of memgnn/cli/options.py's flags) with values;
     `sources` names, per option, the file's key(s) it came from ("gradient_accumulation_
     steps: 8"), so an override can say what it replaced. `model` is a memgnn model spec
     (`hf:ORG/NAME`) when the file names the model."""

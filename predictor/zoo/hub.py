@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from .hf_tasks import infer_task, model_class, require_transformers
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -255,8 +257,6 @@ def param_count(config: Any, task: str) -> int:
     meta device: no weight is materialised."""
     from transformers.initialization import no_init_weights
 
-    from .hf import model_class
-
     cls = model_class(config, task)
     with torch.device("meta"), no_init_weights():
         model = cls(config)
@@ -268,8 +268,6 @@ def describe(entry: CatalogEntry) -> dict[str, Any]:
     """What `memgnn models` shows for one entry: its config's shape, the class the default
     task builds, the parameter count computed on the meta device, and the check against
     the published figure (`params_match` None where no exact figure is recorded)."""
-    from .hf import infer_task, model_class, require_transformers
-
     tf = require_transformers()
     config = tf.AutoConfig.from_pretrained(str(entry.path), local_files_only=True)
     task = infer_task(config)

@@ -14,9 +14,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from memgnn.dataset import build as build_mod
-from memgnn.dataset.build import BuildConfig, add_build_arguments, build_corpus, config_from_args
+from memgnn.dataset.build import BuildConfig, build_corpus
 from memgnn.dataset.corpus import Corpus
 from memgnn.dataset.sampler import sample_jobs
+
+from memgnn.cli.dataset import add_build_arguments, config_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {
@@ -147,7 +149,7 @@ def test_kill_9_mid_build_then_resume_then_corrupt_part(tmp_path):
     cfg = config_from_args(parser.parse_args(_cli_args(out)))
     expected = expected_ids(cfg)
     assert len(expected) == 16
-    cmd = [sys.executable, "-m", "memgnn.dataset.build", *_cli_args(out)]
+    cmd = [sys.executable, "-m", "memgnn.cli", "dataset", "build", *_cli_args(out)]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -184,8 +186,9 @@ def test_kill_9_mid_build_then_resume_then_corrupt_part(tmp_path):
 
 
 def test_a_truncated_graph_fails_stats_and_is_re_captured_by_the_next_build(tmp_path, capsys):
-    from memgnn.dataset.stats import add_stats_arguments, stats_cmd
     from memgnn.predictor.ir.graph import file_sha256
+
+    from memgnn.cli.dataset import add_stats_arguments, stats_cmd
 
     cfg = tiny(tmp_path, ["mlp"], 3)
     assert build_corpus(cfg).profiled == 3

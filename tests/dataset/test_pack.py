@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from memgnn.dataset.corpus import Corpus
-from memgnn.dataset.pack import main, pack_corpus
+from memgnn.dataset.pack import pack_corpus
 from memgnn.predictor.memory.features import FEATURE_SCHEMA_VERSION
 
 DEMO = Path(__file__).resolve().parents[2] / "dataset" / "data" / "demo-corpus"
@@ -31,12 +30,3 @@ def test_pack_keeps_every_row_and_graph_byte(tmp_path):
     assert manifest["feature_schema_version"] == FEATURE_SCHEMA_VERSION
     files = [p for p in (tmp_path / "packed").rglob("*") if p.is_file()]
     assert manifest["bytes"] == sum(p.stat().st_size for p in files if p.name != "manifest.json")
-
-
-def test_pack_refuses_an_existing_folder_and_an_unfinished_preset(tmp_path, capsys):
-    (tmp_path / "x").mkdir()
-    with pytest.raises(ValueError, match="exists; pack into a new folder"):
-        pack_corpus(DEMO, tmp_path / "x")
-    assert main([str(DEMO), str(tmp_path / "y"), "--preset", "smoke"]) == 2
-    assert "lacks 6 of preset smoke's jobs" in capsys.readouterr().err
-    assert not (tmp_path / "y").exists()

@@ -6,9 +6,10 @@ import argparse
 import json
 
 import pytest
-from memgnn.dataset.build import add_build_arguments, build_cmd, configs_from_args
 from memgnn.dataset.corpus import Corpus
 from memgnn.dataset.presets import PRESETS, preset_kwargs
+
+from memgnn.cli.dataset import add_build_arguments, build_cmd, configs_from_args
 
 
 def _args(*argv: str) -> argparse.Namespace:

@@ -10,13 +10,9 @@ from memgnn.dataset.corpus import Corpus, CorpusWriter, record_row
 from memgnn.dataset.executors import error_row
 from memgnn.dataset.record import ProfileRecord
 from memgnn.dataset.sampler import Job
-from memgnn.dataset.stats import (
-    add_stats_arguments,
-    corpus_stats,
-    failure_reason,
-    render_stats,
-    stats_cmd,
-)
+from memgnn.dataset.stats import corpus_stats, failure_reason, render_stats
+
+from memgnn.cli.dataset import add_stats_arguments, stats_cmd
 
 MiB = 1 << 20
 LORA = {"grad_accum": 4, "peft": "lora", "lora_r": 16, "quantize_base": "nf4", "attention": "flash"}

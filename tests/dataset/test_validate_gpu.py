@@ -16,7 +16,6 @@ from memgnn.dataset.validate_gpu import (
     ValidationConfig,
     config_matrix,
     load_pairs,
-    main,
     render_markdown,
     run_validation,
     summarize,
@@ -209,11 +208,3 @@ def test_run_validation_rejects_bad_options(tmp_path):
         run_validation(tmp_path, limit=0, device_name="h200-141gb")
     with pytest.raises(ValueError, match="unknown device profile"):
         run_validation(tmp_path, device_name="tpu-v9")
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU exit")
-def test_main_without_gpu_exits_2(tmp_path, capsys):
-    assert main(["--out", str(tmp_path), "--limit", "1"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "no CUDA device" in err
-    assert not (tmp_path / RECORDS_FILE).exists()

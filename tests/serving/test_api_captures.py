@@ -130,7 +130,7 @@ def test_sigterm_during_a_long_capture_exits_within_seconds(tmp_path):
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
         "MEMGNN_CACHE": str(tmp_path / "cache"),
     }
-    cmd = [sys.executable, "-m", "memgnn.serving.cli", "--port", str(port), "--model", "analytic"]
+    cmd = [sys.executable, "-m", "memgnn.cli", "serve", "--port", str(port), "--model", "analytic"]
     cmd += ["--state-dir", str(tmp_path / "s"), "--allow-local-specs", "--log-level", "warning"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"

@@ -24,7 +24,8 @@ def start(db: Path, port: int) -> subprocess.Popen:
     cmd = [
         sys.executable,
         "-m",
-        "memgnn.serving.cli",
+        "memgnn.cli",
+        "serve",
         "--port",
         str(port),
         "--model",

@@ -9,7 +9,8 @@ import pytest
 from memgnn.predictor.memory.base import Query
 from memgnn.predictor.memory.features import NUM_QUERY_FEATURES
 from memgnn.predictor.memory.onnx_model import OnnxMemoryModel
-from memgnn.training.train import add_train_arguments, train_cmd
+
+from memgnn.cli.train import add_train_arguments, train_cmd
 
 
 def _args(corpus, out, *extra):

@@ -1,5 +1,5 @@
 """The shipped learned memory model (encoder.onnx, head.onnx, model_card.json).
 
 A package only so wheels carry the files (package-data *.onnx, *.json). Retrain with
-`python -m memgnn.training.ship`; load with `predictor.memory.onnx_model.load_default_model()`.
+`memgnn ship`; load with `predictor.memory.onnx_model.load_default_model()`.
 """

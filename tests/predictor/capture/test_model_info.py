@@ -47,7 +47,7 @@ def test_structure_sees_settings_that_are_not_shapes():
 def test_kind_follows_how_the_user_named_the_model():
     from dataclasses import replace
 
-    from memgnn.display import model_line
+    from memgnn.cli.render import model_line
 
     # a py: factory may name its bundle anything (here a zoo-like name)
     bundle = replace(_bundle(), name="classifier-16", origin="py")

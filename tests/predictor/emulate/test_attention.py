@@ -145,8 +145,8 @@ def test_the_capture_cache_keys_on_attention(tiny_llama):
 def test_the_cli_and_the_service_take_attention():
     from memgnn.serving.schemas import TrainIn
 
-    from memgnn.args import train_spec
     from memgnn.cli import build_parser
+    from memgnn.cli.options import train_spec
 
     args = build_parser().parse_args(
         ["predict", "--model", "gpt2", "--attention", "flash", "--checkpointing", "hf"]

@@ -18,7 +18,7 @@ from memgnn.predictor.memory.analytic import AnalyticModel, live_curve
 from memgnn.predictor.memory.base import Query
 from memgnn.predictor.spec.train import TrainSpec
 
-from memgnn.args import add_train_args, train_spec
+from memgnn.cli.options import add_train_args, train_spec
 
 
 def test_defaults_are_one_unsharded_gpu():

@@ -10,7 +10,7 @@ from memgnn.predictor.spec.options import Option, group_options, opt
 from memgnn.predictor.spec.train import OPTIONS, TrainSpec
 from memgnn.serving.schemas import TrainIn
 
-from memgnn.args import add_train_args, explicit_train_options, option_flags, train_spec
+from memgnn.cli.options import add_train_args, explicit_train_options, option_flags, train_spec
 
 
 def _parse(*argv: str) -> argparse.Namespace:

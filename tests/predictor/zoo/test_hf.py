@@ -150,7 +150,7 @@ def test_a_decoder_only_vision_language_config_trains_as_causal_lm_on_text(tmp_p
 
 
 def test_infer_task_of_bare_vision_backbones_and_encoder_decoders():
-    from memgnn.predictor.zoo.hf import infer_task
+    from memgnn.predictor.zoo.hf_tasks import infer_task
     from transformers import Dinov2Config, SiglipConfig, T5Config
 
     assert infer_task(Dinov2Config(architectures=["Dinov2Model"])) == "image-cls"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from memgnn.predictor import zoo
 from memgnn.predictor.zoo import hub
-from memgnn.predictor.zoo.hf import infer_task
+from memgnn.predictor.zoo.hf_tasks import infer_task
 
 transformers = pytest.importorskip("transformers")
 

@@ -104,3 +104,17 @@ def loop_line(train: TrainSpec) -> str:
         "loop: outputs freed with the forward, the loss after backward (HF Trainer); "
         "--hold-outputs if yours keeps them (`outputs = model(**batch)`)"
     )
+
+
+def verdict_line(verdict: dict[str, Any], what: str) -> str:
+    """`fits: ...` / `does NOT fit: ...` for a `MemoryLimit.verdict`."""
+    if verdict["source"] == "threshold":
+        of = f"{verdict['threshold'] * 100:g}% of the device's {fmt_bytes(verdict['budget_bytes'])}"
+    elif verdict["threshold"] < 1:
+        of = f"{verdict['threshold'] * 100:g}% of the budget {fmt_bytes(verdict['budget_bytes'])}"
+    else:
+        of = "the budget"
+    room = verdict["headroom_bytes"]
+    head = "fits" if verdict["fits"] else "does NOT fit"
+    side = f"{fmt_bytes(room)} to spare" if room >= 0 else f"{fmt_bytes(-room)} over"
+    return f"{head}: {what} vs limit {fmt_bytes(verdict['limit_bytes'])} ({of}), {side}"

@@ -1,6 +1,6 @@
-"""Train the model shipped in `predictor/memory/default_model/`, end to end, with one command:
+"""`memgnn ship`: train the model shipped in `predictor/memory/default_model/`, end to end:
 
-    .venv/bin/python -m memgnn.training.ship    # corpus -> train -> predictor/memory/default_model
+    memgnn ship    # corpus -> train -> predictor/memory/default_model
 
 1. builds (or finishes: it is resumable) the corpus of `--preset` (default v2, the
    shipped model's: `dataset.presets`) in `runs/corpus`, the same as
@@ -17,23 +17,22 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
-import sys
 from pathlib import Path
 
 from memgnn.dataset.build import BuildConfig, build_corpus
 from memgnn.dataset.presets import PRESETS, preset_kwargs
+from memgnn.predictor.memory.onnx_model import DEFAULT_MODEL_DIR
 from memgnn.training.fit_config import FitConfig
 from memgnn.training.train import TrainConfig, run_training
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "predictor" / "memory" / "default_model"
+SHIPPED = DEFAULT_MODEL_DIR  # the package's own copy (its files are installed with it)
 FILES = ("encoder.onnx", "head.onnx", "model_card.json")
+__all__ = ["add_arguments", "run"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="build the corpus, train, ship the default model")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", default="runs/corpus")
     p.add_argument("--out", default="runs/default-model")
     p.add_argument("--workers", type=int, default=2, help="corpus build processes")
@@ -43,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-corpus", action="store_true", help="train on --corpus as it is")
     p.add_argument("--no-install", action="store_true", help="do not copy into the package")
     p.add_argument("--restart", action="store_true", help="discard a previous run in --out")
-    a = p.parse_args(argv)
+    p.set_defaults(func=run)
+
+
+def run(a: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     for noisy in ("torch", "transformers", "predictor", "dataset"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -67,7 +69,3 @@ def main(argv: list[str] | None = None) -> int:
         log.info("installed %s into %s", card["model_version"], SHIPPED)
     print(f"{card['model_version']}: val {card['metrics']['val'].get('primary')}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

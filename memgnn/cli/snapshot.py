@@ -8,14 +8,13 @@ import json
 import sys
 from typing import Any
 
-from memgnn.args import train_spec
-from memgnn.display import fmt_bytes, parse_bytes, print_table
+from memgnn.cli.options import train_spec
+from memgnn.cli.render import fmt_bytes, parse_bytes, print_table
 
-__all__ = ["add_snapshot_parser", "plot_prediction", "smaller_batch", "tag_export"]
+__all__ = ["add_arguments", "plot_prediction", "smaller_batch", "tag_export"]
 
 
-def add_snapshot_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("snapshot", help="replay / plot torch.cuda.memory._dump_snapshot files")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     ssub = p.add_subparsers(dest="snapshot_command", required=True)
     q = ssub.add_parser("replay", help="replay a snapshot's requests through the simulator")
     q.add_argument("file", help="a _dump_snapshot pickle (plain or .gz)")

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from memgnn.cli import build_parser
-from tests.memgnn.clirun import run_cli
+from tests.memgnn.cli.clirun import run_cli
 
 USER_MODEL = textwrap.dedent(
     """

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.memgnn.clirun import run_cli
+from tests.memgnn.cli.clirun import run_cli
 
 A100 = 81920 << 20  # the a100-80gb profile's total
 MLP = ("--model", "mlp", "--device", "a100-80gb")

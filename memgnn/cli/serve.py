@@ -12,29 +12,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from typing import Any
 
 import uvicorn
+
 from memgnn.serving.config import TOKEN_ENV_VAR, ServeConfig, default_state_dir
+from memgnn.serving.server import GRACEFUL_S, Server
 
 log = logging.getLogger(__name__)
-
-GRACEFUL_S = 10  # uvicorn cancels requests still running this long after a SIGTERM
-
-
-class Server(uvicorn.Server):
-    """uvicorn's server that, on SIGINT/SIGTERM, also stops the capture in flight at
-    once: requests waiting on it answer 503 and shutdown does not wait for a capture."""
-
-    def __init__(self, config: uvicorn.Config, app: Any):
-        super().__init__(config)
-        self.memgnn_app = app
-
-    def handle_exit(self, sig: int, frame: Any) -> None:
-        engine = getattr(self.memgnn_app.state, "engine", None)
-        if engine is not None:
-            engine.close()
-        super().handle_exit(sig, frame)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -132,18 +116,6 @@ def serve_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`python -m memgnn.serving.cli` runs the server without the memgnn CLI."""
-    parser = argparse.ArgumentParser(prog="memgnn serve", description=__doc__.splitlines()[0])
-    add_serve_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    try:
-        return serve_cmd(args)
-    except ValueError as exc:
-        log.error("memgnn serve: %s", exc)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_serve_arguments(p)
+    p.set_defaults(func=serve_cmd)

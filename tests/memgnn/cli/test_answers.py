@@ -8,7 +8,7 @@ import textwrap
 import pytest
 from tiny_models import tiny_gpt2_config
 
-from tests.memgnn.clirun import run_cli
+from tests.memgnn.cli.clirun import run_cli
 
 GUARDED = """
 import torch

@@ -15,16 +15,48 @@ import argparse
 import json
 from typing import Any
 
-from memgnn.args import memory_limit, model_args, parse_sizes, train_spec
-from memgnn.display import fmt_bytes, loop_line, model_line
+from memgnn.cli.options import (
+    DEVICE_HELP,
+    METRIC_HELP,
+    add_cache_args,
+    add_limit_args,
+    add_model_args,
+    add_size_args,
+    add_train_args,
+    memory_limit,
+    model_args,
+    parse_sizes,
+    train_spec,
+)
+from memgnn.cli.render import fmt_bytes, loop_line, model_line
 from memgnn.predictor.answer.backend import LocalBackend
 from memgnn.predictor.answer.plan import PlanRequest, plan
 from memgnn.predictor.answer.types import ModelRef
 from memgnn.predictor.errors import UserError
+from memgnn.predictor.ir.vocab import METRICS, SEARCH_MODES
 from memgnn.predictor.spec.devices import get_profile
 from memgnn.predictor.spec.train import TrainSpec
 
-__all__ = ["add_plan_space_args", "decision_lines", "plan_cmd", "plan_request"]
+__all__ = ["add_arguments", "add_plan_space_args", "decision_lines", "plan_cmd", "plan_request"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_size_args(p)
+    add_train_args(p)
+    add_limit_args(p, "one of the two is required")
+    p.add_argument("--device", default="h100-80gb", help=DEVICE_HELP)
+    p.add_argument("--metric", choices=METRICS, default=None, help=METRIC_HELP)
+    add_plan_space_args(p)
+    p.add_argument(
+        "--mode", choices=SEARCH_MODES, default=None,
+        help="power: powers of two only (the default); binsearch: bisect between them too "
+        "(the same as --any-batch)",
+    )  # fmt: skip
+    p.add_argument("--any-batch", action="store_true", help="any batch size (--mode binsearch)")
+    p.add_argument("--json", action="store_true")
+    add_cache_args(p)
+    p.set_defaults(func=plan_cmd)
 
 
 def add_plan_space_args(p: argparse.ArgumentParser) -> None:

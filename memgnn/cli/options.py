@@ -1,12 +1,16 @@
-"""The options every model command shares (model, sizes, training) and their parsing into
-sizes, model args and a `TrainSpec`: used by the parser (`memgnn.cli`) and by the commands
-(`memgnn.commands`, `memgnn.snapshot_cli`), so neither imports the other for them."""
+"""The options the model commands share (model, sizes, training, memory limit, capture
+cache) and their parsing into a model bundle, sizes and a `TrainSpec`. The training flags
+are made from the spec's options (`predictor.spec.train.OPTIONS`): one flag per option,
+`explicit_train_options` tells the flags given from those left at their default."""
 
 from __future__ import annotations
 
 import argparse
 
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.limits import MemoryLimit, resolve_limit
 from memgnn.predictor.spec.train import BY_NAME, OPTIONS, TrainSpec
+from memgnn.predictor.zoo import resolve
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -109,11 +113,6 @@ def train_spec(args: argparse.Namespace) -> TrainSpec:
     return TrainSpec.of(**explicit_train_options(args))
 
 
-# A one-shot CLI answer: the compiled replay core's load from numba's on-disk cache
-# (2.19 s, benchmarks/results/replay_speed.md "JIT warm-up") fits, its compile (67.59 s) does
-# not; the server keeps its per-request 250 ms (`ServeConfig.replay_budget_ms`).
-CLI_REPLAY_BUDGET_MS = 5000.0
-
 BUDGET_HELP = (
     "memory budget: bytes with a unit (24GiB, 68GB) or >= 1024 without (8e9), or a fraction "
     "of the device: 50%% or 0.5; a bare small integer such as 1 is refused as ambiguous"
@@ -131,10 +130,8 @@ def add_limit_args(p: argparse.ArgumentParser, what: str) -> None:
     g.add_argument("--threshold", type=float, default=None, help=THRESHOLD_HELP)
 
 
-def memory_limit(args: argparse.Namespace, device, *, required: bool = False):
+def memory_limit(args: argparse.Namespace, device, *, required: bool = False) -> MemoryLimit | None:
     """The `predictor.spec.limits.MemoryLimit` of --budget / --threshold on `device` (or None)."""
-    from memgnn.predictor.spec.limits import resolve_limit
-
     return resolve_limit(
         budget=args.budget,
         threshold=args.threshold,
@@ -144,7 +141,18 @@ def memory_limit(args: argparse.Namespace, device, *, required: bool = False):
     )
 
 
-def add_cache_arg(p: argparse.ArgumentParser) -> None:
+DEVICE_HELP = "device profile (default: %(default)s; `memgnn devices` lists them)"
+METRIC_HELP = (
+    "allocated | reserved | device_total (default: reserved on a GPU profile, allocated on cpu)"
+)
+
+
+def resolve_bundle(args: argparse.Namespace) -> ModelBundle:
+    """The model the --model / --model-arg / --task flags name."""
+    return resolve(args.model, model_args(args), args.task)
+
+
+def add_cache_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cache",
         action="store_true",
@@ -191,8 +199,10 @@ def model_args(args: argparse.Namespace) -> dict[str, str]:
 
 
 __all__ = [
-    "CLI_REPLAY_BUDGET_MS",
-    "add_cache_arg",
+    "DEVICE_HELP",
+    "METRIC_HELP",
+    "add_cache_args",
+    "resolve_bundle",
     "add_limit_args",
     "add_model_args",
     "add_size_args",

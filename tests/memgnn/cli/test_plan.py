@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.memgnn.clirun import run_cli
+from tests.memgnn.cli.clirun import run_cli
 
 BASE = ("plan", "--model", "mlp", "--device", "cpu", "--budget", "2MiB",
         "--checkpointing-choices", "none", "--max-batch", "4096")  # fmt: skip

@@ -3,7 +3,7 @@
 import json
 import pickle
 
-from tests.memgnn.clirun import run_cli
+from tests.memgnn.cli.clirun import run_cli
 
 MiB = 1 << 20
 

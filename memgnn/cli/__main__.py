@@ -1,0 +1,7 @@
+"""`python -m memgnn.cli ...` is `memgnn ...`."""
+
+import sys
+
+from memgnn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,138 @@
+"""`memgnn predict`: a training step's peak memory, answered by the answer layer
+(`predictor.answer.predict`) in this process or by a running service (`--url`): the same
+JSON document either way."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from memgnn.cli.options import (
+    DEVICE_HELP,
+    METRIC_HELP,
+    add_cache_args,
+    add_limit_args,
+    add_model_args,
+    add_size_args,
+    add_train_args,
+    memory_limit,
+    model_args,
+    parse_sizes,
+    train_spec,
+)
+from memgnn.cli.render import fmt_bytes, loop_line, model_line, verdict_line
+from memgnn.cli.snapshot import plot_prediction
+from memgnn.predictor.answer.backend import CLI_REPLAY_BUDGET_MS, LocalBackend
+from memgnn.predictor.answer.predict import predict
+from memgnn.predictor.answer.types import ModelRef, PredictRequest, QueryConfig
+from memgnn.predictor.ir.vocab import METHOD_CHOICES, METRICS, SCENARIOS
+from memgnn.predictor.spec.devices import DeviceProfile, get_profile
+from memgnn.predictor.spec.train import TrainSpec
+from memgnn.serving.client import remote_predict
+
+__all__ = ["add_arguments", "predict_lines", "predict_request", "run"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_args(p)
+    add_size_args(p)
+    add_train_args(p)
+    p.add_argument("--device", default="h100-80gb", help=DEVICE_HELP)
+    p.add_argument("--metric", choices=METRICS, default=None, help=METRIC_HELP)
+    p.add_argument(
+        "--scenario", choices=SCENARIOS, default="worst",
+        help="data-dependent sizes at their min | balanced | worst (default: %(default)s)",
+    )  # fmt: skip
+    p.add_argument("--url", default=None, help="ask a running `memgnn serve` instead")
+    p.add_argument("--token", default=None, help="bearer token for --url")
+    p.add_argument("--plot", default=None, help="also draw the simulated step (OUT.png|svg)")
+    p.add_argument(
+        "--method", choices=METHOD_CHOICES, default="auto",
+        help="replay: the simulator's exact bytes; auto: replay within --replay-budget-ms",
+    )  # fmt: skip
+    p.add_argument(
+        "--replay-budget-ms", type=float, default=None,
+        help=f"auto's per-request budget (default {CLI_REPLAY_BUDGET_MS:g}: one answer per "
+        "process, so loading the compiled core from numba's cache fits and compiling it does "
+        "not; with --url the server's own default)",
+    )  # fmt: skip
+    add_limit_args(p, "a fits / does not fit verdict on the upper bound")
+    p.add_argument("--json", action="store_true")
+    add_cache_args(p)
+    p.set_defaults(func=run)
+
+
+def predict_request(args: argparse.Namespace, device: DeviceProfile) -> PredictRequest:
+    """The answer layer's request for `memgnn predict`'s arguments (the limit checked
+    first: a bad --budget fails before a capture)."""
+    limit = memory_limit(args, device)
+    limit_fields: dict[str, Any] = {}
+    if limit is not None and limit.source == "threshold":
+        limit_fields["threshold"] = limit.threshold
+    elif limit is not None:
+        limit_fields["budget"] = limit.budget_bytes
+    return PredictRequest(
+        model=ModelRef(spec=args.model, args=model_args(args), task=args.task),
+        train=train_spec(args),
+        configs=[
+            QueryConfig(
+                sizes=parse_sizes(args), device=device.name, metric=args.metric,
+                scenario=args.scenario,
+            )
+        ],
+        method=args.method,
+        replay_budget_ms=args.replay_budget_ms,
+        **limit_fields,
+    )  # fmt: skip
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.url and args.plot:
+        raise ValueError("--plot draws a local simulation; it cannot be used with --url")
+    device = get_profile(args.device)
+    req = predict_request(args, device)
+    device.check_precision(req.train.numerics.precision)
+    if args.url:
+        out = remote_predict(args.url, req, token=args.token)
+    else:
+        backend = LocalBackend(use_cache=not args.no_cache, capture_mode=args.capture)
+        out = predict(req, backend).predictions[0].to_dict()
+    for w in out["warnings"]:
+        print(f"memgnn predict: warning: {w}", file=sys.stderr)
+    if args.plot:
+        graph = backend.entry(out["graph_id"]).graph
+        title = (
+            f"{args.model} {out['sizes']} on {device.name}: predicted {out['metric']} peak "
+            f"{fmt_bytes(out['predicted_peak_bytes'])} ({out['method']}, {out['model_version']})"
+        )
+        plot_prediction(args.plot, graph, out["sizes"], device, out, scenario=args.scenario,
+                        title=title)  # fmt: skip
+    if args.json:
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+    for line in predict_lines(out):
+        print(line)
+    return 0
+
+
+def predict_lines(out: dict[str, Any]) -> list[str]:
+    """The text answer of `memgnn predict` from its JSON document."""
+    par = out["breakdown"].get("parallel")
+    name = out["model"]["spec"] if out["model"] else out["graph_id"]
+    lines = [
+        f"{name} {out['sizes']} on {out['device']}: {out['metric']} peak "
+        f"{fmt_bytes(out['predicted_peak_bytes'])} (bound {fmt_bytes(out['upper_bound_bytes'])}),"
+        f" model {out['model_version']} ({out['method']})"
+        + (f", per rank (rank 0 of {par['world_size']}, {par['sharding']})" if par else "")
+    ]
+    if out["model"]:
+        lines.append(model_line(out["model"]))
+    if out["train"]:
+        lines.append(loop_line(TrainSpec.from_dict(out["train"])))
+    if route := out["breakdown"].get("route"):
+        lines.append(f"path: {route['method']} ({route['reason']})")
+    if out["verdict"] is not None:
+        lines.append(verdict_line(out["verdict"], f"upper bound {out['metric']}"))
+    return lines

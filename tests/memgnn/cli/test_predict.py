@@ -1,0 +1,83 @@
+"""`memgnn predict`: the answer document, local and through the service."""
+
+import json
+
+from tests.memgnn.cli.clirun import run_cli
+
+
+def test_predict_prints_the_same_document_with_and_without_url(tmp_path, capsys):
+    """One answer layer: the service's answer is the document the CLI prints locally, key
+    for key and byte for byte (but the seconds it took and the route's cost estimate)."""
+    from memgnn.serving.client import local_server
+    from memgnn.serving.config import ServeConfig
+
+    argv = ["predict", "--model", "mlp", "--batch", "8", "--device", "a100-80gb"]
+    argv += ["--precision", "bf16", "--method", "analytic", "--threshold", "0.5", "--json"]
+    with local_server(ServeConfig(model="analytic", state_dir=tmp_path)) as url:
+        code, text, err = run_cli(capsys, *argv, "--url", url)
+    assert code == 0, err
+    remote = json.loads(text)
+    code, text, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    local = json.loads(text)
+    assert sorted(remote) == sorted(local)
+    for doc in (remote, local):
+        del doc["predict_seconds"], doc["breakdown"]["route"]
+    assert remote == local
+    assert local["train"]["numerics"]["precision"] == "bf16" and local["verdict"]["fits"]
+
+
+def test_predict_qlora_with_8bit_adamw(capsys):
+    argv = ["predict", "--model", "mlp", "--peft", "lora", "--lora-targets", "linear"]
+    argv += ["--optimizer", "adamw8bit", "--device", "a10g-24gb", "--json"]
+    code, text, _ = run_cli(capsys, *argv, "--quantize-base", "nf4")
+    assert code == 0
+    nf4 = json.loads(text)
+    code, text, _ = run_cli(capsys, *argv)
+    plain = json.loads(text)
+    assert nf4["model"]["module_class"] == "MLP + LoRA r=8 on nf4"
+    assert nf4["model"]["parameters"] == plain["model"]["parameters"]
+    cats = nf4["breakdown"]["categories"], plain["breakdown"]["categories"]
+    assert cats[0]["parameter"] < cats[1]["parameter"]  # 4-bit base weights
+    assert cats[0]["optimizer_state"] == cats[1]["optimizer_state"]  # same adapters
+
+
+def test_one_shot_predict_replays_through_a_cached_jit_load(capsys, monkeypatch):
+    """A CLI answer pays the compiled core's load from numba's cache (it is one answer per
+    process); the server's per-request 250 ms does not, and a compile does not either."""
+    import memgnn.predictor.answer.exact as exact
+
+    argv = ["predict", "--model", "mlp", "--batch", "8", "--device", "a100-80gb", "--json"]
+    for state, budget, method in [
+        ("cached", [], "replay"),
+        ("cached", ["--replay-budget-ms", "250"], "gnn"),
+        ("cold", [], "gnn"),
+    ]:
+        monkeypatch.setattr(exact, "jit_state", lambda state=state: state)
+        code, out, err = run_cli(capsys, *argv, *budget)
+        assert code == 0, err
+        route = json.loads(out)["breakdown"]["route"]
+        assert route["method"] == method and route["jit"] == state, route
+
+
+def test_predict_lora_dtype_model_keeps_adapters_in_the_model_dtype(capsys):
+    argv = ["predict", "--model", "mlp", "--peft", "lora", "--lora-targets", "linear"]
+    argv += ["--precision", "bf16", "--device", "cpu", "--json"]
+    code, text, _ = run_cli(capsys, *argv)
+    assert code == 0
+    fp32 = json.loads(text)["breakdown"]["categories"]
+    assert (
+        json.loads(text)["train"]["adapter"]["dtype"] == "fp32"
+    )  # the answer says what it assumed
+    code, text, _ = run_cli(capsys, *argv, "--lora-dtype", "model", "--hold-outputs")
+    assert code == 0
+    model = json.loads(text)["breakdown"]["categories"]
+    assert model["parameter"] < fp32["parameter"]  # bf16 adapters, not fp32
+    assumed = json.loads(text)["train"]
+    assert assumed["adapter"]["dtype"] == "model" and assumed["loop"]["hold_outputs"] is True
+    code, _, err = run_cli(capsys, "predict", "--model", "mlp", "--lora-dtype", "model")
+    assert code == 2 and "--lora-dtype model applies to --peft lora" in err
+    code, text, _ = run_cli(capsys, *argv[:-1])
+    assert code == 0 and "loop: outputs freed with the forward" in text
+    code, text, _ = run_cli(capsys, *argv[:-1], "--hold-outputs")
+    assert code == 0 and "loop: keeps each step's outputs" in text

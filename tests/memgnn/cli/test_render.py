@@ -1,0 +1,14 @@
+"""What the CLI prints for people."""
+
+
+def test_model_line_says_when_blocks_were_replicated():
+    from memgnn.cli.render import model_line
+
+    info = {"spec": "hf:x", "module_class": "LlamaForCausalLM", "layers": 32,
+            "parameters": 10, "param_dtype": "bfloat16", "precision": "bf16"}  # fmt: skip
+    assert "repeated blocks" not in model_line(info)
+    how = {"mode": "blocks", "captured_blocks": 4, "blocks": 32}
+    assert "repeated blocks (32 replicated from a 4-block capture)" in model_line(
+        info | {"capture": how}
+    )
+    assert "repeated" not in model_line(info | {"capture": {"mode": "full", "why": "x"}})

@@ -1,0 +1,70 @@
+"""`predict(PredictRequest, backend)`: one answer per config, routed, with what it assumed."""
+
+from __future__ import annotations
+
+import pytest
+from memgnn.predictor.answer.backend import LocalBackend
+from memgnn.predictor.answer.predict import predict
+from memgnn.predictor.answer.types import ModelRef, PredictRequest, QueryConfig
+from memgnn.predictor.errors import UserError
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.sim.simulate import simulate
+from memgnn.predictor.spec.devices import get_profile
+from memgnn.predictor.spec.train import TrainSpec
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return LocalBackend(learned=AnalyticModel())
+
+
+def _req(*configs: QueryConfig, **kw) -> PredictRequest:
+    return PredictRequest(model=ModelRef(spec="mlp"), configs=list(configs), **kw)
+
+
+def test_replay_answers_are_the_simulators_bytes_for_every_config(backend):
+    a100 = "a100-80gb"
+    req = _req(QueryConfig(sizes={"B": 8}, device=a100, metric="allocated"),
+               QueryConfig(sizes={"B": 8192}, device=a100, metric="allocated"),
+               method="replay")  # fmt: skip
+    answer = predict(req, backend)
+    small, big = answer.predictions
+    graph = backend.entry(small.graph_id).graph
+    for a, b in ((small, 8), (big, 8192)):
+        assert a.method == "replay" and a.breakdown["route"]["asked"] == "replay"
+        sim = simulate(graph, {"B": b}, get_profile(a100))
+        assert a.predicted_peak_bytes == a.upper_bound_bytes == sim.peak_allocated_bytes
+    assert big.predicted_peak_bytes > small.predicted_peak_bytes
+    assert small.train == TrainSpec().to_dict() and small.model["spec"] == "mlp"
+    assert small.correction == {"peak_scale": 1.0, "bound_scale": 1.0, "samples": 0}
+
+
+def test_the_example_dims_fill_the_sizes_and_a_limit_gives_a_verdict(backend):
+    answer = predict(_req(QueryConfig(device="a100-80gb"), threshold=0.5), backend)
+    (a,) = answer.predictions
+    assert a.sizes["B"] >= 1 and a.verdict["fits"] and a.verdict["source"] == "threshold"
+    assert a.method == "replay"  # `auto`: one replay of a tiny graph fits the budget
+    assert a.breakdown["route"]["asked"] == "auto"
+
+
+def test_a_bad_config_is_a_user_error_naming_it(backend):
+    with pytest.raises(UserError) as err:
+        predict(_req(QueryConfig(sizes={"B": 2}), QueryConfig(sizes={"B": 0})), backend)
+    assert err.value.loc == ("configs", 1, "sizes")
+    with pytest.raises(UserError) as err:
+        predict(_req(QueryConfig(device="cpu", metric="reserved")), backend)
+    assert err.value.loc == ("configs", 0, "metric")
+    bf16 = PredictRequest(model=ModelRef(spec="mlp"), train=TrainSpec.of(precision="bf16"),
+                          configs=[QueryConfig(device="v100-16gb")])  # fmt: skip
+    with pytest.raises(UserError, match="bfloat16") as err:
+        predict(bf16, backend)
+    assert err.value.loc == ("configs", 0, "device")
+
+
+def test_an_uploaded_graph_is_answered_by_its_own_train_spec(backend):
+    first = predict(_req(QueryConfig(sizes={"B": 4}, device="cpu")), backend).predictions[0]
+    graph = backend.entry(first.graph_id).graph
+    again = predict(PredictRequest(graph=graph, configs=[QueryConfig(sizes={"B": 4},
+                    device="cpu")]), backend).predictions[0]  # fmt: skip
+    assert again.predicted_peak_bytes == first.predicted_peak_bytes
+    assert again.train == first.train and again.graph_id == first.graph_id
