@@ -92,7 +92,8 @@ def test_generic_profile_terms_follow_sm():
 def test_nearest_known():
     assert nearest_known(PROFILES["a100-40gb"]) is PROFILES["a100-40gb"]
     assert nearest_known(generic_profile(94 * GiB, 90)).name == "h100-80gb"
-    assert nearest_known(generic_profile(200 * GiB, 100)).name == "h200-141gb"
+    assert nearest_known(generic_profile(200 * GiB, 100)).name == "b200-180gb"
+    assert nearest_known(generic_profile(150 * GiB, 90)).name == "h200-141gb"
     assert nearest_known(generic_profile(48 * GiB, 89)).name == "rtx4090-24gb"
 
 
