@@ -94,7 +94,8 @@ def test_nearest_known():
     assert nearest_known(generic_profile(94 * GiB, 90)).name == "h100-80gb"
     assert nearest_known(generic_profile(200 * GiB, 100)).name == "b200-180gb"
     assert nearest_known(generic_profile(150 * GiB, 90)).name == "h200-141gb"
-    assert nearest_known(generic_profile(48 * GiB, 89)).name == "rtx4090-24gb"
+    assert nearest_known(generic_profile(48 * GiB, 89)).name == "l40s-48gb"
+    assert nearest_known(generic_profile(24 * GiB, 89)).name == "rtx4090-24gb"
 
 
 def test_category_bytes_counts_each_storage_once_and_only_on_the_device():
