@@ -127,6 +127,7 @@ class MemgnnClient:
         budget_bytes: int | None = None,
         method: str = "auto",
         replay_budget_ms: float | None = None,
+        config: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """POST /predict; `method` auto | replay | gnn | analytic, `replay_budget_ms`
         (None: the server's) as `serving.routing` routes them; `threshold` / `budget_bytes`
@@ -136,7 +137,8 @@ class MemgnnClient:
         if replay_budget_ms is not None:
             body["replay_budget_ms"] = replay_budget_ms
         limits = (("threshold", threshold), ("budget_bytes", budget_bytes))
-        for key, value in (("graph_id", graph_id), ("graph", graph), ("model", model), *limits):
+        sources = (("graph_id", graph_id), ("graph", graph), ("model", model), ("config", config))
+        for key, value in (*sources, *limits):
             if value is not None:
                 body[key] = value
         return self._call("POST", "/predict", json=body)
@@ -196,7 +198,16 @@ def request_body(req: PredictRequest) -> dict[str, Any]:
     }
     if req.replay_budget_ms is not None:
         body["replay_budget_ms"] = req.replay_budget_ms
-    if req.model is not None:
+    if req.run_config is not None:  # the file's text travels; only the explicit options
+        rc = req.run_config.as_text()
+        body["config"] = {"name": rc.name, "text": rc.text, "format": rc.format,
+                          "adapter_config": rc.adapter_config}  # fmt: skip
+        flat = req.train.flat()
+        body["model"] = {"train": {k: flat[k] for k in sorted(req.explicit)}}
+        if req.model is not None:
+            body["model"] |= {"spec": req.model.spec, "model_args": dict(req.model.args),
+                              "task": req.model.task}  # fmt: skip
+    elif req.model is not None:
         body["model"] = model_body(req.model.spec, req.model.args, req.model.task, req.train)
     if req.graph_id is not None:
         body["graph_id"] = req.graph_id

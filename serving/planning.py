@@ -22,12 +22,15 @@ def to_plan_request(req: Any) -> PlanRequest:
     """A validated `serving.schemas.PlanRequest` as the answer layer's request: the
     search space's fields the caller set (the rest take the layer's defaults)."""
     model, train = None, TrainSpec()
+    explicit: frozenset[str] = frozenset()
     if req.model is not None:
-        model = ModelRef(spec=req.model.spec, args=req.model.args(), task=req.model.task)
+        if req.model.spec is not None:
+            model = ModelRef(spec=req.model.spec, args=req.model.args(), task=req.model.task)
         try:
             train = req.model.train.to_spec()
         except ValueError as exc:
             raise RequestError(str(exc), loc=("body", "model", "train")) from None
+        explicit = req.model.explicit()
     return PlanRequest(
         model=model,
         train=train,
@@ -44,6 +47,8 @@ def to_plan_request(req: Any) -> PlanRequest:
         method=req.method,
         replay_budget_ms=req.replay_budget_ms,
         apply_correction=req.apply_correction,
+        run_config=req.config.to_run_config() if req.config is not None else None,
+        explicit=explicit,
     )
 
 

@@ -21,12 +21,15 @@ def to_request(req: Any, *, max_nodes: int) -> PredictRequest:
     """A validated `serving.schemas.PredictRequest` as the answer layer's request (an
     inline graph checked and built here: untrusted input)."""
     model = train = None
+    explicit: frozenset[str] = frozenset()
     if req.model is not None:
-        model = ModelRef(spec=req.model.spec, args=req.model.args(), task=req.model.task)
+        if req.model.spec is not None:
+            model = ModelRef(spec=req.model.spec, args=req.model.args(), task=req.model.task)
         try:
             train = req.model.train.to_spec()
         except ValueError as exc:
             raise RequestError(str(exc), loc=("body", "model", "train")) from None
+        explicit = req.model.explicit()
     graph = None
     if req.graph is not None:
         graph = build_graph(req.graph, max_nodes=max_nodes, loc=("body", "graph"))
@@ -44,6 +47,8 @@ def to_request(req: Any, *, max_nodes: int) -> PredictRequest:
         apply_correction=req.apply_correction,
         budget=req.budget_bytes,
         threshold=req.threshold,
+        run_config=req.config.to_run_config() if req.config is not None else None,
+        explicit=explicit,
     )
 
 

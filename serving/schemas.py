@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
+from memgnn.predictor.answer.runconfig import MAX_CONFIG_BYTES, RunConfig
+from memgnn.predictor.frameworks.base import FORMATS
 from memgnn.predictor.ir.vocab import MethodChoice as Method
 from memgnn.predictor.ir.vocab import Metric, Scenario, SearchMode, Sharding
 from memgnn.predictor.spec.choices import (
@@ -123,6 +125,15 @@ class _TrainBase(Strict):
     def to_spec(self) -> TrainSpec:
         return TrainSpec.from_dict(self.model_dump())
 
+    def given(self) -> set[str]:
+        """The flat names of the options the request set."""
+        by_field = {(o.group, o.field): o.name for o in OPTIONS}
+        return {
+            by_field[(g, f)]
+            for g in self.model_fields_set
+            for f in getattr(self, g).model_fields_set
+        }
+
 
 TrainIn = create_model(
     "TrainIn",
@@ -132,10 +143,26 @@ TrainIn = create_model(
 )
 
 
-class ModelIn(Strict):
-    """A model SPEC as the CLI takes it: zoo name (or hf:/py: where the server allows)."""
+class ConfigFileIn(Strict):
+    """A framework's config file, as `memgnn predict --config FILE` reads it: its text and
+    file name (the extension tells JSON, YAML or TOML), the framework (default: detected),
+    and a PEFT adapter_config.json's text for an HF/TRL file."""
 
-    spec: str = Field(min_length=1, max_length=512, examples=["gpt2"])
+    name: str = Field(min_length=1, max_length=255, examples=["lora_single_device.yaml"])
+    text: str = Field(max_length=MAX_CONFIG_BYTES)
+    format: Literal[FORMATS] | None = None  # type: ignore[valid-type]
+    adapter_config: str | None = Field(default=None, max_length=MAX_CONFIG_BYTES)
+
+    def to_run_config(self) -> RunConfig:
+        return RunConfig(text=self.text, name=self.name, format=self.format,
+                         adapter_config=self.adapter_config)  # fmt: skip
+
+
+class ModelIn(Strict):
+    """A model SPEC as the CLI takes it: zoo name (or hf:/py: where the server allows);
+    with a `config` file the spec may be left out when the file names the model."""
+
+    spec: str | None = Field(default=None, min_length=1, max_length=512, examples=["gpt2"])
     model_args: dict[Annotated[str, StringConstraints(max_length=64)], str | int | float | bool] = (
         Field(default_factory=dict, max_length=64)
     )
@@ -146,6 +173,15 @@ class ModelIn(Strict):
         return {
             k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in self.model_args.items()
         }
+
+    def explicit(self) -> frozenset[str]:
+        """The training options the request set (they override a config file's)."""
+        return frozenset(self.train.given())
+
+
+def _check_spec(model: ModelIn | None, config: ConfigFileIn | None) -> None:
+    if model is not None and model.spec is None and config is None:
+        raise ValueError("model.spec is required without a config file that names the model")
 
 
 class PredictRequest(Strict):
@@ -162,12 +198,16 @@ class PredictRequest(Strict):
     budget_bytes: Bytes | None = Field(default=None, ge=1)
     method: Method = "auto"
     replay_budget_ms: ReplayBudget = None
+    config: ConfigFileIn | None = None  # the run as its framework's config file states it
 
     @model_validator(mode="after")
     def _one_source(self) -> PredictRequest:
-        given = [n for n in ("graph_id", "graph", "model") if getattr(self, n) is not None]
+        given = [n for n in ("graph_id", "graph") if getattr(self, n) is not None]
+        if self.model is not None or self.config is not None:
+            given.append("model" if self.model is not None else "config")
         if len(given) != 1:
             raise ValueError(f"give exactly one of graph_id, graph, model (got {given or 'none'})")
+        _check_spec(self.model, self.config)
         if self.threshold is not None and self.budget_bytes is not None:
             raise ValueError("budget_bytes and threshold are mutually exclusive: give one")
         if self.threshold is not None:
@@ -210,6 +250,7 @@ class PredictionOut(BaseModel):
     uncorrected_upper_bound_bytes: int
     unknown_ops: list[str]
     predict_seconds: float
+    config: dict[str, Any] | None = None  # what a framework config file said, key by key
 
 
 class PredictResponse(BaseModel):
@@ -261,6 +302,7 @@ class PlanRequest(Strict):
     recompute/precision cost; `effective_batch`: the largest B*G."""
 
     model: ModelIn | None = None
+    config: ConfigFileIn | None = None  # the run as its framework's config file states it
     graph_ids: list[GraphId] | None = Field(default=None, min_length=1, max_length=64)
     budget_bytes: Bytes | None = Field(default=None, ge=1)
     budget_fraction: float | None = Field(default=None, gt=0, le=1)
@@ -277,8 +319,9 @@ class PlanRequest(Strict):
 
     @model_validator(mode="after")
     def _one_each(self) -> PlanRequest:
-        if (self.model is None) == (self.graph_ids is None):
-            raise ValueError("give exactly one of model, graph_ids")
+        if (self.model is None and self.config is None) == (self.graph_ids is None):
+            raise ValueError("give exactly one of model (or config), graph_ids")
+        _check_spec(self.model, self.config)
         limits = ("budget_bytes", "budget_fraction", "threshold")
         given = [n for n in limits if getattr(self, n) is not None]
         if len(given) != 1:
@@ -331,6 +374,7 @@ class PlanResponse(BaseModel):
     model: dict[str, Any] | None = None  # what model the answer is about
     train: dict[str, Any] | None = None  # the chosen training step (nested by group)
     graph_seconds: list[float] = Field(default_factory=list)  # per distinct capture
+    config: dict[str, Any] | None = None  # what a framework config file said, key by key
     # the chosen configuration again at the top (`memgnn plan --json`'s contract); None
     # where nothing fits
     batch_size: int | None = None

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import argparse
 
+from memgnn.predictor.answer.runconfig import RunConfig
+from memgnn.predictor.answer.types import ModelRef
+from memgnn.predictor.errors import UserError
+from memgnn.predictor.frameworks.base import FORMATS
 from memgnn.predictor.spec.bundle import ModelBundle
 from memgnn.predictor.spec.limits import MemoryLimit, resolve_limit
 from memgnn.predictor.spec.train import BY_NAME, OPTIONS, TrainSpec
@@ -20,11 +24,41 @@ def _key_value(text: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, *, config: bool = False) -> None:
+    """--model (with `config`: optional, a --config file may name it), --model-arg, --task,
+    and with `config` the run as its framework states it: --config, --config-format,
+    --adapter-config."""
     g = p.add_argument_group("model")
-    g.add_argument("--model", required=True, help="zoo name, hf:PATH/config.json or py:mod:fn")
+    g.add_argument(
+        "--model", required=not config,
+        help="zoo name, hf:ORG/NAME (the catalog), hf:PATH/config.json or py:mod:fn"
+        + ("; optional with --config when the file names the model" if config else ""),
+    )  # fmt: skip
     g.add_argument("--model-arg", action="append", type=_key_value, default=[], metavar="K=V")
     g.add_argument("--task", default=None, help="for hf: specs (causal-lm, seq-cls, ...)")
+    if config:
+        g = p.add_argument_group("the run as its framework states it")
+        g.add_argument(
+            "--config", default=None, metavar="FILE",
+            help="a framework's config file: HF TrainingArguments / TRL (JSON or YAML), "
+            "torchtune recipe YAML, torchtitan TOML, axolotl YAML, LitGPT YAML; every key is "
+            "read (the answer lists them); a flag given here overrides the file's key",
+        )  # fmt: skip
+        g.add_argument("--config-format", default=None, choices=FORMATS,
+                       help="the file's framework (default: detected)")  # fmt: skip
+        g.add_argument(
+            "--adapter-config", default=None, metavar="FILE",
+            help="a PEFT adapter_config.json for an HF/TRL file (default: one beside it)",
+        )  # fmt: skip
+
+
+def run_config(args: argparse.Namespace) -> RunConfig | None:
+    """The --config file, if given (`predictor.answer.runconfig.RunConfig`)."""
+    if getattr(args, "config", None) is None:
+        if getattr(args, "model", None) is None:
+            raise UserError("give --model SPEC, or --config FILE that names the model")
+        return None
+    return RunConfig.from_path(args.config, args.config_format, args.adapter_config)
 
 
 def add_size_args(p: argparse.ArgumentParser) -> None:
@@ -147,6 +181,13 @@ METRIC_HELP = (
 )
 
 
+def model_ref(args: argparse.Namespace) -> ModelRef | None:
+    """The --model flags as the answer layer takes them (None: the --config file's)."""
+    if args.model is None:
+        return None
+    return ModelRef(spec=args.model, args=model_args(args), task=args.task)
+
+
 def resolve_bundle(args: argparse.Namespace) -> ModelBundle:
     """The model the --model / --model-arg / --task flags name."""
     return resolve(args.model, model_args(args), args.task)
@@ -210,6 +251,8 @@ __all__ = [
     "explicit_train_options",
     "memory_limit",
     "model_args",
+    "model_ref",
+    "run_config",
     "option_flags",
     "parse_sizes",
     "train_spec",

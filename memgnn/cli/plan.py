@@ -23,15 +23,16 @@ from memgnn.cli.options import (
     add_model_args,
     add_size_args,
     add_train_args,
+    explicit_train_options,
     memory_limit,
-    model_args,
+    model_ref,
     parse_sizes,
+    run_config,
     train_spec,
 )
-from memgnn.cli.render import fmt_bytes, loop_line, model_line
+from memgnn.cli.render import config_lines, fmt_bytes, loop_line, model_line
 from memgnn.predictor.answer.backend import LocalBackend
 from memgnn.predictor.answer.plan import PlanRequest, plan
-from memgnn.predictor.answer.types import ModelRef
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.vocab import METRICS, SEARCH_MODES
 from memgnn.predictor.spec.devices import get_profile
@@ -41,7 +42,7 @@ __all__ = ["add_arguments", "add_plan_space_args", "decision_lines", "plan_cmd",
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
+    add_model_args(p, config=True)
     add_size_args(p)
     add_train_args(p)
     add_limit_args(p, "one of the two is required")
@@ -114,8 +115,10 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
         "gpus": _csv(args.gpus_choices, "--gpus-choices", int),
     }
     return PlanRequest(
-        model=ModelRef(spec=args.model, args=model_args(args), task=args.task),
+        model=model_ref(args),
         train=base,
+        run_config=run_config(args),
+        explicit=frozenset(explicit_train_options(args)),
         **(
             {"threshold": limit.threshold}
             if limit.source == "threshold"
@@ -141,6 +144,9 @@ def plan_cmd(args: argparse.Namespace) -> int:
         print(line)
     print(model_line(out["model"]))
     print(loop_line(TrainSpec.from_dict(out["train"])))
+    if out["config"]:
+        for line in config_lines(out["config"]):
+            print(line)
     for c in out["runners_up"]:
         where = f" {c['sharding']} x{c['gpus']}" if c["gpus"] > 1 else ""
         print(

@@ -17,16 +17,18 @@ from memgnn.cli.options import (
     add_model_args,
     add_size_args,
     add_train_args,
+    explicit_train_options,
     memory_limit,
-    model_args,
+    model_ref,
     parse_sizes,
+    run_config,
     train_spec,
 )
-from memgnn.cli.render import fmt_bytes, loop_line, model_line, verdict_line
+from memgnn.cli.render import config_lines, fmt_bytes, loop_line, model_line, verdict_line
 from memgnn.cli.snapshot import plot_prediction
 from memgnn.predictor.answer.backend import CLI_REPLAY_BUDGET_MS, LocalBackend
 from memgnn.predictor.answer.predict import predict
-from memgnn.predictor.answer.types import ModelRef, PredictRequest, QueryConfig
+from memgnn.predictor.answer.types import PredictRequest, QueryConfig
 from memgnn.predictor.ir.vocab import METHOD_CHOICES, METRICS, SCENARIOS
 from memgnn.predictor.spec.devices import DeviceProfile, get_profile
 from memgnn.predictor.spec.train import TrainSpec
@@ -36,7 +38,7 @@ __all__ = ["add_arguments", "predict_lines", "predict_request", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
+    add_model_args(p, config=True)
     add_size_args(p)
     add_train_args(p)
     p.add_argument("--device", default="h100-80gb", help=DEVICE_HELP)
@@ -74,8 +76,10 @@ def predict_request(args: argparse.Namespace, device: DeviceProfile) -> PredictR
     elif limit is not None:
         limit_fields["budget"] = limit.budget_bytes
     return PredictRequest(
-        model=ModelRef(spec=args.model, args=model_args(args), task=args.task),
+        model=model_ref(args),
         train=train_spec(args),
+        run_config=run_config(args),
+        explicit=frozenset(explicit_train_options(args)),
         configs=[
             QueryConfig(
                 sizes=parse_sizes(args), device=device.name, metric=args.metric,
@@ -101,11 +105,15 @@ def run(args: argparse.Namespace) -> int:
         out = predict(req, backend).predictions[0].to_dict()
     for w in out["warnings"]:
         print(f"memgnn predict: warning: {w}", file=sys.stderr)
+    if out.get("config"):
+        for w in out["config"]["warnings"]:
+            print(f"memgnn predict: {out['config']['path']}: {w}", file=sys.stderr)
     if args.plot:
         graph = backend.entry(out["graph_id"]).graph
         title = (
-            f"{args.model} {out['sizes']} on {device.name}: predicted {out['metric']} peak "
-            f"{fmt_bytes(out['predicted_peak_bytes'])} ({out['method']}, {out['model_version']})"
+            f"{out['model']['spec']} {out['sizes']} on {device.name}: predicted "
+            f"{out['metric']} peak {fmt_bytes(out['predicted_peak_bytes'])} "
+            f"({out['method']}, {out['model_version']})"
         )
         plot_prediction(args.plot, graph, out["sizes"], device, out, scenario=args.scenario,
                         title=title)  # fmt: skip
@@ -133,6 +141,8 @@ def predict_lines(out: dict[str, Any]) -> list[str]:
         lines.append(loop_line(TrainSpec.from_dict(out["train"])))
     if route := out["breakdown"].get("route"):
         lines.append(f"path: {route['method']} ({route['reason']})")
+    if cfg := out.get("config"):
+        lines += config_lines(cfg)
     if out["verdict"] is not None:
         lines.append(verdict_line(out["verdict"], f"upper bound {out['metric']}"))
     return lines

@@ -118,3 +118,15 @@ def verdict_line(verdict: dict[str, Any], what: str) -> str:
     head = "fits" if verdict["fits"] else "does NOT fit"
     side = f"{fmt_bytes(room)} to spare" if room >= 0 else f"{fmt_bytes(-room)} over"
     return f"{head}: {what} vs limit {fmt_bytes(verdict['limit_bytes'])} ({of}), {side}"
+
+
+def config_lines(cfg: dict[str, Any]) -> list[str]:
+    """What a framework config file said: each key and what it became, the overrides, and
+    the keys not modelled (the answer's `config`)."""
+    lines = [f"read {cfg['path']} ({cfg['format']}): {len(cfg['keys'])} keys"]
+    for k in cfg["keys"]:
+        default = " (the framework's default)" if k.get("default") else ""
+        lines.append(f"  {k['key']}: {k['value']!r} -> {k['became']}{default}")
+    lines += [f"  override: {o}" for o in cfg["overrides"]]
+    lines += [f"  not modelled: {w}" for w in cfg["warnings"]]
+    return lines

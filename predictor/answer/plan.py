@@ -20,6 +20,7 @@ from typing import Any
 
 from memgnn.predictor.answer.backend import Backend
 from memgnn.predictor.answer.predict import model_info
+from memgnn.predictor.answer.runconfig import RunConfig, apply_run_config
 from memgnn.predictor.answer.types import GraphEntry, ModelRef
 from memgnn.predictor.errors import LimitExceeded, UserError
 from memgnn.predictor.ir.graph import StepGraph
@@ -66,10 +67,13 @@ class PlanRequest:
     method: str = "auto"
     replay_budget_ms: float | None = None
     apply_correction: bool = True
+    run_config: RunConfig | None = None  # a framework's config file (`answer.runconfig`)
+    explicit: frozenset[str] = frozenset()  # the options the caller set (over the file's)
 
     def __post_init__(self) -> None:
-        if (self.model is None) == (self.graph_ids is None):
-            raise UserError("give exactly one of model, graph_ids")
+        has_model = self.model is not None or self.run_config is not None
+        if has_model == (self.graph_ids is not None):
+            raise UserError("give exactly one of model (or a config file), graph_ids")
         given = [n for n in ("budget", "budget_fraction", "threshold") if getattr(self, n)]
         if len(given) != 1:
             raise UserError(
@@ -108,6 +112,7 @@ class PlanAnswer:
     model: dict[str, Any] | None
     train: dict[str, Any] | None
     graph_seconds: list[float]
+    config: dict[str, Any] | None = None  # what a framework config file said
 
     def to_dict(self) -> dict[str, Any]:
         """The answer, with the chosen configuration's fields at the top as well (the
@@ -129,6 +134,20 @@ def _variant(train: TrainSpec) -> tuple[str, str, bool]:
 
 def plan(req: PlanRequest, backend: Backend) -> PlanAnswer:
     """Answer `req` (see the module docstring); UserError (with `loc`) for a bad request."""
+    report = None
+    if req.run_config is not None:  # the run as its framework's config file states it
+        given = {k: v for k, v in (req.space.get("sizes") or {}).items()}
+        model, train, (sizes,), report = apply_run_config(
+            req.run_config, model=req.model, train=req.train, explicit=req.explicit,
+            sizes=[given],
+        )  # fmt: skip
+        if "B" in sizes:  # the plan searches the batch: the file's is where it starts
+            report.warnings.append(
+                f"the file's batch size {sizes.pop('B')} is not searched from: plan "
+                "searches every batch up to space.max_batch"
+            )
+        req = dataclasses.replace(req, model=model, train=train, run_config=None,
+                                  space=req.space | {"sizes": sizes})  # fmt: skip
     device = get_profile(req.device)
     target = "cuda" if device.is_gpu else "cpu"
     fields = dict(req.space)
@@ -233,6 +252,7 @@ def plan(req: PlanRequest, backend: Backend) -> PlanAnswer:
         model=info,
         train=chosen,
         graph_seconds=list(seconds.values()),
+        config=report.to_dict() if report is not None else None,
     )
 
 

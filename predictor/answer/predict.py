@@ -22,6 +22,7 @@ from typing import Any
 from memgnn.predictor.answer.backend import Backend
 from memgnn.predictor.answer.checks import check_sizes
 from memgnn.predictor.answer.exact import Choice, ExactConfig, ReplayModel, with_route
+from memgnn.predictor.answer.runconfig import apply_run_config
 from memgnn.predictor.answer.types import (
     Answer,
     GraphEntry,
@@ -51,6 +52,14 @@ MAX_BYTES = 1 << 62  # a prediction past this overflowed int64 arithmetic
 def predict(req: PredictRequest, backend: Backend) -> PredictAnswer:
     """Answer every config of `req` (see the module docstring); `UserError` (with `loc`,
     the field at fault) for anything wrong with the request."""
+    report = None
+    if req.run_config is not None:  # the run as its framework's config file states it
+        model, train, sizes, report = apply_run_config(
+            req.run_config, model=req.model, train=req.train, explicit=req.explicit,
+            sizes=[c.sizes for c in req.configs],
+        )  # fmt: skip
+        configs = [replace(c, sizes=sz) for c, sz in zip(req.configs, sizes)]
+        req = replace(req, model=model, train=train, configs=configs, run_config=None)
     bundle = backend.bundle(req.model) if req.model is not None else None
     entries, sizes = _entries(req, backend, bundle)
     queries = []
@@ -87,6 +96,8 @@ def predict(req: PredictRequest, backend: Backend) -> PredictAnswer:
         _answer(req, i, entries[i], served[i], sizes[i], bundle, seconds[i])
         for i in range(len(queries))
     ]
+    if report is not None:
+        answers = [replace(a, config=report.to_dict()) for a in answers]
     unknown = sorted(
         {op for e in {e.graph_id: e for e in entries}.values() for op in e.unknown_ops}
     )

@@ -136,11 +136,20 @@ class PredictRequest:
     apply_correction: bool = True
     budget: int | str | None = None
     threshold: float | None = None
+    # a framework's config file (`answer.runconfig.RunConfig`) stating the model, the
+    # training options and the sizes; `explicit`: the options the caller set, which
+    # override the file's (the rest of `train` is defaults)
+    run_config: Any = None
+    explicit: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         given = [n for n in ("model", "graph_id", "graph") if getattr(self, n) is not None]
+        if self.run_config is not None and not given:
+            given = ["config"]
         if len(given) != 1:
             raise UserError(f"give exactly one of model, graph_id, graph (got {given or 'none'})")
+        if self.run_config is not None and given[0] in ("graph_id", "graph"):
+            raise UserError("a config file states a run to capture: not with a graph")
         if not self.configs:
             raise UserError("give at least one config", loc=("configs",))
         if self.method not in METHOD_CHOICES:
@@ -183,6 +192,7 @@ class Answer:
     uncorrected_upper_bound_bytes: int
     unknown_ops: list[str]
     predict_seconds: float
+    config: dict[str, Any] | None = None  # what a framework config file said (`runconfig`)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

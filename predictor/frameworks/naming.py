@@ -1,12 +1,12 @@
 """The model a config file names, as a memgnn spec, and LoRA's target roles as module names.
 
 `hub_model` turns what a file says (a Hub name "meta-llama/Meta-Llama-3.1-8B-Instruct", a
-local checkpoint folder, a config.json) into `hf:...`. With a `catalog` (Hub name ->
-its config.json contents; the caller passes memgnn's bundled catalog, which lives in a
-layer above this package), a name matches the catalog entry of the same shapes: the name
-itself, then without an instruction/chat suffix (an instruct checkpoint has its base's
-config), then Meta's renamed Llama 3.1 repositories, then the same name under another
-organisation (mirrors such as NousResearch/Meta-Llama-3.1-8B). Each match says what it did.
+local checkpoint folder, a config.json) into `hf:...`. With a `catalog` (Hub name -> its
+config.json contents; `read.bundled_catalog` by default), a name matches the catalog entry
+of the same shapes: the name itself, then without an instruction/chat suffix (an instruct
+checkpoint has its base's config), then Meta's renamed Llama 3.1 repositories, then the
+same name under another organisation (mirrors such as NousResearch/Meta-Llama-3.1-8B).
+Each match says what it did.
 
 `lora_targets` names, for a model type, the modules a framework's LoRA switches mean
 (torchtune's `lora_attn_modules` and `apply_lora_to_mlp`, LitGPT's `lora_query` ...): q, k,

@@ -14,6 +14,8 @@ Anything else is refused with the formats it could be given as.
 
 from __future__ import annotations
 
+import functools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +26,16 @@ from memgnn.predictor.frameworks.files import load_file, text_kind
 from memgnn.predictor.frameworks.hf import read_hf
 from memgnn.predictor.frameworks.hf_keys import FEATURES, HF_ONLY, NO_EFFECT, TRL_ONLY
 from memgnn.predictor.frameworks.naming import Catalog
+from memgnn.predictor.zoo.hub import catalog_entries
 
-__all__ = ["detect_format", "read_config"]
+__all__ = ["bundled_catalog", "detect_format", "read_config"]
+
+
+@functools.cache
+def bundled_catalog() -> Catalog:
+    """memgnn's bundled catalog: Hub name -> its config.json contents."""
+    return {e.name: json.loads(e.path.read_text()) for e in catalog_entries()}
+
 
 _LITGPT_SWITCHES = (
     "lora_query",
@@ -80,10 +90,11 @@ def read_config(
 
     `format`: hf | trl | torchtune | torchtitan | axolotl | litgpt (detected when None).
     `adapter_config`: a PEFT adapter_config.json for hf/trl (default: one beside the file).
-    `catalog`: memgnn's bundled model catalog (Hub name -> config.json contents), to match
-    the file's model to a catalog name and to know its module names; without it the
-    model is named as the file names it."""
+    `catalog`: a model catalog (Hub name -> config.json contents), to match the file's
+    model to a catalog name and to know its module names (default: memgnn's bundled
+    one, `bundled_catalog`)."""
     p = Path(path)
+    catalog = bundled_catalog() if catalog is None else catalog
     if format is not None and format not in FORMATS:
         raise UserError(f"unknown config format {format!r}; expected one of {', '.join(FORMATS)}")
     kind = "toml" if format == "torchtitan" else None

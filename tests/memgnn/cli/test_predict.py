@@ -81,3 +81,39 @@ def test_predict_lora_dtype_model_keeps_adapters_in_the_model_dtype(capsys):
     assert code == 0 and "loop: outputs freed with the forward" in text
     code, text, _ = run_cli(capsys, *argv[:-1], "--hold-outputs")
     assert code == 0 and "loop: keeps each step's outputs" in text
+
+
+def test_a_framework_config_file_is_the_run_with_and_without_url(tmp_path, capsys):
+    """`--config FILE` (an axolotl YAML naming a local model): the answer lists what each
+    key became, a flag given overrides the file and says so, and the service gives the
+    same document from the file's text."""
+    from memgnn.serving.client import local_server
+    from memgnn.serving.config import ServeConfig
+    from tiny_models import tiny_hf_llama_bundle
+
+    tiny_hf_llama_bundle(tmp_path)  # writes tmp_path/config.json
+    cfg = tmp_path / "lora.yml"
+    cfg.write_text(
+        f"base_model: {tmp_path}/config.json\nadapter: lora\nlora_r: 4\nlora_alpha: 8\n"
+        "lora_target_modules: [q_proj, v_proj]\nmicro_batch_size: 2\nsequence_len: 32\n"
+        "gradient_accumulation_steps: 4\nwandb_project: demo\n"
+    )
+    argv = ["predict", "--config", str(cfg), "--grad-accum", "2", "--device", "a100-80gb"]
+    argv += ["--method", "analytic", "--json"]
+    code, text, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    local = json.loads(text)
+    assert local["sizes"] == {"B": 2, "S": 32} and local["model"]["spec"].endswith("config.json")
+    assert local["train"]["adapter"] == local["train"]["adapter"] | {"method": "lora", "r": 4}
+    assert local["train"]["loop"]["grad_accum"] == 2  # the flag, over the file's 4
+    assert any("--grad-accum 2 overrides" in o for o in local["config"]["overrides"])
+    became = {k["key"]: k["became"] for k in local["config"]["keys"]}
+    assert became["lora_r"] == "--lora-r 4" and became["wandb_project"].startswith("no memory")
+    server = ServeConfig(model="analytic", state_dir=tmp_path / "state", allow_local_specs=True)
+    with local_server(server) as url:
+        code, text, err = run_cli(capsys, *argv, "--url", url)
+    assert code == 0, err
+    remote = json.loads(text)
+    for doc in (remote, local):
+        del doc["predict_seconds"], doc["breakdown"]["route"]
+    assert remote == local
