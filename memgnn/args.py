@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from memgnn.predictor.spec.options import append_items
 from memgnn.predictor.spec.train import BY_NAME, OPTIONS, TrainSpec
 
 
@@ -52,6 +53,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                 kw["const"] = True
             elif o.cli == "bool":
                 kw.update(type=_bool, metavar="true|false")
+            elif o.cli == "append":  # repeatable NAME=VALUE; the spec makes one value of them
+                kw.update(action="append", metavar="NAME=VALUE")
             elif o.cli_values is not None:
                 kw["choices"] = tuple(o.cli_values)
             elif o.choices is not None:
@@ -99,6 +102,8 @@ def option_flags(options: dict) -> list[str]:
             raise ValueError(f"training option {name} has no command-line flag")
         if o.cli == "switch":
             out.append(o.flag)
+        elif o.cli == "append":
+            out += [w for item in append_items(value) for w in (o.flag, item)]
         else:
             out += [o.flag, str(_flag_value(o, value))]
     return out

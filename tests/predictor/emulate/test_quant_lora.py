@@ -159,7 +159,7 @@ def test_a_real_bitsandbytes_qlora_llama_step_on_cpu_matches():
     tensor bytes, once the dequantised weights the real `gemm_4bit` op hides are left out."""
     bnb = pytest.importorskip("bitsandbytes")
     transformers = pytest.importorskip("transformers")
-    from memgnn.predictor.emulate.lora import apply_lora
+    from memgnn.predictor.emulate.peft import apply_peft
     from memgnn.predictor.emulate.quant import quantize_model
     from memgnn.predictor.spec.train import TrainSpec
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
@@ -199,7 +199,7 @@ def test_a_real_bitsandbytes_qlora_llama_step_on_cpu_matches():
     )
     sim = base()
     assert quantize_model(sim, train) == replaced
-    sim = apply_lora(sim, train)
+    sim = apply_peft(sim, train)
 
     ids = torch.randint(0, 256, (2, 16))
 
