@@ -29,6 +29,8 @@ import enum
 import json
 import math
 import os
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -175,11 +177,10 @@ def args_dict(text: str) -> dict[str, Any]:
     return json.loads(text) if text else {}
 
 
-def check_args(method: str, args: Mapping[str, Any]) -> None:
-    """Unknown field names are refused naming the known ones; then peft builds the config
+def check_args(method: str, args: Mapping[str, Any], typed: Iterable[str] = ()) -> None:
+    """Unknown field names are refused naming the known ones, the `typed` ones (what a
+    user gave as --peft-arg) must have their default's type; then peft builds the config
     (its own checks: a ValueError naming the method)."""
-    if not args:
-        return
     known = known_fields(method)
     unknown = sorted(set(args) - set(known))
     if unknown:
@@ -187,6 +188,9 @@ def check_args(method: str, args: Mapping[str, Any]) -> None:
             f"--peft-arg {', '.join(unknown)}: {config_class(method).__name__} has no such "
             f"field; its fields: {', '.join(known)}"
         )
+    hints = typing.get_type_hints(config_class(method))
+    for name in typed:
+        _check_type(name, args[name], hints.get(name))
     kwargs = dict(args) | ({"use_dora": True} if method == "dora" else {})
     if method in PEFT_PROMPTS:  # checked as for a causal LM; the model's task is set later
         kwargs.setdefault("task_type", "CAUSAL_LM")
@@ -194,6 +198,33 @@ def check_args(method: str, args: Mapping[str, Any]) -> None:
         config_class(method)(**kwargs)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"--peft {method} --peft-arg: {exc}") from exc
+
+
+_SIMPLE = {bool: "a boolean", int: "an integer", float: "a number", str: "a string"}
+
+
+def _check_type(name: str, value: Any, hint: Any) -> None:
+    """A value of the field's annotated type where that is bool, int, float or str, or
+    Optional of one (peft's dataclasses do not check them; other types are left to peft)."""
+    options = (
+        typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType)
+        else (hint,)
+    )
+    simple = [t for t in options if t is not type(None)]
+    if len(simple) != 1 or simple[0] not in _SIMPLE:
+        return
+    kind = simple[0]
+    if value is None and type(None) in options:
+        return
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, kind) and not isinstance(value, bool)
+    if not ok:
+        raise ValueError(f"--peft-arg {name}={json.dumps(value)}: expected {_SIMPLE[kind]}")
 
 
 def _config_file(path: str) -> str:

@@ -241,13 +241,15 @@ class AdapterSpec:
                 "not to --peft none"
             )
         if self.method not in ("none", "lora", "dora") or self.args:
-            peft_args.check_args(self.method, self.config_fields())
+            typed = peft_args.args_dict(self.args)
+            peft_args.check_args(self.method, self.config_fields(), typed)
 
     def _read_config(self) -> None:
         """`config` (a path, or a saved config's mapping) -> method and args."""
         source: Any = self.config
         method, saved = peft_args.read_saved_config(source)
-        if self.method not in ("none", method):
+        # --peft lora with a DoRA config is DoRA (predictor.frameworks' reader says lora)
+        if self.method not in ("none", method) and (self.method, method) != ("lora", "dora"):
             named = source if isinstance(source, str) else "(a saved config)"
             raise ValueError(
                 f"--peft {self.method} but --peft-config {named} is a {method} config: give one"
