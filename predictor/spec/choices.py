@@ -67,7 +67,7 @@ PEFT_NOT_MODELLED = {
 }
 # methods peft runs over bitsandbytes layers (peft/tuners/*/bnb.py) that memgnn models
 # over its quantised stand-ins (predictor/emulate/quant_lora.py), and the others peft has
-PEFT_ON_QUANTIZED = ("lora",)
+PEFT_ON_QUANTIZED = ("lora", "dora")
 PEFT_BNB_LAYERS = ("lora", "dora", "adalora", "hira", "ia3", "pvera", "randlora", "road")
 # LoRA adapters' dtype: fp32 = peft's default upcast, model = the base model's dtype
 LORA_DTYPES = ("fp32", "model")

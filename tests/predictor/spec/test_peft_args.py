@@ -182,3 +182,9 @@ def test_what_the_framework_readers_make_of_an_adapter_config_is_a_spec(tmp_path
     kept, _ = spec_options(reading.options)
     spec = TrainSpec.of(**kept)
     assert (spec.adapter.method, spec.adapter.r, spec.adapter.targets) == ("dora", 4, "q_proj")
+
+
+def test_dora_runs_over_a_quantised_base():
+    """QDoRA: peft's bnb LoRA layers take use_dora (predictor/emulate/quant_lora.py)."""
+    spec = TrainSpec.of(peft="dora", quantize_base="nf4", precision="bf16")
+    assert (spec.adapter.method, spec.quant.base) == ("dora", "nf4")
