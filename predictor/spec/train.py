@@ -283,11 +283,12 @@ class AdapterSpec:
             value = check(args[field], field)
             if value is None:  # not what the option holds (a regex target): stays an arg
                 if current != default:
-                    raise ValueError(f"{flag} {current} and --peft-arg {field}: give one")
+                    raise ValueError(f"{flag} {current} and {field} (--peft-arg): give one")
                 continue
             if current != default and current != value:
                 raise ValueError(
-                    f"{flag} {current} and --peft-arg {field}={args[field]!r}: give one"
+                    f"{flag} {current} and {field}={args[field]!r} (--peft-arg or "
+                    "--peft-config): give one"
                 )
             if value == default and not always:
                 continue  # explicit, and equal to memgnn's default: only the arg says so

@@ -79,7 +79,7 @@ def test_lora_options_and_their_peft_args_make_one_spec():
         ({"peft": "ia3", "peft_args": ["rank=4"]}, r"--peft-arg rank: IA3Config has no such "
          r"field; its fields: .*target_modules.*feedforward_modules"),
         ({"peft": "ia3", "lora_r": 16}, "--lora-r 16: --peft ia3 has no such field"),
-        ({"peft": "lora", "lora_r": 4, "peft_args": ["r=16"]}, "--lora-r 4 and --peft-arg r"),
+        ({"peft": "lora", "lora_r": 4, "peft_args": ["r=16"]}, "--lora-r 4 and r=16"),
         ({"peft_args": ["r=16"]}, "--peft-arg needs --peft METHOD"),
         ({"peft": "dora", "peft_args": ["r=0"]}, "--peft-arg r must be an integer >= 1"),
         ({"peft": "adalora"}, "total_step"),
