@@ -13,6 +13,7 @@ from memgnn.predictor.errors import UserError
 from memgnn.predictor.frameworks.base import FORMATS
 from memgnn.predictor.spec.bundle import ModelBundle
 from memgnn.predictor.spec.limits import MemoryLimit, resolve_limit
+from memgnn.predictor.spec.options import append_items
 from memgnn.predictor.spec.train import BY_NAME, OPTIONS, TrainSpec
 from memgnn.predictor.zoo import resolve
 
@@ -90,6 +91,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                 kw["const"] = True
             elif o.cli == "bool":
                 kw.update(type=_bool, metavar="true|false")
+            elif o.cli == "append":  # repeatable NAME=VALUE; the spec makes one value of them
+                kw.update(action="append", metavar="NAME=VALUE")
             elif o.cli_values is not None:
                 kw["choices"] = tuple(o.cli_values)
             elif o.choices is not None:
@@ -137,6 +140,8 @@ def option_flags(options: dict) -> list[str]:
             raise ValueError(f"training option {name} has no command-line flag")
         if o.cli == "switch":
             out.append(o.flag)
+        elif o.cli == "append":
+            out += [w for item in append_items(value) for w in (o.flag, item)]
         else:
             out += [o.flag, str(_flag_value(o, value))]
     return out

@@ -38,6 +38,7 @@ from memgnn.predictor.emulate.kernels import (
     symbolic_hooks,
 )
 from memgnn.predictor.emulate.parallel import ShardedObserver, World, comm_hooks, fake_world
+from memgnn.predictor.emulate.peft import blocks_unsafe
 from memgnn.predictor.ir.blocks import (
     LayerState,
     LayerTagger,
@@ -367,7 +368,7 @@ def blocks_ineligible(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig)
     ck = train.activations.checkpoint_blocks
     if ck is not None and 0 < ck < bundle.layers:
         return f"checkpointing {ck} of {bundle.layers} blocks: the blocks differ"
-    return None
+    return blocks_unsafe(train)
 
 
 def _capture_blocks(

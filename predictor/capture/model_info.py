@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from memgnn.predictor.emulate.peft import adapter_label
 from memgnn.predictor.emulate.quant import QUANTIZED_TYPES, Linear4bitSim, compute_dtype
 from memgnn.predictor.spec.bundle import ModelBundle, default_blocks
 from memgnn.predictor.spec.train import ParallelSpec, TrainSpec
@@ -86,12 +87,11 @@ def _config_int(config: Any, keys: tuple[str, ...]) -> int | None:
 
 
 def _class_name(model: nn.Module, train: TrainSpec) -> str:
-    """The model's class; under --peft lora the wrapped class, e.g. `LlamaForCausalLM + LoRA
-    r=16` (not peft's PeftModel)."""
+    """The model's class; under --peft the wrapped class and the adapter, e.g.
+    `LlamaForCausalLM + LoRA r=16`, `... + prefix tuning tokens=20` (not peft's PeftModel)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lora = f" + LoRA r={train.adapter.r}" if train.adapter.method == "lora" else ""
     quant = f" on {train.quant.base}" if train.quant.base != "none" else ""
-    return f"{type(base).__name__}{lora}{quant}"
+    return f"{type(base).__name__}{adapter_label(model, train)}{quant}"
 
 
 def _quantised_weights(model: nn.Module) -> dict[int, tuple[str, int]]:

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 import torch
 from memgnn.predictor.emulate.attention import apply_attention, check_attention
-from memgnn.predictor.emulate.lora import apply_lora
 from memgnn.predictor.emulate.optim8bit import AdamW8bit
 from memgnn.predictor.emulate.parallel import (
     World,
@@ -28,6 +27,7 @@ from memgnn.predictor.emulate.parallel import (
     resident_tensors,
     zero_optimizer,
 )
+from memgnn.predictor.emulate.peft import apply_peft
 from memgnn.predictor.emulate.quant import quantize_model
 from memgnn.predictor.spec.bundle import ModelBundle, default_blocks
 from memgnn.predictor.spec.train import TrainSpec
@@ -233,9 +233,9 @@ class TrainingStep:
                 model, blocks, train.activations.checkpoint_blocks
             )
             _no_kv_cache(model)
-        if train.adapter.method == "lora":
-            with torch.device(device), _default_dtype(train.numerics.param_dtype):
-                model = self.model = apply_lora(model, train)
+        if train.adapter.method != "none":
+            with torch.device(device):
+                model = self.model = apply_peft(model, train)
         if world is not None:
             model = self.model = parallelize(model, blocks, train, world)
         self.params = [p for p in model.parameters() if p.requires_grad]

@@ -100,17 +100,25 @@ def quantized_state_bytes(n_out: int, n_in: int, kind: str) -> int:
 class _Dequant4bit:
     """Dequantising a 4-bit weight as bitsandbytes' CUDA ops allocate it."""
 
-    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """`F.dequantize_4bit` (backward): the weight in the dtype it was loaded in, then
-        cast to `dtype`. Double quantisation first dequantises the absmax (fp32, one
-        `dequantize_blockwise` output) and adds the offset in place."""
+    def dequantize(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """`F.dequantize_4bit` (backward; peft's DoRA): the weight in the dtype it was
+        loaded in, then cast to `dtype` (None: as loaded). Double quantisation first
+        dequantises the absmax (fp32, one `dequantize_blockwise` output) and adds the
+        offset in place."""
         absmax = self.absmax
         if self.nested:
             absmax = torch.empty_like(self.absmax, dtype=torch.float32)
             absmax.copy_(self.absmax).add_(self.offset)
         out = self.weight.new_empty(self.out_features, self.in_features, dtype=self.orig_dtype)
         del absmax
-        return out.to(dtype)
+        return out if dtype is None else out.to(dtype)
+
+    @property
+    def W_q(self) -> torch.Tensor:  # noqa: N802 - the attribute name peft looks for
+        """peft's `dequantize_module_weight` dequantises a module that has a `W_q` (its
+        hook for HQQ layers) by calling `module.dequantize()`: DoRA's weight norm over a
+        quantised base reads the weight so, as it reads bitsandbytes' (QDoRA)."""
+        return self.weight
 
     def gemm(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """`gemm_4bit`'s dequantise + `F.linear` path (`_dequant_linear_fallback`): with
@@ -270,6 +278,19 @@ class Linear8bitSim(nn.Module):
         if self.bias is not None and self.bias.dtype != x.dtype:
             self.bias.data = self.bias.data.to(x.dtype)
         return _MatMul8bitLt.apply(x, self, self.bias)
+
+    def dequantize(self) -> torch.Tensor:
+        """`F.int8_vectorwise_dequant(CB, SCB)` (what peft's DoRA reads): its kernel
+        computes `CB * SCB[:, None]` (fp32) and scales that into the fp32 output."""
+        scaled = self.weight.new_empty(self.out_features, self.in_features, dtype=torch.float32)
+        out = torch.empty_like(scaled)
+        del scaled
+        return out
+
+    @property
+    def W_q(self) -> torch.Tensor:  # noqa: N802 - the attribute name peft looks for
+        """See `Linear4bitSim.W_q`: peft's DoRA dequantises this layer through it."""
+        return self.weight
 
 
 QUANTIZED_TYPES = (Linear4bitSim, Linear8bitSim)

@@ -7,7 +7,10 @@ comment), and both cast the adapter output back to the base output's dtype befor
 it (plain LoRA adds in the adapter dtype, then casts). `QuantLoraLinear` is that forward
 for the capture's stand-ins, registered through peft's custom-module API
 (`LoraConfig._register_custom_module`), so `get_peft_model` dispatches to it as it would
-to its bnb layers. Its `update_layer` and adapters are peft's own (`LoraLayer`).
+to its bnb layers. Its `update_layer` and adapters are peft's own (`LoraLayer`), and so is
+DoRA (`use_dora`: peft's `DoraLinearVariant`, which dequantises the base weight for its
+weight norm through `dequantize_module_weight`; the stand-ins answer it as bitsandbytes'
+`dequantize_4bit` / `int8_vectorwise_dequant` allocate, see `Linear4bitSim.W_q`).
 
 peft checks `torch.is_autocast_enabled()` (CUDA autocast) to skip its casts; the capture
 runs CUDA autocast as CPU autocast, so either counts here.
@@ -20,7 +23,8 @@ from typing import Any
 import torch
 from memgnn.predictor.emulate.quant import Linear4bitSim, Linear8bitSim
 from peft import LoraConfig
-from peft.tuners.lora.layer import LoraLayer
+from peft.tuners.lora.layer import LoraLayer, LoraVariant
+from peft.tuners.lora.variants import DoraLinearVariant
 from torch import nn
 
 __all__ = ["QuantLoraLinear", "register_quant_layers"]
@@ -48,6 +52,10 @@ class QuantLoraLinear(nn.Module, LoraLayer):
         self._active_adapter = adapter_name
         self.update_layer(adapter_name, r, lora_alpha=lora_alpha, config=config)
 
+    def resolve_lora_variant(self, *, config: LoraConfig, **kwargs: Any) -> LoraVariant | None:
+        """DoRA (`use_dora`), as peft's bnb layers resolve it; no other variant."""
+        return DoraLinearVariant() if config.use_dora else None
+
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         result = self.base_layer(x, *args, **kwargs)
         if self.disable_adapters or self.merged:
@@ -63,6 +71,13 @@ class QuantLoraLinear(nn.Module, LoraLayer):
             if convert:
                 expected = result.dtype
                 x = self._cast_input_dtype(x, lora_a.weight.dtype)
+            if name in self.lora_variant:  # DoRA: peft's own variant, its result in full
+                result = self.lora_variant[name].forward(
+                    self, active_adapter=name, x=x, result=result
+                )
+                if convert:
+                    result = result.to(expected)
+                continue
             output = lora_b(lora_a(dropout(x))) * scaling
             if convert:
                 output = output.to(expected)

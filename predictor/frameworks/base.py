@@ -314,8 +314,8 @@ def merge_sizes(
 
 
 def spec_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """The options a `TrainSpec` has a field for, and the names of those it has none for
-    (e.g. `peft_config`, a non-LoRA adapter's raw config)."""
+    """The options a `TrainSpec` has a field for, and the names of those it has none for.
+    (`peft_config`, an adapter's raw config, is one: `AdapterSpec.config` reads it.)"""
     fields = set(BY_NAME)
     kept = {k: v for k, v in options.items() if k in fields}
     return kept, sorted(k for k in options if k not in fields)

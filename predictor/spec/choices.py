@@ -14,7 +14,12 @@ __all__ = [
     "LORA_DTYPES",
     "OPTIMIZERS",
     "OPTIMIZER_IMPLS",
+    "PEFT_BNB_LAYERS",
     "PEFT_METHODS",
+    "PEFT_NOT_MODELLED",
+    "PEFT_ON_QUANTIZED",
+    "PEFT_PROMPTS",
+    "PEFT_TUNERS",
     "PRECISIONS",
     "QUANTIZE_BASES",
     "STEP_KINDS",
@@ -27,7 +32,43 @@ TORCH_OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")  # torch.optim's
 # + bitsandbytes' AdamW8bit (predictor/emulate/optim8bit.py)
 OPTIMIZERS = (*TORCH_OPTIMIZERS, "adamw8bit")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
-PEFT_METHODS = ("none", "lora")
+# peft's methods by their PeftType, lowercased (peft 0.21.2), plus dora: LoRA with use_dora;
+# predictor/emulate/peft.py runs them (tests/predictor/emulate/test_peft.py: each one's
+# captured step against a real CPU step). Adapter layers (BaseTuner):
+PEFT_TUNERS = (
+    "lora", "dora", "adalora", "beft", "boft", "deft", "delora", "fourierft", "glora",
+    "gralora", "hira", "hra", "ia3", "lily", "ln_tuning", "loha", "lokr", "miss", "oft", "osf",
+    "peanut", "psoft", "pvera", "randlora", "road", "shadow", "supertuning", "tinylora",
+    "trainable_tokens", "vera",
+)  # fmt: skip
+# prompt learning (virtual tokens; a transformers model's config sizes them)
+PEFT_PROMPTS = ("prefix_tuning", "prompt_tuning", "p_tuning", "cartridge")
+PEFT_METHODS = ("none", *PEFT_TUNERS, *PEFT_PROMPTS)
+# peft methods memgnn refuses, and why
+PEFT_NOT_MODELLED = {
+    "poly": "Polytropon routes each example by its task_ids, which memgnn's batches lack",
+    "multitask_prompt_tuning": "its prompts are chosen by each example's task_ids, which "
+    "memgnn's batches lack",
+    "xlora": "X-LoRA mixes LoRA adapters trained before (loaded from their saved files)",
+    "adaption_prompt": "it rewrites Llama/Mistral attention internals that transformers 5 "
+    "changed (peft 0.21.2 fails on them)",
+    "bone": "peft 0.21 replaced Bone by MiSS: use --peft miss",
+    # data-dependent steps a capture on fake tensors cannot take (peft 0.21.2)
+    "adamss": "its initialisation clusters the weights' SVD in numpy (real values)",
+    "frod": "its initialisation decomposes the weights and keeps a data-dependent share",
+    "shira": "its initialisation draws the sparse mask's indices from the weights (nonzero)",
+    "unilora": "its initialisation bins the shared indices by value (bincount)",
+    "vblora": "its forward checks its logits for infinities (a data-dependent branch that "
+    "raises on one side)",
+    "waveft": "its forward selects wavelet coefficients by a data-dependent mask",
+    "c3a": "its forward runs an FFT over the activations, whose fake-tensor rule (torch "
+    "2.13) fails on symbolic sizes",
+    "cpt": "its loss selects the context's tokens by a data-dependent mask (nonzero)",
+}
+# methods peft runs over bitsandbytes layers (peft/tuners/*/bnb.py) that memgnn models
+# over its quantised stand-ins (predictor/emulate/quant_lora.py), and the others peft has
+PEFT_ON_QUANTIZED = ("lora", "dora")
+PEFT_BNB_LAYERS = ("lora", "dora", "adalora", "hira", "ia3", "pvera", "randlora", "road")
 # LoRA adapters' dtype: fp32 = peft's default upcast, model = the base model's dtype
 LORA_DTYPES = ("fp32", "model")
 # bitsandbytes-quantised frozen base (QLoRA): see predictor/emulate/quant.py

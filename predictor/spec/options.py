@@ -10,14 +10,15 @@ built from `Option`s, so adding a field is one `opt(...)` plus its semantics.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Option", "group_options", "opt"]
+__all__ = ["Option", "append_items", "group_options", "opt"]
 
 _KEY = "memgnn.option"
-CLI_KINDS = ("value", "switch", "bool", "none")
+CLI_KINDS = ("value", "switch", "bool", "append", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +27,9 @@ class Option:
 
     `name` is the flat option name (unique across the spec); `flag` the command-line flag
     (`--lora-r`); `cli` how the flag takes its value: ``value`` (`--lora-r 16`), ``switch``
-    (present = True), ``bool`` (`true|false`), ``none`` (no flag: JSON only);
+    (present = True), ``bool`` (`true|false`), ``append`` (repeatable `--peft-arg k=v`:
+    the option holds a JSON object text, each flag one item, see `append_items`), ``none``
+    (no flag: JSON only);
     `cli_values` maps the flag's words to values where they differ (`--zero-grad none|zero`
     -> set_to_none True|False). `lo`/`hi` bound numbers (`hi_open`: strictly below),
     `max_length` strings, `pattern` is a regular expression a string must match (checked
@@ -82,3 +85,10 @@ def group_options(group_name: str, cls: type) -> Iterator[Option]:
         info = f.metadata.get(_KEY)
         assert info is not None, f"{cls.__name__}.{f.name} is not declared with opt()"
         yield Option(group=group_name, field=f.name, default=f.default, **info)
+
+
+def append_items(value: str) -> list[str]:
+    """An ``append`` option's JSON object text as the `NAME=VALUE` words of its repeated
+    flag (VALUE as JSON): the inverse of parsing them (`peft_args.parse_pairs`)."""
+    items = json.loads(value) if value else {}
+    return [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in items.items()]

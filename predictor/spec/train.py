@@ -5,7 +5,7 @@
       optim        OptimSpec(name, impl, lr, set_to_none)
       activations  ActivationSpec(checkpointing)
       kernels      KernelSpec(attention)
-      adapter      AdapterSpec(method, r, alpha, dropout, targets, dtype)
+      adapter      AdapterSpec(method, r, alpha, dropout, targets, dtype, args, config)
       quant        QuantSpec(base, bnb_version)
       parallel     ParallelSpec(gpus, sharding, reshard_after_forward, hsdp_shard_size, grad_sync)
       loop         LoopSpec(grad_accum, steps, hold_outputs)
@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from memgnn.predictor.ir.vocab import SHARDINGS
+from memgnn.predictor.spec import peft_args
 from memgnn.predictor.spec.choices import (
     ATTENTIONS,
     BNB_4BIT_INPUT_FIX,
@@ -38,7 +39,10 @@ from memgnn.predictor.spec.choices import (
     LORA_DTYPES,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
+    PEFT_BNB_LAYERS,
     PEFT_METHODS,
+    PEFT_NOT_MODELLED,
+    PEFT_ON_QUANTIZED,
     PRECISIONS,
     QUANTIZE_BASES,
     STEP_KINDS,
@@ -172,10 +176,22 @@ class KernelSpec:
 
 @dataclass(kw_only=True, slots=True)
 class AdapterSpec:
-    """Parameter-efficient fine-tuning through the peft library (`emulate.lora`)."""
+    """Parameter-efficient fine-tuning through the peft library (`emulate.peft`).
 
-    method: str = opt("none", name="peft", choices=PEFT_METHODS, help="LoRA through peft")
-    r: int = opt(8, name="lora_r", lo=1, hi=65_536, help="LoRA rank")
+    `method` is any peft method (`choices.PEFT_METHODS`); `args` its config's own fields
+    (`predictor.spec.peft_args`: a canonical JSON object text); `config` a saved PEFT
+    config, resolved here into `method` and `args` and then cleared, so a spec never holds
+    a path. The --lora-* options set the fields of that name where the method has them
+    (r; lora_alpha / alpha / <method>_alpha; lora_dropout / <method>_dropout;
+    target_modules): always for lora and dora (their defaults are memgnn's), for the
+    other methods only away from their defaults (else peft's default stands)."""
+
+    method: str = opt(
+        "none", name="peft", choices=PEFT_METHODS,
+        help="a peft method: lora, dora, ia3, loha, lokr, vera, oft, boft, adalora, "
+        "prefix_tuning, prompt_tuning, p_tuning, ln_tuning, ...",
+    )  # fmt: skip
+    r: int = opt(8, name="lora_r", lo=1, hi=65_536, help="LoRA rank (r of other methods)")
     alpha: float = opt(16.0, name="lora_alpha", lo=0, lo_open=True, hi=1e6, help="LoRA alpha")
     dropout: float = opt(0.0, name="lora_dropout", lo=0, hi=1, hi_open=True,
                          help="LoRA dropout (peft's LoraConfig default 0)")  # fmt: skip
@@ -188,9 +204,30 @@ class AdapterSpec:
         "fp32", name="lora_dtype", choices=LORA_DTYPES,
         help="adapters in fp32 (peft's default upcast) or in the model's dtype (LitGPT's LoRA)",
     )  # fmt: skip
+    # --- peft methods beyond LoRA (issue 23): the method's config fields, a saved config
+    args: str = opt(
+        "", name="peft_args", flag="--peft-arg", cli="append", max_length=16_384,
+        help="a field of the --peft method's peft config, NAME=VALUE (repeatable; VALUE read "
+        "as JSON where it parses: 20, true, [\"q_proj\"]); records keep one JSON object",
+    )  # fmt: skip
+    config: str = opt(
+        "", name="peft_config", max_length=4096, pattern=r"^$",
+        help="a saved PEFT config (adapter_config.json or its folder): its peft_type sets "
+        "--peft and its fields --peft-arg (a --peft-arg overrides one); read once, not kept",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
+        if self.method in PEFT_NOT_MODELLED:
+            why = PEFT_NOT_MODELLED[self.method]
+            raise ValueError(f"--peft {self.method} is not modelled: {why}")
         _choice(self.method, PEFT_METHODS, "--peft")
+        self.args = peft_args.args_text(self.args)
+        if self.config:
+            self._read_config()
+        if self.method == "none" and self.args:
+            raise ValueError("--peft-arg needs --peft METHOD")
+        if self.method != "none":
+            self._fold_lora_fields()
         if self.r < 1:
             raise ValueError(f"--lora-r must be >= 1, got {self.r}")
         if not self.alpha > 0:
@@ -198,8 +235,130 @@ class AdapterSpec:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--lora-dropout must be in [0, 1), got {self.dropout}")
         _choice(self.dtype, LORA_DTYPES, "--lora-dtype")
-        if self.dtype != "fp32" and self.method != "lora":
-            raise ValueError(f"--lora-dtype {self.dtype} applies to --peft lora only")
+        if self.dtype != "fp32" and self.method == "none":
+            raise ValueError(
+                f"--lora-dtype {self.dtype} applies to --peft lora (or another method), "
+                "not to --peft none"
+            )
+        if self.method not in ("none", "lora", "dora") or self.args:
+            typed = peft_args.args_dict(self.args)
+            peft_args.check_args(self.method, self.config_fields(), typed)
+
+    def _read_config(self) -> None:
+        """`config` (a path, or a saved config's mapping) -> method and args."""
+        source: Any = self.config
+        method, saved = peft_args.read_saved_config(source)
+        # --peft lora with a DoRA config is DoRA (predictor.frameworks' reader says lora)
+        if self.method not in ("none", method) and (self.method, method) != ("lora", "dora"):
+            named = source if isinstance(source, str) else "(a saved config)"
+            raise ValueError(
+                f"--peft {self.method} but --peft-config {named} is a {method} config: give one"
+            )
+        self.method = method
+        self.args = peft_args.args_text(saved | peft_args.args_dict(self.args))
+        self.config = ""
+
+    def _fold_lora_fields(self) -> None:
+        """An arg the --lora-* options carry moves into them (one spelling per setting, so
+        `--peft-arg r=16` and `--lora-r 16` make the same spec); a --lora-* option away
+        from its default on a method without that field is refused."""
+        args = peft_args.args_dict(self.args)
+        always = self.method in ("lora", "dora")
+        for option, check in _LORA_CHECKS.items():
+            default = _ADAPTER_DEFAULTS[option]
+            current = getattr(self, option)
+            flag = "--" + _LORA_OPTION_NAMES[option].replace("_", "-")
+            if not always and current == default and not _has_candidate(self.method, args):
+                continue
+            field = peft_args.lora_option_field(self.method, option)
+            if field is None:
+                if current != default:
+                    raise ValueError(
+                        f"{flag} {current}: --peft {self.method} has no such field "
+                        f"({', '.join(peft_args.known_fields(self.method))}); use --peft-arg"
+                    )
+                continue
+            if field not in args:
+                continue
+            value = check(args[field], field)
+            if value is None:  # not what the option holds (a regex target): stays an arg
+                if current != default:
+                    raise ValueError(f"{flag} {current} and {field} (--peft-arg): give one")
+                continue
+            if current != default and current != value:
+                raise ValueError(
+                    f"{flag} {current} and {field}={args[field]!r} (--peft-arg or "
+                    "--peft-config): give one"
+                )
+            if value == default and not always:
+                continue  # explicit, and equal to memgnn's default: only the arg says so
+            setattr(self, option, value)
+            del args[field]
+        self.args = peft_args.args_text(args)
+
+    def config_fields(self) -> dict[str, Any]:
+        """The peft config fields this spec sets (targets as named, not yet matched
+        against a model): what `emulate.peft` builds the method's config from."""
+        out: dict[str, Any] = {}
+        always = self.method in ("lora", "dora")
+        for option in _LORA_CHECKS:
+            value = getattr(self, option)
+            if not always and value == _ADAPTER_DEFAULTS[option]:
+                continue
+            field = peft_args.lora_option_field(self.method, option)
+            if field is None:
+                continue
+            if option == "targets":
+                names = [t.strip() for t in value.split(",") if t.strip()]
+                value = None if not names else "all-linear" if names == ["all-linear"] else names
+            out[field] = value
+        if self.method == "dora":
+            out["use_dora"] = True
+        return out | peft_args.args_dict(self.args)
+
+
+def _as_rank(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"--peft-arg {field} must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _as_alpha(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"--peft-arg {field} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _as_dropout(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < 1:
+        raise ValueError(f"--peft-arg {field} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def _as_targets(value: Any, field: str) -> str | None:
+    """Module names (a list, or all-linear) -> the --lora-targets text; None: a regex or
+    another form --lora-targets does not hold (it stays an arg)."""
+    if value == "all-linear":
+        return value
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, str) and v.isidentifier() for v in value)
+    ):
+        return ",".join(value)
+    return None
+
+
+_LORA_CHECKS = {"r": _as_rank, "alpha": _as_alpha, "dropout": _as_dropout, "targets": _as_targets}
+_LORA_OPTION_NAMES = {"r": "lora_r", "alpha": "lora_alpha", "dropout": "lora_dropout",
+                      "targets": "lora_targets"}  # fmt: skip
+_ADAPTER_DEFAULTS = {f.name: f.default for f in dataclasses.fields(AdapterSpec)}
+
+
+def _has_candidate(method: str, args: Mapping[str, Any]) -> bool:
+    """Whether an arg might be one a --lora-* option carries (before peft is imported)."""
+    names = {"r", "lora_alpha", "alpha", "lora_dropout", "target_modules"}
+    return any(k in names or k in (f"{method}_alpha", f"{method}_dropout") for k in args)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -374,10 +533,21 @@ class TrainSpec:
                 f"--quantize-base {base} with --sharding {sharding} is not "
                 "modelled (FSDP/DDP over bitsandbytes storage is not captured); drop one"
             )
-        if base != "none" and self.adapter.method != "lora":
+        method = self.adapter.method
+        if base != "none" and method == "none":
             raise ValueError(
                 f"--quantize-base {base} needs --peft lora: a bitsandbytes-"
                 "quantised base is frozen (its weights take no gradient), so only adapters train"
+            )
+        if base != "none" and method not in PEFT_ON_QUANTIZED:
+            why = (
+                "peft runs it over bitsandbytes layers, but memgnn does not model those yet"
+                if method in PEFT_BNB_LAYERS
+                else "peft has no bitsandbytes layer for it"
+            )
+            raise ValueError(
+                f"--quantize-base {base} with --peft {method} is not modelled: {why}; "
+                f"methods over a quantised base: {', '.join(PEFT_ON_QUANTIZED)}"
             )
 
     @classmethod

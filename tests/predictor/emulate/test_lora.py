@@ -123,7 +123,8 @@ def test_a_lora_target_the_model_lacks_names_the_option(tiny_llama):
 def test_subclasses_of_linear_are_lora_targets():
     """Falcon's FalconLinear (an nn.Linear subclass, query_key_value) is a target peft takes:
     the name check must accept it, not only modules whose class is called Linear."""
-    from memgnn.predictor.emulate.lora import apply_lora, module_names
+    from memgnn.predictor.emulate.lora import module_names
+    from memgnn.predictor.emulate.peft import apply_peft
 
     class FusedLinear(torch.nn.Linear):
         pass
@@ -132,7 +133,7 @@ def test_subclasses_of_linear_are_lora_targets():
     model.add_module("query_key_value", FusedLinear(8, 24))
     model.add_module("dense", torch.nn.Linear(8, 8))
     assert module_names(model) == ["dense", "query_key_value"]
-    wrapped = apply_lora(model, TrainSpec.of(peft="lora", lora_r=2, lora_targets="query_key_value"))
+    wrapped = apply_peft(model, TrainSpec.of(peft="lora", lora_r=2, lora_targets="query_key_value"))
     trainable = {n for n, p in wrapped.named_parameters() if p.requires_grad}
     assert trainable and all("query_key_value.lora_" in n for n in trainable)
 

@@ -151,15 +151,17 @@ def _live_peak(rec: StepRecorder, skip: set[int]) -> int:
     return peak
 
 
-def test_a_real_bitsandbytes_qlora_llama_step_on_cpu_matches():
+@pytest.mark.parametrize(("method", "dropout"), [("lora", 0.0), ("dora", 0.0), ("dora", 0.1)])
+def test_a_real_bitsandbytes_qlora_llama_step_on_cpu_matches(method, dropout):
     """A tiny Llama quantised by transformers' own `replace_with_bnb_linear` (real
-    `bnb.nn.Linear4bit`, nf4, quantised on the CPU) with peft's bnb LoRA, one training
-    step, against `quantize_model` + `apply_lora`: the same Linears are quantised, and
-    the step allocates the same storages in the same order with the same peak of live
-    tensor bytes, once the dequantised weights the real `gemm_4bit` op hides are left out."""
+    `bnb.nn.Linear4bit`, nf4, quantised on the CPU) with peft's bnb LoRA (and DoRA: QDoRA,
+    whose weight norm dequantises each adapted base weight), one training step, against
+    `quantize_model` + `apply_peft`: the same Linears are quantised, and the step allocates
+    the same storages in the same order with the same peak of live tensor bytes, once the
+    dequantised weights the real `gemm_4bit` op hides are left out."""
     bnb = pytest.importorskip("bitsandbytes")
     transformers = pytest.importorskip("transformers")
-    from memgnn.predictor.emulate.lora import apply_lora
+    from memgnn.predictor.emulate.peft import apply_peft
     from memgnn.predictor.emulate.quant import quantize_model
     from memgnn.predictor.spec.train import TrainSpec
     from transformers.integrations.bitsandbytes import replace_with_bnb_linear
@@ -192,14 +194,19 @@ def test_a_real_bitsandbytes_qlora_llama_step_on_cpu_matches():
             )
             module.to("cpu")
     real.is_loaded_in_4bit = True
-    real = peft.get_peft_model(real, peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    dora = method == "dora"
+    lora = peft.LoraConfig(
+        r=4, target_modules=["q_proj", "v_proj"], use_dora=dora, lora_dropout=dropout
+    )
+    real = peft.get_peft_model(real, lora)
 
     train = TrainSpec.of(
-        peft="lora", lora_r=4, lora_targets="q_proj,v_proj", precision="bf16", quantize_base="nf4"
-    )
+        peft=method, lora_r=4, lora_targets="q_proj,v_proj", precision="bf16",
+        quantize_base="nf4", lora_dropout=dropout,
+    )  # fmt: skip
     sim = base()
     assert quantize_model(sim, train) == replaced
-    sim = apply_lora(sim, train)
+    sim = apply_peft(sim, train)
 
     ids = torch.randint(0, 256, (2, 16))
 
@@ -223,12 +230,15 @@ def test_a_real_bitsandbytes_qlora_llama_step_on_cpu_matches():
         return rec
 
     got, want = step(real), step(sim)
+    # the weight DoRA dequantises is cast to its input's fp32 (gemm_4bit's goes to F.linear)
+    dora_reads = {u for n in want.nodes if n.op == "_to_copy.default" for u in n.inputs}
     hidden = {
         s.uid
         for s in want.storages
         if s.phase == "forward"
         and s.alloc_node >= 0
         and want.nodes[s.alloc_node].op == "new_empty.default"
+        and s.uid not in dora_reads  # DoRA's dequantize_4bit: a visible op's output
     }
     assert len(hidden) == 2 * 7  # one dequantised weight per quantised Linear per forward
 

@@ -48,8 +48,9 @@ def test_sizes_from_the_command_line_override_the_file():
 
 
 def test_spec_options_names_what_trainspec_has_no_field_for():
-    kept, rest = spec_options({"precision": "bf16", "peft_config": {"peft_type": "IA3"}})
-    assert kept == {"precision": "bf16"} and rest == ["peft_config"]
+    raw = {"peft_type": "IA3"}  # a saved adapter config is an option (AdapterSpec.config)
+    kept, rest = spec_options({"precision": "bf16", "peft_config": raw, "no_such": 1})
+    assert kept == {"precision": "bf16", "peft_config": raw} and rest == ["no_such"]
 
 
 def test_a_reader_cannot_leave_a_key_unaccounted():
