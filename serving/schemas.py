@@ -17,11 +17,12 @@ from memgnn.predictor.spec.choices import (
     OPTIMIZER_IMPLS,
     PRECISIONS,
 )
-from memgnn.predictor.spec.devices import PROFILES
+from memgnn.predictor.spec.devices import get_profile
 from memgnn.predictor.spec.options import Option
 from memgnn.predictor.spec.train import BY_NAME, OPTIONS, TrainSpec
 from memgnn.predictor.zoo import TASKS
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -37,7 +38,20 @@ SymbolName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0
 Size = Annotated[StrictInt, Field(ge=1, le=MAX_SIZE)]
 Sizes = Annotated[dict[SymbolName, Size], Field(max_length=32)]
 GraphId = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{8,64}$")]
-Device = Literal[tuple(PROFILES)]  # type: ignore[valid-type]
+
+
+def _known_device(name: str) -> str:
+    get_profile(name)  # a ValueError names the known profiles
+    return name
+
+
+# a profile of `memgnn devices`, or any GPU by its size: custom-<memory>-sm<XY>
+Device = Annotated[
+    str,
+    StringConstraints(max_length=64),
+    AfterValidator(_known_device),
+    Field(examples=["h100-80gb", "custom-48gib-sm89"]),
+]
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
 Checkpointing = Annotated[str, StringConstraints(pattern=r"^(none|full|hf|blocks:[0-9]{1,6})$")]
 Bytes = Annotated[StrictInt, Field(ge=0, le=1 << 60)]
@@ -62,7 +76,7 @@ class ConfigIn(Strict):
 
     @model_validator(mode="after")
     def _metric_fits_device(self) -> ConfigIn:
-        if PROFILES[self.device].kind == "cpu" and self.metric not in (None, "allocated"):
+        if get_profile(self.device).kind == "cpu" and self.metric not in (None, "allocated"):
             raise ValueError(f"metric {self.metric!r} needs a GPU device profile, not cpu")
         return self
 
@@ -212,7 +226,7 @@ class PredictRequest(Strict):
             raise ValueError("budget_bytes and threshold are mutually exclusive: give one")
         if self.threshold is not None:
             for c in self.configs:
-                if PROFILES[c.device].total_bytes is None:
+                if get_profile(c.device).total_bytes is None:
                     raise ValueError(
                         f"threshold is a fraction of the device's memory; device "
                         f"{c.device!r} has no memory total (give budget_bytes)"
@@ -330,9 +344,9 @@ class PlanRequest(Strict):
                 f"{' and '.join(given) or 'none'}"
             )
         fraction = given[0] != "budget_bytes"
-        if fraction and PROFILES[self.device].total_bytes is None:
+        if fraction and get_profile(self.device).total_bytes is None:
             raise ValueError(f"{given[0]} needs a device with a memory total, not {self.device!r}")
-        if PROFILES[self.device].kind == "cpu" and self.metric not in (None, "allocated"):
+        if get_profile(self.device).kind == "cpu" and self.metric not in (None, "allocated"):
             raise ValueError(f"metric {self.metric!r} needs a GPU device profile, not cpu")
         if self.budget_fraction is not None and not math.isfinite(self.budget_fraction):
             raise ValueError("budget_fraction must be finite")
@@ -412,7 +426,7 @@ class SampleIn(Strict):
 
     @model_validator(mode="after")
     def _metric_fits_device(self) -> SampleIn:
-        if PROFILES[self.device].kind == "cpu" and self.metric not in (None, "allocated"):
+        if get_profile(self.device).kind == "cpu" and self.metric not in (None, "allocated"):
             raise ValueError(f"metric {self.metric!r} needs a GPU device profile, not cpu")
         return self
 

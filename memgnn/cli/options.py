@@ -12,6 +12,7 @@ from memgnn.predictor.answer.types import ModelRef
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.frameworks.base import FORMATS
 from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.devices import custom_profile
 from memgnn.predictor.spec.limits import MemoryLimit, resolve_limit
 from memgnn.predictor.spec.options import append_items
 from memgnn.predictor.spec.train import BY_NAME, OPTIONS, TrainSpec
@@ -181,6 +182,40 @@ def memory_limit(args: argparse.Namespace, device, *, required: bool = False) ->
 
 
 DEVICE_HELP = "device profile (default: %(default)s; `memgnn devices` lists them)"
+
+
+def add_device_args(p: argparse.ArgumentParser, default: str | None = "h100-80gb",
+                    help: str = DEVICE_HELP) -> None:  # fmt: skip
+    """--device, or any other GPU by its size: --device-memory with --compute-capability."""
+    g = p.add_argument_group("device")
+    g.add_argument("--device", default=default, help=help)
+    g.add_argument(
+        "--device-memory", default=None, metavar="SIZE",
+        help="a GPU not in the profiles, by the memory it reports (48GiB, 49140MiB, bytes); "
+        "replaces --device",
+    )  # fmt: skip
+    g.add_argument(
+        "--compute-capability", default=None, metavar="X.Y",
+        help="with --device-memory: the GPU's compute capability (8.9; default 8.0, said in "
+        "the answer)",
+    )  # fmt: skip
+
+
+def device_name(args: argparse.Namespace) -> str | None:
+    """The profile name --device / --device-memory name (`custom-48gib-sm89` for the
+    latter, a name every layer resolves with `get_profile`)."""
+    memory, cc = getattr(args, "device_memory", None), getattr(args, "compute_capability", None)
+    if memory is None:
+        if cc is not None:
+            raise UserError("--compute-capability goes with --device-memory")
+        return args.device
+    try:
+        sm = None if cc is None else round(float(cc) * 10)
+    except ValueError:
+        raise UserError(f"--compute-capability must look like 8.9, got {cc!r}") from None
+    return custom_profile(memory, sm).name
+
+
 METRIC_HELP = (
     "allocated | reserved | device_total (default: reserved on a GPU profile, allocated on cpu)"
 )
@@ -246,6 +281,8 @@ def model_args(args: argparse.Namespace) -> dict[str, str]:
 
 __all__ = [
     "DEVICE_HELP",
+    "add_device_args",
+    "device_name",
     "METRIC_HELP",
     "add_cache_args",
     "resolve_bundle",

@@ -16,13 +16,14 @@ import json
 from typing import Any
 
 from memgnn.cli.options import (
-    DEVICE_HELP,
     METRIC_HELP,
     add_cache_args,
+    add_device_args,
     add_limit_args,
     add_model_args,
     add_size_args,
     add_train_args,
+    device_name,
     explicit_train_options,
     memory_limit,
     model_ref,
@@ -46,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_size_args(p)
     add_train_args(p)
     add_limit_args(p, "one of the two is required")
-    p.add_argument("--device", default="h100-80gb", help=DEVICE_HELP)
+    add_device_args(p)
     p.add_argument("--metric", choices=METRICS, default=None, help=METRIC_HELP)
     add_plan_space_args(p)
     p.add_argument(
@@ -97,7 +98,7 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
     if args.mode == "power" and args.any_batch:
         raise UserError("--mode power finds powers of two only; --any-batch needs binsearch")
     any_batch = args.any_batch or args.mode == "binsearch"
-    device = get_profile(args.device)
+    device = get_profile(device_name(args))
     limit = memory_limit(args, device, required=True)
     base = train_spec(args)
     precisions = _csv(args.precision_choices, "--precision-choices") or [base.numerics.precision]

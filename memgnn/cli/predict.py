@@ -10,13 +10,14 @@ import sys
 from typing import Any
 
 from memgnn.cli.options import (
-    DEVICE_HELP,
     METRIC_HELP,
     add_cache_args,
+    add_device_args,
     add_limit_args,
     add_model_args,
     add_size_args,
     add_train_args,
+    device_name,
     explicit_train_options,
     memory_limit,
     model_ref,
@@ -41,7 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_args(p, config=True)
     add_size_args(p)
     add_train_args(p)
-    p.add_argument("--device", default="h100-80gb", help=DEVICE_HELP)
+    add_device_args(p)
     p.add_argument("--metric", choices=METRICS, default=None, help=METRIC_HELP)
     p.add_argument(
         "--scenario", choices=SCENARIOS, default="worst",
@@ -95,7 +96,7 @@ def predict_request(args: argparse.Namespace, device: DeviceProfile) -> PredictR
 def run(args: argparse.Namespace) -> int:
     if args.url and args.plot:
         raise ValueError("--plot draws a local simulation; it cannot be used with --url")
-    device = get_profile(args.device)
+    device = get_profile(device_name(args))
     req = predict_request(args, device)
     device.check_precision(req.train.numerics.precision)
     if args.url:

@@ -7,10 +7,12 @@ import argparse
 import json
 
 from memgnn.cli.options import (
+    add_device_args,
     add_limit_args,
     add_model_args,
     add_size_args,
     add_train_args,
+    device_name,
     memory_limit,
     parse_sizes,
     resolve_bundle,
@@ -30,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_size_args(p)
     add_train_args(p)
     p.add_argument("--backend", choices=("sim", "cpu", "cuda"), default="sim")
-    p.add_argument("--device", default=None, help="device profile (default: h100-80gb for sim)")
+    add_device_args(p, None, "device profile (default: h100-80gb for sim)")
     p.add_argument("--snapshot", default=None, help="write a _dump_snapshot pickle of the step")
     add_limit_args(p, "a fits / does not fit verdict on the measured peak")
     p.add_argument("--json", action="store_true")
@@ -39,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     bundle = resolve_bundle(args)
-    cfg = ProfileConfig(backend=args.backend, device=args.device, snapshot_path=args.snapshot)
+    cfg = ProfileConfig(backend=args.backend, device=device_name(args), snapshot_path=args.snapshot)
     limit = memory_limit(args, cfg.device_profile())
     train = train_spec(args)
     if args.backend != "sim":  # a real step: refuse sizes the model cannot run first

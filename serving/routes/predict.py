@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
-from memgnn.predictor.spec.devices import PROFILES
+from memgnn.predictor.spec.devices import get_profile
 from memgnn.serving import schemas as s
 from memgnn.serving.deps import Config, Eng, NewWork, Persist, run_watched
 from memgnn.serving.graphs import RequestError
@@ -33,7 +33,7 @@ def _pairs(req: s.PredictRequest) -> list[tuple[str, str]]:
     if not req.apply_correction:
         return []
     return [
-        (c.device, c.metric or ("reserved" if PROFILES[c.device].is_gpu else "allocated"))
+        (c.device, c.metric or ("reserved" if get_profile(c.device).is_gpu else "allocated"))
         for c in req.configs
     ]
 

@@ -117,3 +117,14 @@ def test_a_framework_config_file_is_the_run_with_and_without_url(tmp_path, capsy
     for doc in (remote, local):
         del doc["predict_seconds"], doc["breakdown"]["route"]
     assert remote == local
+
+
+def test_a_gpu_not_in_the_profiles_by_its_size(capsys):
+    argv = ["predict", "--model", "mlp", "--batch", "8", "--method", "analytic", "--json"]
+    code, text, err = run_cli(capsys, *argv, "--device-memory", "48GiB",
+                              "--compute-capability", "8.9")  # fmt: skip
+    assert code == 0, err
+    out = json.loads(text)
+    assert out["device"] == "custom-48gib-sm89" and out["metric"] == "reserved"
+    code, _, err = run_cli(capsys, *argv, "--compute-capability", "8.9")
+    assert code == 2 and "--compute-capability goes with --device-memory" in err
