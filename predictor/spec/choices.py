@@ -12,6 +12,8 @@ __all__ = [
     "BNB_VERSION",
     "GRAD_SYNCS",
     "LORA_DTYPES",
+    "OFFLOAD_ACTIVATIONS",
+    "OFFLOAD_OPTIMIZERS",
     "OPTIMIZERS",
     "OPTIMIZER_IMPLS",
     "PEFT_METHODS",
@@ -27,6 +29,11 @@ TORCH_OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")  # torch.optim's
 # + bitsandbytes' AdamW8bit (predictor/emulate/optim8bit.py)
 OPTIMIZERS = (*TORCH_OPTIMIZERS, "adamw8bit")
 OPTIMIZER_IMPLS = ("auto", "foreach", "fused", "for-loop")
+# offloading (predictor/emulate/offload.py): activations saved for backward kept on the host
+# (torch.autograd.graph.save_on_cpu(pin_memory=True), torchtune's OffloadActivations), the
+# optimizer's state and step on the CPU (torchao's CPUOffloadOptimizer)
+OFFLOAD_ACTIVATIONS = ("none", "save_on_cpu", "torchtune")
+OFFLOAD_OPTIMIZERS = ("none", "torchao")
 PEFT_METHODS = ("none", "lora")
 # LoRA adapters' dtype: fp32 = peft's default upcast, model = the base model's dtype
 LORA_DTYPES = ("fp32", "model")
