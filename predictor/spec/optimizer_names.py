@@ -116,8 +116,12 @@ def check_optimizer(name: str, impl: str) -> None:
             )
         return
     if name not in OPTIMIZERS and name not in LIBRARY_OPTIMIZERS:
+        short = name.rsplit(".", 1)[-1].lower()
+        named = [*LIBRARY_OPTIMIZERS, *(TORCH_PREFIX + n for n in dir(torch.optim))]
+        close = [n for n in named if n.rsplit(".", 1)[-1].lower() == short]
+        hint = f" (did you mean {' or '.join(close)}?)" if close else ""
         raise ValueError(
-            f"unknown optimizer {name!r}; expected one of {', '.join(OPTIMIZERS)}, "
+            f"unknown optimizer {name!r}{hint}; expected one of {', '.join(OPTIMIZERS)}, "
             f"torch.optim.<Class> or {', '.join(LIBRARY_OPTIMIZERS)}"
         )
     if (name in LIBRARY_OPTIMIZERS or name == "adamw8bit") and impl != "auto":

@@ -65,3 +65,8 @@ def test_optimizer_in_backward_refuses_what_torchtune_refuses():
     ):
         with pytest.raises(ValueError, match=why):
             TrainSpec.of(optimizer_in_bwd=True, **bad)
+
+
+def test_an_unknown_name_points_at_the_classes_it_may_mean():
+    with pytest.raises(ValueError, match=r"did you mean torch\.optim\.RMSprop\?"):
+        TrainSpec.of(optimizer="rmsprop")
