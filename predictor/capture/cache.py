@@ -40,13 +40,14 @@ __all__ = ["CAPTURE_VERSION", "cache_dir", "cache_enabled", "capture_cached", "c
 log = logging.getLogger(__name__)
 
 # bumped whenever capture records a step differently, so cached graphs are captured anew
-CAPTURE_VERSION = 9  # 3: model_info in meta; key on model structure and sources
+CAPTURE_VERSION = 10  # 3: model_info in meta; key on model structure and sources
 # 4: position-table bounds recorded as guards (predictor.capture.bounds)
 # 5: HF models without a KV cache: no packed-sequence mask (predictor.emulate.attention)
 # 6: DTensor's shape propagation is not recorded (predictor.ir.recorder.unrecorded)
 # 7: repeated blocks captured once and replicated (predictor.capture.replicate); the mode is keyed
 # 8: checkpointing turns a transformers model's KV cache off (predictor.capture.step._no_kv_cache)
 # 9: ... in every submodule's config (T5's decoder keeps its own copy); held outputs
+# 10: graph format 2 (storage places: offloading); host state probed per optimizer class
 _OFF = ("off", "none", "0", "false", "no")
 
 

@@ -267,7 +267,9 @@ class TrainingStep:
         if world is not None:
             model = self.model = parallelize(model, blocks, train, world)
         # offloading: saved activations to the host (emulate.offload)
-        self.offloaded = apply_activation_offload(model, train, target)
+        offloaded = apply_activation_offload(model, train, target)
+        if offloaded:
+            log.info("%s: %s", bundle.name, offloaded)
         self.params = [p for p in model.parameters() if p.requires_grad]
         make = functools.partial(build_optimizer, train=train, target=target)
         if train.parallel.sharding == "zero1":

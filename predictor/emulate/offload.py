@@ -44,11 +44,20 @@ log = logging.getLogger(__name__)
 __all__ = ["OffloadActivations", "apply_activation_offload", "save_on_cpu_hooks"]
 
 
-def _to_device(t: torch.Tensor) -> torch.Tensor:
-    """`host_tensor.to("cuda", non_blocking=True)`: a new device tensor of its layout."""
-    out = torch.empty_like(t)
+def _to_device(t: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """`host_tensor.to(device, non_blocking=True)`: a new device tensor of its layout (on a
+    fake CPU device: a new tensor there, the copy a CUDA run makes)."""
+    out = torch.empty_like(t, device=device)
     out.copy_(t)
     return out
+
+
+def _host_copy(t: torch.Tensor) -> torch.Tensor:
+    """A pinned host copy (pinned where the tensor really is on a GPU: the cuda backend)."""
+    with placed("pinned"):
+        host = torch.empty_like(t, device="cpu", pin_memory=t.is_cuda)
+        host.copy_(t)
+    return host
 
 
 def save_on_cpu_hooks(target: str) -> saved_tensors_hooks:
@@ -79,6 +88,7 @@ class OffloadActivations(saved_tensors_hooks):
         self.max_fwd_stash_size = max_fwd_stash_size
         self.min_offload_size = min_offload_size
         self.tracker: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (tensor, offloaded)
+        self.devices: dict[int, torch.device] = {}  # id -> where an offloaded one came from
         self.tensor_id = 0
         self.first_forward_call = True
         self.first_backward_call = True
@@ -95,6 +105,7 @@ class OffloadActivations(saved_tensors_hooks):
                 # ignores): torchtune asserts here; their host copies go now
                 log.debug("offload: %d saved tensors never unpacked", len(self.tracker))
                 self.tracker.clear()
+                self.devices.clear()
             self.first_forward_call = False
             self.first_backward_call = True
         num_bytes = activation.element_size() * activation.nelement()
@@ -108,9 +119,8 @@ class OffloadActivations(saved_tensors_hooks):
         # the forward stash: device tensors offloaded long enough ago are released
         for old in [k for k in self.fwd_stash if k <= tensor_id - self.max_fwd_stash_size]:
             del self.fwd_stash[old]
-        with placed("pinned"):
-            host = torch.empty_like(activation, device="cpu")
-            host.copy_(activation)
+        host = _host_copy(activation)
+        self.devices[tensor_id] = activation.device
         self.tracker[tensor_id] = (host, True)
         self.fwd_stash[tensor_id] = activation
         return tensor_id
@@ -142,8 +152,9 @@ class OffloadActivations(saved_tensors_hooks):
             self.curr_node = node
             prev_ids = list(self.bwd_tensor_stash)
         brought_back = tensor_id not in self.fwd_stash
+        device = self.devices.pop(tensor_id, None)
         if brought_back:
-            tensor = _to_device(host)
+            tensor = _to_device(host, device)
             self.bwd_tensor_stash[tensor_id] = tensor
             count = torch._C._storage_Use_Count(tensor.untyped_storage()._cdata)
         else:
@@ -166,14 +177,18 @@ class OffloadActivations(saved_tensors_hooks):
         return tensor
 
 
-class _Around:
-    """Enter `hooks` in `module`'s forward pre-hook and leave them in its forward hook."""
+def _around(module: nn.Module, hooks: saved_tensors_hooks) -> None:
+    """Enter `hooks` in `module`'s forward pre-hook and leave them in its forward hook
+    (the hooks return None: the module's inputs and outputs stay as they are)."""
 
-    def __init__(self, module: nn.Module, hooks: saved_tensors_hooks) -> None:
-        module.register_forward_pre_hook(lambda *args: hooks.__enter__())
-        module.register_forward_hook(
-            lambda *args: hooks.__exit__(None, None, None), always_call=True
-        )
+    def enter(*args: Any) -> None:
+        hooks.__enter__()
+
+    def leave(*args: Any) -> None:
+        hooks.__exit__(None, None, None)
+
+    module.register_forward_pre_hook(enter)
+    module.register_forward_hook(leave, always_call=True)
 
 
 def _output_head(model: nn.Module) -> nn.Module | None:
@@ -187,18 +202,18 @@ def _output_head(model: nn.Module) -> nn.Module | None:
 
 def apply_activation_offload(model: nn.Module, train: TrainSpec, target: str) -> str:
     """Offload `model`'s saved activations as `train.offload.activations` says; returns
-    what was done (for the answer's assumptions), "" for nothing."""
+    what was done, in words ("" for nothing)."""
     kind = train.offload.activations
     if kind == "none":
         return ""
     if kind == "save_on_cpu":
-        _Around(model, save_on_cpu_hooks(target))
+        _around(model, save_on_cpu_hooks(target))
         return "torch.autograd.graph.save_on_cpu(pin_memory=True) around the model's forward"
     manager = OffloadActivations()
-    _Around(model, manager)
+    _around(model, manager)
     head = _output_head(model)
     if head is None:
         log.warning("activation offloading: no output head found; it is offloaded too")
         return "torchtune's OffloadActivations around the forward (no output head found)"
-    _Around(head, saved_tensors_hooks(lambda t: t, lambda t: t))
+    _around(head, saved_tensors_hooks(lambda t: t, lambda t: t))
     return "torchtune's OffloadActivations around the forward, the output head kept on GPU"

@@ -60,9 +60,9 @@ class CPUOffloadOptimizer:
             if p.numel() < minimal_size:
                 retained.append(p)
                 continue
-            with placed("pinned"):
-                host = torch.empty_like(p, device="cpu")
-                host.grad = torch.empty_like(host)
+            with placed("pinned"):  # pinned for real where p is on a GPU (cuda backend)
+                host = torch.empty_like(p, device="cpu", pin_memory=p.is_cuda)
+                host.grad = torch.empty_like(host, pin_memory=p.is_cuda)
                 host.copy_(p.detach())
             mark_place([host, host.grad], "pinned")
             self.host[p] = host

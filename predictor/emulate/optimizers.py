@@ -121,8 +121,10 @@ def bnb_optimizer(
     cls = getattr(bitsandbytes.optim, name.removeprefix("bnb."))
     with _host_tensors():  # the maps of __init__ read data (`create_dynamic_map`)
         optimizer = cls(params, lr=lr)
-    if target != "cuda":
-        return optimizer  # bitsandbytes on the CPU: unpaged, the maps stay on the host
+    if target != "cuda" or any(p.is_cuda for p in params):
+        # on the CPU bitsandbytes does not page and keeps its maps on the host; on a real
+        # GPU (the cuda backend) its own code pages and copies
+        return optimizer
     mark_place(optimizer.name2qmap.values(), "pageable")
     original_init = optimizer.init_state
 
