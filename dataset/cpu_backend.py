@@ -24,6 +24,7 @@ from memgnn.predictor.ir.recorder import (
     register_state,
 )
 from memgnn.predictor.memory.analytic import sweep
+from memgnn.predictor.memory.places import place_breakdown
 from memgnn.predictor.spec.bundle import ModelBundle
 from memgnn.predictor.spec.train import TrainSpec
 
@@ -95,6 +96,7 @@ def profile_cpu(bundle: ModelBundle, train: TrainSpec, sizes: dict[str, int]) ->
             "tensor_phase_peaks": swept.best.phase_peaks,
             "first_step": {"allocated": swept.best.step_peaks.get("first")},
             "steady_state": {"allocated": swept.best.step_peaks.get("steady")},
+            **place_breakdown(graph, 0, swept.sizes, gpu=False),
         },
         "stats": {
             "profiler_peak_bytes": before + prof_delta,

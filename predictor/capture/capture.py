@@ -365,6 +365,8 @@ def blocks_ineligible(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig)
         return f"{bundle.layers} blocks: no more than the {cfg.blocks_depth} a replication captures"
     if train.parallel.sharding != "none":
         return f"--sharding {train.parallel.sharding} is captured in full"
+    if train.offload.activations == "torchtune":  # its forward stash spans blocks
+        return "torchtune's offloading keeps each tensor until 5 more are saved, across blocks"
     ck = train.activations.checkpoint_blocks
     if ck is not None and 0 < ck < bundle.layers:
         return f"checkpointing {ck} of {bundle.layers} blocks: the blocks differ"

@@ -196,7 +196,7 @@ class _Plan:
         for u, lam in s_order:
             items, src = self._sources(u, self.sl[u], self.sby, self.spos)
             base = items[-1] if len(items) > 1 and lam != 1 else items[0]
-            for col in ("nbytes", "dtype", "category"):
+            for col in ("nbytes", "dtype", "category", *_PLACE_COLUMNS.intersection(p.storages)):
                 storages[col].append(p.storages[col][base])
             for col in ("alloc", "free"):
                 fs = [p.storages[col][j] for j in items]
@@ -210,6 +210,9 @@ class _Plan:
                 key = self._resolve(fs, src, lam, n, storages=False)
                 storages[col].append(_get(idx, key))
         return nodes, storages
+
+
+_PLACE_COLUMNS = frozenset(("place", "place_nbytes"))  # graph format 2, where present
 
 
 def _get(table: dict[Key, int], key: Key) -> int:
@@ -290,15 +293,26 @@ def _expand(
 def _reintern(
     nodes: dict[str, list], storages: dict[str, list], exprs: list[str]
 ) -> tuple[dict[str, list], dict[str, list], list[str]]:
-    """Renumber expressions in order of first use (node scratch, then storage sizes), as a
-    capture interns them, so the result is the graph a capture at that depth writes."""
+    """Renumber expressions in order of first use (node scratch, then storage sizes, then
+    the "0" of storages' other place), as a capture interns them, so the result is the
+    graph a capture at that depth writes."""
     index: dict[int, int] = {}
-    for col in (nodes["scratch"], storages["nbytes"]):
+    sizes = storages["nbytes"]
+    if "place" in storages:  # a storage's own size first, wherever it lives
+        sizes = [
+            b if code else a
+            for a, b, code in zip(sizes, storages["place_nbytes"], storages["place"])
+        ]
+    for col in (nodes["scratch"], sizes, storages["nbytes"], storages.get("place_nbytes", ())):
         for e in col:
             if e not in index:
                 index[e] = len(index)
     nodes = nodes | {"scratch": [index[e] for e in nodes["scratch"]]}
-    storages = storages | {"nbytes": [index[e] for e in storages["nbytes"]]}
+    storages = storages | {
+        col: [index[e] for e in storages[col]]
+        for col in ("nbytes", "place_nbytes")
+        if col in storages
+    }
     return nodes, storages, [exprs[e] for e in index]
 
 

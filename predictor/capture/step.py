@@ -19,7 +19,15 @@ from typing import Any, Protocol
 
 import torch
 from memgnn.predictor.emulate.attention import apply_attention, check_attention
+from memgnn.predictor.emulate.offload import apply_activation_offload
+from memgnn.predictor.emulate.offload_optim import CPUOffloadOptimizer
 from memgnn.predictor.emulate.optim8bit import AdamW8bit
+from memgnn.predictor.emulate.optimizers import (
+    OptimizerInBackward,
+    host_state,
+    library_optimizer,
+    torch_optimizer,
+)
 from memgnn.predictor.emulate.parallel import (
     World,
     gradient_sync,
@@ -30,6 +38,7 @@ from memgnn.predictor.emulate.parallel import (
 from memgnn.predictor.emulate.peft import apply_peft
 from memgnn.predictor.emulate.quant import quantize_model
 from memgnn.predictor.spec.bundle import ModelBundle, default_blocks
+from memgnn.predictor.spec.optimizer_names import LIBRARY_OPTIMIZERS, torch_class
 from memgnn.predictor.spec.train import TrainSpec
 from torch import nn
 
@@ -65,6 +74,11 @@ def resolve_optimizer_impl(train: TrainSpec, target: str) -> str:
 def build_optimizer(params: list[nn.Parameter], train: TrainSpec, target: str):
     if train.optim.name == "adamw8bit":
         return AdamW8bit(params, lr=train.optim.lr)
+    if train.optim.name in LIBRARY_OPTIMIZERS:  # bitsandbytes', torchao's, lion-pytorch's
+        return library_optimizer(params, train.optim.name, train.optim.lr, target)
+    cls = torch_class(train.optim.name)  # torch.optim.<Class> by name
+    if cls is not None:
+        return torch_optimizer(params, cls, train.optim.impl, train.optim.lr, target)
     impl = resolve_optimizer_impl(train, target)
     flags: dict[str, Any] = {"foreach": impl == "foreach"}
     if train.optim.name in ("adam", "adamw"):
@@ -80,6 +94,20 @@ def build_optimizer(params: list[nn.Parameter], train: TrainSpec, target: str):
     if train.optim.name == "sgd" and impl == "fused":
         flags["fused"], flags["foreach"] = True, False
     return cls(params, lr=train.optim.lr, **flags)
+
+
+def _offload_make(train: TrainSpec, target: str):
+    """torchao's CPUOffloadOptimizer builds its optimizers with the same arguments on the
+    host and the device: AdamW with `fused=True` (its default), any other class with what
+    PyTorch picks on each (`--optimizer-impl` where the user set one)."""
+    adamw = train.optim.name in ("adamw", "torch.optim.AdamW") and train.optim.impl == "auto"
+
+    def make(tensors: list[torch.Tensor], on_host: bool) -> torch.optim.Optimizer:
+        if adamw:
+            return torch.optim.AdamW(tensors, lr=train.optim.lr, fused=True)
+        return build_optimizer(tensors, train, "cpu" if on_host else target)
+
+    return make
 
 
 class _FakeSafeGradScaler(torch.amp.GradScaler):
@@ -238,10 +266,22 @@ class TrainingStep:
                 model = self.model = apply_peft(model, train)
         if world is not None:
             model = self.model = parallelize(model, blocks, train, world)
+        # offloading: saved activations to the host (emulate.offload)
+        offloaded = apply_activation_offload(model, train, target)
+        if offloaded:
+            log.info("%s: %s", bundle.name, offloaded)
         self.params = [p for p in model.parameters() if p.requires_grad]
+        make = functools.partial(build_optimizer, train=train, target=target)
         if train.parallel.sharding == "zero1":
-            make = functools.partial(build_optimizer, train=train, target=target)
             self.optimizer = zero_optimizer(self.params, make)
+        elif train.optim.in_backward:  # torchtune's optimizer_in_bwd
+            self.optimizer = OptimizerInBackward(self.params, make)
+        elif train.offload.optimizer == "torchao":
+            self.optimizer = CPUOffloadOptimizer(
+                self.params,
+                _offload_make(train, target),
+                offload_gradients=train.offload.gradients,
+            )
         else:
             self.optimizer = build_optimizer(self.params, train, target)
         # TrainSpec.hold_outputs: the last micro-step's loss and model outputs, alive until
@@ -269,9 +309,13 @@ class TrainingStep:
             if isinstance(v, torch.Tensor)
         ]
         resident = resident_tensors(self.model) if self.world is not None else []
+        # an offloading optimizer's pinned host copies of parameters and gradients
+        host = getattr(self.local_optimizer, "host_tensors", dict)()
         return {
-            "parameter": [*self.model.parameters(), *self.model.buffers(), *resident],
-            "gradient": [p.grad for p in self.params if p.grad is not None],
+            "parameter": [*self.model.parameters(), *self.model.buffers(), *resident]
+            + host.get("parameter", []),
+            "gradient": [p.grad for p in self.params if p.grad is not None]
+            + host.get("gradient", []),
             "optimizer_state": opt_state,
         }
 
@@ -281,21 +325,12 @@ class TrainingStep:
         return getattr(self.optimizer, "optim", self.optimizer)
 
     def host_state(self) -> list[torch.Tensor]:
-        """Optimizer state PyTorch keeps on the host when training on CUDA: the `step`
-        counters of non-fused, non-capturable Adam/AdamW, and Adafactor's."""
-        if self.target != "cuda":
-            return []
-        out = []
+        """Optimizer state PyTorch keeps on the host when training on CUDA (the `step`
+        counters of non-fused, non-capturable torch.optim classes, Adafactor's, torchao's):
+        read off each class's own state (`emulate.optimizers.host_state`)."""
         optimizer = self.local_optimizer
-        for group in optimizer.param_groups:
-            on_device = group.get("fused") or group.get("capturable")
-            if on_device and self.train.optim.name != "adafactor":
-                continue
-            for p in group["params"]:
-                step = optimizer.state.get(p, {}).get("step")
-                if isinstance(step, torch.Tensor):
-                    out.append(step)
-        return out
+        optimizers = getattr(optimizer, "device_optimizers", [optimizer])
+        return host_state(optimizers, self.target)
 
     def float_dtype(self) -> torch.dtype:
         return self.train.numerics.param_dtype

@@ -9,6 +9,10 @@ Per path:
   (storage uids read / written; views and in-place ops write an existing storage);
 - storages: byte-size expression index, dtype, category, the node that allocated it
   (-1: alive before the step) and the node after which it was freed (-1: outlives it).
+  `nbytes` is what the storage takes in the CUDA caching allocator. Version 2 adds, where a
+  path has storages elsewhere (offloading), `place` (codes into `vocab.PLACES`) and
+  `place_nbytes` (the bytes at that place; "0" for device storages, whose `nbytes` is "0"
+  when they live elsewhere), so every reader of `nbytes` counts device bytes only.
 Edges are data dependencies: from the last node that wrote a storage to each reader.
 """
 
@@ -27,14 +31,16 @@ from typing import Any
 
 import numpy as np
 from memgnn.predictor.ir.expr import ExprTable, validate_source
-from memgnn.predictor.ir.vocab import CATEGORIES, PHASES, SCENARIOS
+from memgnn.predictor.ir.vocab import CATEGORIES, PHASES, PLACES, SCENARIOS
 
 log = logging.getLogger(__name__)
 
 FORMAT = "memgnn.stepgraph"
-VERSION = 1
+VERSION = 2  # 2: optional storage columns `place` / `place_nbytes` (offloading)
+READS = (1, 2)  # versions this memgnn loads (a version 1 graph has every storage on device)
 NODE_FIELDS = ("op", "phase", "step", "micro", "module", "inputs", "outputs", "scratch")
 STORAGE_FIELDS = ("nbytes", "dtype", "category", "alloc", "free")
+PLACE_FIELDS = ("place", "place_nbytes")  # version 2, where a path has off-device storages
 
 
 @dataclass(kw_only=True, slots=True)
@@ -79,6 +85,11 @@ class PathGraph:
     def num_storages(self) -> int:
         return len(self.storages["nbytes"])
 
+    @property
+    def has_places(self) -> bool:
+        """Whether some storage of this path lives off the device (`place` column)."""
+        return "place" in self.storages
+
     def edges(self) -> np.ndarray:
         """Data-dependency edges [2, E] (src node -> dst node), deduplicated."""
         last_writer: dict[int, int] = {}
@@ -107,6 +118,7 @@ class StepGraph:
     exprs: list[str]
     paths: list[PathGraph]
     meta: dict[str, Any] = field(default_factory=dict)
+    version: int = VERSION  # of the format it was written in (a loaded graph keeps its own)
     _table: ExprTable | None = field(default=None, repr=False, compare=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -121,7 +133,7 @@ class StepGraph:
     def content(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": self.version,
             "model": self.model,
             "train": self.train,
             "symbols": self.symbols,
@@ -162,6 +174,8 @@ class StepGraph:
                 validate_source(ds[key], list(self.symbols))
         for k, p in enumerate(self.paths):
             _validate_path(p, k, len(self.exprs))
+            if p.has_places and self.version < 2:
+                raise ValueError(f"path {k}: storage places need step graph version 2")
 
     # ---- evaluation ---------------------------------------------------------------------
     def resolve_sizes(self, sizes: dict[str, int], scenario: str = "worst") -> dict[str, int]:
@@ -196,6 +210,22 @@ class StepGraph:
         """Bytes of every storage of a path at resolved sizes (int64)."""
         return self._lookup(self.paths[path].array("storages", "nbytes"), resolved)
 
+    @property
+    def has_places(self) -> bool:
+        """Whether some storage lives off the device (host or unified memory)."""
+        return any(p.has_places for p in self.paths)
+
+    def place_bytes(self, path: int, resolved: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+        """(place code of every storage of a path, its bytes at that place): code 0 and 0
+        bytes for device storages (their bytes are `storage_bytes`)."""
+        p = self.paths[path]
+        if not p.has_places:
+            n = p.num_storages
+            return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        return p.array("storages", "place"), self._lookup(
+            p.array("storages", "place_nbytes"), resolved
+        )
+
     def scratch_bytes(self, path: int, resolved: dict[str, int]) -> np.ndarray:
         """Kernel scratch bytes of every node of a path at resolved sizes (int64)."""
         return self._lookup(self.paths[path].array("nodes", "scratch"), resolved)
@@ -220,10 +250,10 @@ class StepGraph:
     def from_dict(cls, data: Any, source: str = "<dict>") -> StepGraph:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"{source}: not a memgnn step graph (format field missing)")
-        if data.get("version") != VERSION:
+        if data.get("version") not in READS:
             raise ValueError(
                 f"{source}: step graph version {data.get('version')!r} is not supported "
-                f"(this memgnn reads version {VERSION}); re-capture it"
+                f"(this memgnn reads versions {', '.join(map(str, READS))}); re-capture it"
             )
         try:
             graph = cls(
@@ -238,6 +268,7 @@ class StepGraph:
                     for p in data["paths"]
                 ],
                 meta=data.get("meta", {}),
+                version=data["version"],
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"{source}: malformed step graph, missing field {exc}") from None
@@ -321,6 +352,14 @@ def _validate_path(p: PathGraph, k: int, n_exprs: int) -> None:
     for col in ("alloc", "free"):
         if any(not isinstance(v, int) or not -1 <= v < n for v in p.storages[col]):
             raise ValueError(f"path {k}: storage {col} refers to a missing node")
+    present = [f for f in PLACE_FIELDS if f in p.storages]
+    if present:
+        if len(present) != len(PLACE_FIELDS) or any(len(p.storages[f]) != s for f in present):
+            raise ValueError(f"path {k}: storage place columns are incomplete")
+        if any(not isinstance(v, int) or not 0 <= v < len(PLACES) for v in p.storages["place"]):
+            raise ValueError(f"path {k}: bad place code")
+        if any(not isinstance(e, int) or not 0 <= e < n_exprs for e in p.storages["place_nbytes"]):
+            raise ValueError(f"path {k}: storage place size refers to a missing expression")
     for col in ("inputs", "outputs"):
         for refs in p.nodes[col]:
             if any(not isinstance(u, int) or not 0 <= u < s for u in refs):

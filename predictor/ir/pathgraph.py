@@ -9,6 +9,7 @@ from memgnn.predictor.capture.branches import CaptureError
 from memgnn.predictor.ir.expr import sympy_to_source
 from memgnn.predictor.ir.graph import PathGraph
 from memgnn.predictor.ir.recorder import CATEGORIES, PHASES, StepRecorder, live_categories
+from memgnn.predictor.ir.vocab import PLACES
 
 
 class ExprInterner:
@@ -77,4 +78,21 @@ def path_from_recorder(
         storages["category"].append(cat_code[s.category])
         storages["alloc"].append(s.alloc_node)
         storages["free"].append(-1 if s.free_node is None else s.free_node)
+    if any(s.place != "device" for s in rec.storages):
+        _split_places(rec, storages, interner)
     return PathGraph(conditions=conditions, nodes=nodes, storages=storages)
+
+
+def _split_places(rec: StepRecorder, storages: dict[str, list], interner: ExprInterner) -> None:
+    """Storages off the device: their bytes move from `nbytes` (the CUDA allocator's) to
+    `place_nbytes`, with their `place` code (graph format version 2)."""
+    zero = interner.add(0, {}, None)
+    storages["place"], storages["place_nbytes"] = [], []
+    for u, s in enumerate(rec.storages):
+        code = PLACES.index(s.place)
+        storages["place"].append(code)
+        if code == 0:
+            storages["place_nbytes"].append(zero)
+        else:
+            storages["place_nbytes"].append(storages["nbytes"][u])
+            storages["nbytes"][u] = zero

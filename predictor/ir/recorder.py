@@ -13,14 +13,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from memgnn.predictor.ir.vocab import CATEGORIES, PHASES
+from memgnn.predictor.ir.vocab import CATEGORIES, PHASES, PLACES
 from torch.distributed.tensor import DTensor
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
 # > 0 while ops run that a real step would not allocate for (see `unrecorded`)
@@ -40,6 +40,67 @@ def unrecorded():
         _UNRECORDED[0] -= 1
 
 
+# the place of storages created now (`placed`); the innermost context wins
+_PLACE = ["device"]
+# id(storage object) -> place, for storages made outside a recorder (`mark_place`)
+_MARKED: dict[int, str] = {}
+
+
+def _check_place(place: str) -> None:
+    if place not in PLACES:
+        raise ValueError(f"unknown place {place!r}; expected one of {PLACES}")
+
+
+@contextlib.contextmanager
+def placed(place: str):
+    """Storages created inside live at `place` (`vocab.PLACES`), not in the CUDA allocator:
+    what an offloading library allocates on the host (`pin_memory=True` copies, an
+    optimizer stepping on the CPU) or in unified memory. Capture runs every tensor on one
+    (fake) CPU device, so the code that offloads says where its storages go."""
+    _check_place(place)
+    _PLACE.append(place)
+    try:
+        yield
+    finally:
+        _PLACE.pop()
+
+
+def mark_place(tensors: Iterable[torch.Tensor], place: str) -> None:
+    """Remember that these tensors' storages live at `place`, for a recorder that first
+    sees them later (state made before the recorded step, e.g. an optimizer's host state
+    created in an unrecorded warm-up step). Forgotten when the storage dies."""
+    _check_place(place)
+    for t in leaves(tensors):
+        storage = _storage_of(t)
+        if storage is None:
+            continue
+        key = id(storage)
+        if key not in _MARKED:
+            weakref.finalize(storage, _MARKED.pop, key, None)
+        _MARKED[key] = place
+
+
+def _storage_of(t: torch.Tensor) -> Any | None:
+    if isinstance(t, DTensor):  # a sharded parameter or gradient: this rank's shard
+        t = t._local_tensor
+    if t.layout != torch.strided or t.is_nested or is_traceable_wrapper_subclass(t):
+        return None
+    return t.untyped_storage()
+
+
+def leaves(tensors: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """The plain tensors holding `tensors`' memory: a tensor subclass that wraps others
+    (torchao's quantised optimizer states: codes, scales, maps) gives its inner tensors."""
+    for t in tensors:
+        if isinstance(t, DTensor):  # this rank's shard (itself maybe a subclass)
+            yield from leaves([t._local_tensor])
+        elif isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t):
+            names, _ = t.__tensor_flatten__()
+            yield from leaves(getattr(t, n) for n in names)
+        else:
+            yield t
+
+
 log = logging.getLogger(__name__)
 
 
@@ -55,6 +116,7 @@ class StorageRec:
     step: int = 0
     micro: int = 0
     layer: int | None = None  # repeated block that made it (`predictor.ir.blocks`); None: none
+    place: str = "device"  # where it lives (`vocab.PLACES`; `placed`)
 
 
 @dataclass(slots=True)
@@ -106,16 +168,9 @@ class StepRecorder(TorchDispatchMode):
         self.closed = False
 
     # ---- storages -------------------------------------------------------------------
-    def _storage_of(self, t: torch.Tensor) -> Any | None:
-        if isinstance(t, DTensor):  # a sharded parameter or gradient: this rank's shard
-            t = t._local_tensor
-        if t.layout != torch.strided or t.is_nested:
-            return None
-        return t.untyped_storage()
-
     def _track(self, t: torch.Tensor, node: int) -> tuple[int, bool] | None:
         """The storage uid of `t`, creating a record if the storage is new."""
-        storage = self._storage_of(t)
+        storage = _storage_of(t)
         if storage is None:
             return None
         key = id(storage)
@@ -133,6 +188,7 @@ class StepRecorder(TorchDispatchMode):
             step=self.step,
             micro=self.micro,
             layer=None if self.layers is None else self.layers.current,
+            place=_MARKED.get(key, _PLACE[-1]),
         )
         self.storages.append(rec)
         weakref.finalize(storage, self._on_free, key, uid)
@@ -153,7 +209,7 @@ class StepRecorder(TorchDispatchMode):
         """Storages alive before the step (parameters, buffers, state): created at node -1."""
         assert category in CATEGORIES, category
         uids = []
-        for t in tensors:
+        for t in leaves(tensors):
             got = self._track(t, -1)
             if got is None:
                 continue
@@ -164,7 +220,7 @@ class StepRecorder(TorchDispatchMode):
         return uids
 
     def uid_of(self, t: torch.Tensor) -> int | None:
-        storage = self._storage_of(t)
+        storage = _storage_of(t)
         return None if storage is None else self._live.get(id(storage))
 
     def categorize(
@@ -172,7 +228,7 @@ class StepRecorder(TorchDispatchMode):
     ) -> None:
         """Give live storages a category unless they already have one (`force`: even so)."""
         assert category in CATEGORIES, category
-        for t in tensors:
+        for t in leaves(tensors):
             uid = self.uid_of(t)
             if uid is not None and (force or self.storages[uid].category is None):
                 self.storages[uid].category = category
@@ -232,7 +288,7 @@ class StepRecorder(TorchDispatchMode):
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
         """Storages not on the target device (e.g. optimizer step counters kept on the host
         by CUDA training): their bytes count as 0."""
-        for t in tensors:
+        for t in leaves(tensors):
             uid = self.uid_of(t)
             if uid is not None:
                 self.storages[uid].nbytes = 0

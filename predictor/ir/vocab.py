@@ -52,6 +52,15 @@ def category_bytes(values) -> dict[str, int]:
     return out
 
 
+# Where a storage lives. `device`: the CUDA caching allocator (every figure memgnn gave
+# before offloading); `pinned`: page-locked host memory (`pin_memory=True`: save_on_cpu,
+# torchtune's activation offloading, FSDP2's CPUOffloadPolicy, DeepSpeed's and torchao's
+# offload buffers); `pageable`: ordinary host memory (an optimizer's state stepped on the
+# CPU); `managed`: CUDA unified memory outside the allocator (bitsandbytes' paged optimizer
+# states, `cudaMallocManaged`): on the device while resident, never in reserved bytes.
+PLACES = ("device", "pinned", "pageable", "managed")
+HOST_PLACES = ("pinned", "pageable")
+
 PHASES = ("setup", "input", "forward", "backward", "optimizer", "zero_grad")
 
 # aten ops that run through cuBLAS (and so allocate its workspace on first use)

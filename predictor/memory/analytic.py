@@ -24,6 +24,7 @@ from memgnn.predictor.emulate.parallel import annotate
 from memgnn.predictor.ir.graph import PathGraph, StepGraph
 from memgnn.predictor.ir.vocab import CATEGORIES, PHASES, category_bytes, cublas_workspaces
 from memgnn.predictor.memory.base import Prediction, Query, check_guards
+from memgnn.predictor.memory.places import place_breakdown
 from memgnn.predictor.spec.devices import get_profile
 
 STEP_NAMES = ("first", "steady")
@@ -196,7 +197,14 @@ class AnalyticModel:
             metric = q.resolved_metric(device.is_gpu)
             round_to = 512 if device.is_gpu else 1
             swept = sweep(graph, q.sizes, scenario=q.scenario, round_to=round_to)
-            extras = [_extra_bytes(graph, k, device, metric) for k in range(len(swept.paths))]
+            places = [
+                place_breakdown(graph, k, swept.sizes, gpu=device.is_gpu)
+                for k in range(len(swept.paths))
+            ]
+            extras = [
+                _extra_bytes(graph, k, device, metric) + managed_bytes(places[k], metric)
+                for k in range(len(swept.paths))
+            ]
             per_path = [
                 {"conditions": p.conditions, "predicted_peak_bytes": p.peak_bytes + extra}
                 for p, extra in zip(swept.paths, extras, strict=True)
@@ -215,6 +223,7 @@ class AnalyticModel:
                             "step_peaks": swept.best.step_peaks,
                             "workspace_and_context_bytes": extra,
                             "violated_guards": swept.violated_guards,
+                            **places[best],
                         },
                         graph.train,
                     ),
@@ -223,6 +232,12 @@ class AnalyticModel:
                 )
             )
         return out
+
+
+def managed_bytes(places: dict[str, Any], metric: str) -> int:
+    """Unified memory (paged optimizer states) in a device_total answer: resident on the
+    device while it has room (`predictor.memory.places`); never allocated or reserved."""
+    return places.get("managed_peak_bytes", 0) if metric == "device_total" else 0
 
 
 def _extra_bytes(graph: StepGraph, path: int, device: Any, metric: str) -> int:

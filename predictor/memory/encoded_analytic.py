@@ -25,8 +25,9 @@ from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.expr import ExprTable
 from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.ir.vocab import CATEGORIES, PHASES, category_bytes, cublas_workspaces
-from memgnn.predictor.memory.analytic import STEP_NAMES, AnalyticModel, live_index
+from memgnn.predictor.memory.analytic import STEP_NAMES, AnalyticModel, live_index, managed_bytes
 from memgnn.predictor.memory.base import Prediction, Query, check_guards
+from memgnn.predictor.memory.places import place_breakdown
 
 __all__ = ["AnalyticEncoding", "EncodedAnalytic"]
 
@@ -213,9 +214,14 @@ class EncodedAnalytic(AnalyticModel):
         out = []
         for q, (device, metric) in enumerate(zip(devices, metrics)):
             context = device.context_bytes if metric == "device_total" else 0
+            places = [
+                place_breakdown(graph, k, resolved[q], gpu=device.is_gpu)
+                for k in range(len(enc.paths))
+            ]
             extras = [
-                pa.workspaces * device.cublas_workspace_bytes + context if device.is_gpu else 0
-                for pa in enc.paths
+                (pa.workspaces * device.cublas_workspace_bytes + context if device.is_gpu else 0)
+                + managed_bytes(places[k], metric)
+                for k, pa in enumerate(enc.paths)
             ]
             peaks = [int(s[0][q]) + e for s, e in zip(swept, extras, strict=True)]
             best = max(range(len(peaks)), key=peaks.__getitem__)
@@ -240,6 +246,7 @@ class EncodedAnalytic(AnalyticModel):
                         "step_peaks": {name: int(v[q]) for name, v in step_peaks[best].items()},
                         "workspace_and_context_bytes": extra,
                         "violated_guards": violated,
+                        **places[best],
                     },
                     model_version=self.version,
                     paths=[

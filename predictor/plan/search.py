@@ -12,8 +12,10 @@ predictions instead of OOMs: `power` doubles B until the predicted upper bound p
 limit; `binsearch` then bisects between the last fit and the first miss. Limit = budget x
 threshold. Objective (default): samples per rank per step B*G per unit of cost, cost =
 recompute overhead of C x precision cost of P x optimizer cost of O x communication cost
-of the sharding; ties go to fewer GPUs, then the larger B. Each candidate carries its
-`decision.Decision`: state bytes, per-sample bytes and the straight-line largest batch.
+of the sharding x the copy cost of activation offloading (`space.offload_cost`, from the
+bytes the graph keeps on the host at B); ties go to fewer GPUs, then the larger B. Each
+candidate carries its `decision.Decision`: state bytes, per-sample bytes and the
+straight-line largest batch.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Any
 
 from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.memory.base import GuardViolation, MemoryModel, Prediction, Query
+from memgnn.predictor.memory.places import place_peaks
 from memgnn.predictor.plan.decision import decide
-from memgnn.predictor.plan.space import SearchSpace, capture_spec, cost, variants
+from memgnn.predictor.plan.space import SearchSpace, capture_spec, cost, offload_cost, variants
 from memgnn.predictor.spec.train import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -64,6 +67,7 @@ class Candidate:
     gpus: int = 1
     sharding: str = "none"
     fsdp_reshard_after_forward: bool = True
+    offload_activations: str = "none"
     decision: dict[str, Any] = field(default_factory=dict)  # `decision.Decision.to_dict`
 
     def to_dict(self) -> dict[str, Any]:
@@ -286,15 +290,33 @@ def _candidate(prober: _Prober, b: int, g: int, train: TrainSpec, n_blocks: int 
         grad_accum=g,
         checkpointing=train.activations.checkpointing,
         precision=train.numerics.precision,
-        objective=b * g / cost(train, n_blocks),
+        objective=b * g / (cost(train, n_blocks) * _offload_cost(prober, b, train)),
         bound_bytes=prober.bound(b),
         prediction=prober.predict(b).to_dict(),
         optimizer_impl=train.optim.impl,
         gpus=train.parallel.gpus,
         sharding=train.parallel.sharding,
         fsdp_reshard_after_forward=train.parallel.reshard_after_forward,
+        offload_activations=train.offload.activations,
         decision=decision,
     )
+
+
+def _offload_cost(prober: _Prober, b: int, train: TrainSpec) -> float:
+    """`space.offload_cost` at batch b: the bytes the step keeps on the host, read off the
+    graph (whatever model answers the device peak), the model's parameters, its tokens."""
+    kind = train.offload.activations
+    if kind == "none":
+        return 1.0
+    sizes = {**prober.space.sizes, "B": b}
+    graph = prober.graph
+    host = max(
+        place_peaks(graph, k, graph.resolve_sizes(sizes))["host_pinned_peak_bytes"]
+        for k in range(len(graph.paths))
+    )
+    info = graph.meta.get("model_info") or {}
+    tokens = b * sizes.get("S", 1)
+    return offload_cost(kind, host, int(info.get("parameters") or 0), tokens)
 
 
 def _no_fit_reason(cfg: PlanConfig, closest: Candidate | None, refused: Any) -> str:

@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from memgnn.predictor.ir.vocab import SEARCH_MODES, SHARDINGS
-from memgnn.predictor.spec.choices import OPTIMIZER_IMPLS, PRECISIONS
+from memgnn.predictor.spec.choices import OFFLOAD_ACTIVATIONS, OPTIMIZER_IMPLS, PRECISIONS
 from memgnn.predictor.spec.train import TrainSpec
 
-__all__ = ["SearchSpace", "capture_spec", "cost", "variants"]
+__all__ = ["SearchSpace", "capture_spec", "cost", "offload_cost", "variants"]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +28,16 @@ IMPL_COST = {"fused": 0.99, "foreach": 1.0, "auto": 1.0, "for-loop": 1.02}
 COMM_VOLUME = {"none": 0.0, "ddp": 1.0, "zero1": 1.0, "zero2": 1.0, "zero3": 1.5, "fsdp": 1.5,
                "hsdp": 1.5}  # fmt: skip
 EXPOSED_COMM = 0.05
+# Activation offloading (predictor/emulate/offload.py) moves every offloaded byte over PCIe
+# twice: to the host in forward, back in backward. Priors, not measurements of the user's
+# machine: pinned host<->device copies reach ~25 GB/s on PCIe 4.0 x16 (32 GB/s per
+# direction in theory; what CUDA's bandwidthTest sample shows on A100 PCIe hosts), and a
+# training step computes ~6 x parameters x tokens FLOPs (Kaplan et al. 2020, C = 6ND) at
+# 40% of an A100's 312 TFLOP/s dense bf16. save_on_cpu copies on the compute stream (the
+# copy time adds to the step); torchtune's OffloadActivations copies on a side stream,
+# hidden behind compute until the copies take longer than it.
+PCIE_BYTES_PER_S = 25e9
+TRAIN_FLOPS_PER_S = 0.4 * 312e12
 
 
 @dataclass(kw_only=True, slots=True)
@@ -43,6 +53,7 @@ class SearchSpace:
     optimizer_impl: list[str] = field(default_factory=list)  # [] = the base spec's
     sharding: list[str] = field(default_factory=list)  # [] = the base spec's
     gpus: list[int] = field(default_factory=list)  # [] = the base spec's; 1 pairs with none
+    offload_activations: list[str] = field(default_factory=list)  # [] = the base spec's
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -69,6 +80,12 @@ class SearchSpace:
                 raise ValueError(f"unknown sharding {sharding!r} in search space ({SHARDINGS})")
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.gpus):
             raise ValueError(f"gpus choices must be integers >= 1, got {self.gpus}")
+        for kind in self.offload_activations:
+            if kind not in OFFLOAD_ACTIVATIONS:
+                raise ValueError(
+                    f"unknown activation offloading {kind!r} in search space; expected one "
+                    f"of {OFFLOAD_ACTIVATIONS}"
+                )
 
 
 def cost(train: TrainSpec, n_blocks: int | None = None) -> float:
@@ -91,6 +108,18 @@ def cost(train: TrainSpec, n_blocks: int | None = None) -> float:
         * IMPL_COST[train.optim.impl]
         * comm
     )
+
+
+def offload_cost(kind: str, host_bytes: int, parameters: int, tokens: int) -> float:
+    """Relative step cost of offloading `host_bytes` of activations (1.0 = none): copy time
+    over compute time (see PCIE_BYTES_PER_S), added (save_on_cpu) or overlapped
+    (torchtune). A step without parameters or tokens to compute costs what it copies."""
+    if kind == "none" or host_bytes <= 0:
+        return 1.0
+    copy = 2 * host_bytes / PCIE_BYTES_PER_S
+    compute = 6 * max(parameters, 1) * max(tokens, 1) / TRAIN_FLOPS_PER_S
+    ratio = copy / compute
+    return max(1.0, ratio) if kind == "torchtune" else 1.0 + ratio
 
 
 def capture_spec(train: TrainSpec) -> TrainSpec:
@@ -117,7 +146,8 @@ def variants(base: TrainSpec, space: SearchSpace) -> list[TrainSpec]:
     out: list[TrainSpec] = []
     first_error: ValueError | None = None
     impls = space.optimizer_impl or [base.optim.impl]
-    for precision in space.precision:
+    offloads = space.offload_activations or [base.offload.activations]
+    for precision, offload in ((p, o) for p in space.precision for o in dict.fromkeys(offloads)):
         for ckpt in space.checkpointing:
             for impl in dict.fromkeys(impls):
                 for n, sharding in _parallel_choices(base, space):
@@ -127,6 +157,7 @@ def variants(base: TrainSpec, space: SearchSpace) -> list[TrainSpec]:
                             out.append(
                                 base.with_options(
                                     precision=precision,
+                                    offload_activations=offload,
                                     checkpointing=ckpt,
                                     optimizer_impl=impl,
                                     gpus=n,

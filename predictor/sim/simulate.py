@@ -23,6 +23,7 @@ from memgnn.predictor.emulate.parallel import annotate
 from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.ir.vocab import MATMUL_OPS, PHASES
 from memgnn.predictor.memory.analytic import STEP_NAMES, sweep
+from memgnn.predictor.memory.places import place_breakdown
 from memgnn.predictor.sim.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
 from memgnn.predictor.sim.replay.events import OP_ALLOC, OP_FREE, OP_MARK, EventArrays
 from memgnn.predictor.spec.devices import DeviceProfile
@@ -233,6 +234,8 @@ def simulate(
         ],
     }
     annotate(breakdown, graph.train)  # a sharded step: one rank's peak, and which
+    # offloading: host and unified-memory figures of the worst path, each its own number
+    breakdown.update(place_breakdown(graph, swept.path, swept.sizes, gpu=device.is_gpu))
     stats: dict[str, Any] = {"scenario": scenario, "violated_guards": swept.violated_guards}
     if not device.is_gpu:
         return SimResult(
@@ -253,6 +256,8 @@ def simulate(
         results = [replayer(a, cfg) for a in arrays]
     worst = max(range(len(results)), key=lambda k: results[k]["peak_reserved_bytes"])
     r = results[worst]
+    if worst != swept.path:  # the figures off the device of the path the answer is
+        breakdown.update(place_breakdown(graph, worst, swept.sizes, gpu=True))
     breakdown.update(
         phases=r["phase_peaks"],
         first_step=r["step_peaks"].get("first"),
@@ -281,7 +286,10 @@ def simulate(
     return SimResult(
         peak_allocated_bytes=r["peak_allocated_bytes"],
         peak_reserved_bytes=r["peak_reserved_bytes"],
-        device_total_bytes=r["peak_reserved_bytes"] + device.context_bytes,
+        # + unified memory (paged optimizer states): resident on the device, not reserved
+        device_total_bytes=r["peak_reserved_bytes"]
+        + device.context_bytes
+        + breakdown.get("managed_peak_bytes", 0),
         breakdown=breakdown,
         stats=stats,
     )

@@ -12,6 +12,8 @@ __all__ = [
     "BNB_VERSION",
     "GRAD_SYNCS",
     "LORA_DTYPES",
+    "OFFLOAD_ACTIVATIONS",
+    "OFFLOAD_OPTIMIZERS",
     "OPTIMIZERS",
     "OPTIMIZER_IMPLS",
     "PEFT_BNB_LAYERS",
@@ -69,6 +71,11 @@ PEFT_NOT_MODELLED = {
 # over its quantised stand-ins (predictor/emulate/quant_lora.py), and the others peft has
 PEFT_ON_QUANTIZED = ("lora", "dora")
 PEFT_BNB_LAYERS = ("lora", "dora", "adalora", "hira", "ia3", "pvera", "randlora", "road")
+# offloading (predictor/emulate/offload.py): activations saved for backward kept on the host
+# (torch.autograd.graph.save_on_cpu(pin_memory=True), torchtune's OffloadActivations), the
+# optimizer's state and step on the CPU (torchao's CPUOffloadOptimizer)
+OFFLOAD_ACTIVATIONS = ("none", "save_on_cpu", "torchtune")
+OFFLOAD_OPTIMIZERS = ("none", "torchao")
 # LoRA adapters' dtype: fp32 = peft's default upcast, model = the base model's dtype
 LORA_DTYPES = ("fp32", "model")
 # bitsandbytes-quantised frozen base (QLoRA): see predictor/emulate/quant.py

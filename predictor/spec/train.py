@@ -9,6 +9,7 @@
       quant        QuantSpec(base, bnb_version)
       parallel     ParallelSpec(gpus, sharding, reshard_after_forward, hsdp_shard_size, grad_sync)
       loop         LoopSpec(grad_accum, steps, hold_outputs)
+      offload      OffloadSpec(activations, optimizer, gradients)
 
 Each leaf is declared once with `opt` (`predictor.spec.options`): its default, its flat
 option name (the CLI flag's dest, the key of a record), its help and allowed values;
@@ -37,8 +38,9 @@ from memgnn.predictor.spec.choices import (
     BNB_VERSION,
     GRAD_SYNCS,
     LORA_DTYPES,
+    OFFLOAD_ACTIVATIONS,
+    OFFLOAD_OPTIMIZERS,
     OPTIMIZER_IMPLS,
-    OPTIMIZERS,
     PEFT_BNB_LAYERS,
     PEFT_METHODS,
     PEFT_NOT_MODELLED,
@@ -48,6 +50,7 @@ from memgnn.predictor.spec.choices import (
     STEP_KINDS,
     bnb_version_tuple,
 )
+from memgnn.predictor.spec.optimizer_names import OPTIMIZER_PATTERN, check_optimizer
 from memgnn.predictor.spec.options import Option, group_options, opt
 
 __all__ = [
@@ -57,6 +60,7 @@ __all__ = [
     "KernelSpec",
     "LoopSpec",
     "NumericsSpec",
+    "OffloadSpec",
     "OptimSpec",
     "ParallelSpec",
     "QuantSpec",
@@ -104,8 +108,11 @@ class OptimSpec:
     """The optimizer and how its step and zero_grad run."""
 
     name: str = opt(
-        "adamw", name="optimizer", choices=OPTIMIZERS,
-        help="torch.optim's sgd, adam, adamw, adafactor; bitsandbytes' adamw8bit",
+        "adamw", name="optimizer", pattern=OPTIMIZER_PATTERN, max_length=80,
+        help="sgd (momentum 0.9), adam, adamw, adafactor, adamw8bit (bitsandbytes'); any "
+        "torch.optim class by name (torch.optim.RMSprop: its defaults); bitsandbytes' "
+        "bnb.PagedAdamW8bit, bnb.PagedAdamW, bnb.Lion8bit, ...; torchao.AdamW8bit, "
+        "torchao.AdamW4bit, torchao.AdamWFp8; lion_pytorch.Lion",
     )  # fmt: skip
     impl: str = opt(
         "auto", name="optimizer_impl", choices=OPTIMIZER_IMPLS,
@@ -117,20 +124,18 @@ class OptimSpec:
         True, name="set_to_none", flag="--zero-grad", cli_values={"none": True, "zero": False},
         help="zero_grad(set_to_none=True) ('none', the default) or keep zeroed grads ('zero')",
     )  # fmt: skip
+    # torchtune's optimizer_in_bwd: one optimizer per parameter, stepped in the parameter's
+    # post-accumulate-grad hook, which then frees the gradient (`emulate.optimizers`)
+    in_backward: bool = opt(
+        False, name="optimizer_in_bwd", cli="switch",
+        help="the optimizer steps inside backward, each parameter in its post-accumulate-"
+        "grad hook, its gradient freed at once (torchtune's optimizer_in_bwd)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
-        _choice(self.name, OPTIMIZERS, "optimizer")
-        if self.impl not in OPTIMIZER_IMPLS:
-            raise ValueError(
-                f"unknown optimizer implementation {self.impl!r}; expected one of {OPTIMIZER_IMPLS}"
-            )
-        if self.name == "adamw8bit" and self.impl != "auto":
-            raise ValueError(
-                "--optimizer adamw8bit runs bitsandbytes' own kernel: "
-                f"--optimizer-impl must be auto, got {self.impl!r}"
-            )
-        if self.name == "adafactor" and self.impl == "fused":
-            raise ValueError("adafactor has no fused implementation")
+        check_optimizer(self.name, self.impl)
+        if not isinstance(self.in_backward, bool):
+            raise ValueError(f"--optimizer-in-bwd must be true or false, got {self.in_backward!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
 
@@ -511,6 +516,38 @@ class LoopSpec:
 
 
 @dataclass(kw_only=True, slots=True)
+class OffloadSpec:
+    """What the step keeps on the host instead of the GPU (`emulate.offload`): the answer
+    gives the device peak and the host bytes (pinned, pageable) as figures of their own."""
+
+    activations: str = opt(
+        "none", name="offload_activations", choices=OFFLOAD_ACTIVATIONS,
+        help="tensors saved for backward kept in pinned host memory: save_on_cpu "
+        "(torch.autograd.graph.save_on_cpu(pin_memory=True) around the forward) or torchtune "
+        "(enable_activation_offloading: OffloadActivations with streams, the output head kept)",
+    )  # fmt: skip
+    optimizer: str = opt(
+        "none", name="offload_optimizer", choices=OFFLOAD_OPTIMIZERS,
+        help="torchao: torchao.optim.CPUOffloadOptimizer (pinned host copies of parameters "
+        "and gradients, the optimizer's state and step on the CPU; parameters under 4096 "
+        "elements stay on the GPU)",
+    )  # fmt: skip
+    gradients: bool = opt(
+        False, name="offload_gradients", cli="switch",
+        help="with --offload-optimizer torchao: free each GPU gradient once copied to the "
+        "host (CPUOffloadOptimizer(offload_gradients=True); no gradient accumulation)",
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        _choice(self.activations, OFFLOAD_ACTIVATIONS, "--offload-activations")
+        _choice(self.optimizer, OFFLOAD_OPTIMIZERS, "--offload-optimizer")
+        if not isinstance(self.gradients, bool):
+            raise ValueError(f"--offload-gradients must be true or false, got {self.gradients!r}")
+        if self.gradients and self.optimizer != "torchao":
+            raise ValueError("--offload-gradients applies to --offload-optimizer torchao")
+
+
+@dataclass(kw_only=True, slots=True)
 class TrainSpec:
     """How one training step runs (see the module docstring for its groups)."""
 
@@ -522,6 +559,7 @@ class TrainSpec:
     quant: QuantSpec = field(default_factory=QuantSpec)
     parallel: ParallelSpec = field(default_factory=ParallelSpec)
     loop: LoopSpec = field(default_factory=LoopSpec)
+    offload: OffloadSpec = field(default_factory=OffloadSpec)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -549,6 +587,7 @@ class TrainSpec:
                 f"--quantize-base {base} with --peft {method} is not modelled: {why}; "
                 f"methods over a quantised base: {', '.join(PEFT_ON_QUANTIZED)}"
             )
+        _check_offload(self)
 
     @classmethod
     def of(cls, **options: Any) -> TrainSpec:
@@ -594,6 +633,56 @@ class TrainSpec:
         return {n: v for n, v in self.flat().items() if v != BY_NAME[n].default}
 
 
+def _check_offload(train: TrainSpec) -> None:
+    """Rules across groups for the optimizer in backward and the offloaded optimizer."""
+    optim, off, loop = train.optim, train.offload, train.loop
+    if optim.in_backward:
+        if loop.grad_accum > 1:
+            raise ValueError(
+                "--optimizer-in-bwd steps each parameter as its gradient is ready: no "
+                "gradient accumulation (torchtune refuses it too); drop --grad-accum"
+            )
+        if train.numerics.uses_grad_scaler:
+            raise ValueError(
+                "--optimizer-in-bwd with amp-fp16: a GradScaler cannot unscale or skip a "
+                "step that already ran inside backward; use amp-bf16 or bf16"
+            )
+        if train.parallel.sharding != "none":
+            raise ValueError("--optimizer-in-bwd is modelled on one GPU (--sharding none)")
+        if off.optimizer != "none":
+            raise ValueError("--optimizer-in-bwd and --offload-optimizer: pick one")
+        if not optim.set_to_none:
+            raise ValueError(
+                "--optimizer-in-bwd frees each gradient after its step (zero_grad(set_to_none"
+                "=True) in the hook): --zero-grad zero does not apply"
+            )
+    if off.optimizer == "torchao":
+        if train.parallel.sharding != "none":
+            raise ValueError(
+                "--offload-optimizer torchao: CPUOffloadOptimizer is for single-GPU training"
+            )
+        if not (
+            optim.name in ("sgd", "adam", "adamw", "adafactor")
+            or optim.name.startswith("torch.optim.")
+        ):
+            raise ValueError(
+                f"--offload-optimizer torchao steps a torch.optim optimizer on the CPU, not "
+                f"--optimizer {optim.name}"
+            )
+        if not optim.set_to_none:
+            raise ValueError("--offload-optimizer torchao: its zero_grad sets gradients to None")
+        if train.numerics.uses_grad_scaler:
+            raise ValueError(
+                "--offload-optimizer torchao with amp-fp16 is not modelled (GradScaler's "
+                "unscale of the host gradients); use amp-bf16 or bf16"
+            )
+        if off.gradients and loop.grad_accum > 1:
+            raise ValueError(
+                "--offload-gradients frees GPU gradients after each backward: no gradient "
+                "accumulation (CPUOffloadOptimizer says so too)"
+            )
+
+
 _GROUPS: dict[str, type] = {
     "numerics": NumericsSpec,
     "optim": OptimSpec,
@@ -603,6 +692,7 @@ _GROUPS: dict[str, type] = {
     "quant": QuantSpec,
     "parallel": ParallelSpec,
     "loop": LoopSpec,
+    "offload": OffloadSpec,
 }
 assert list(_GROUPS) == [f.name for f in dataclasses.fields(TrainSpec)]
 OPTIONS: tuple[Option, ...] = tuple(o for g, c in _GROUPS.items() for o in group_options(g, c))

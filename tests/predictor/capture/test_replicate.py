@@ -182,3 +182,27 @@ def test_old_bnb_inputs_freed_at_one_node_replicate(tmp_path):
     full = capture(bundle, train, CaptureConfig(target="cuda", sizes=sizes, mode="full"))
     assert fast.meta["capture"] == {"mode": "blocks", "captured_blocks": 4, "blocks": 6}
     assert fast.graph_id == full.graph_id
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"offload_activations": "save_on_cpu"},
+        {"offload_activations": "torchtune", "checkpointing": "full"},
+        {"offload_activations": "torchtune"},
+        {"optimizer_in_bwd": True},
+    ],
+    ids=lambda o: "-".join(str(v) for v in o.values()),
+)
+def test_offloaded_steps_replicate_to_the_full_capture_or_fall_back(options):
+    # host storages carry their place and bytes through replication (graph format 2)
+    bundle, train = _bundle(7), TrainSpec.of(**options)
+    fast = capture(bundle, train, CaptureConfig(mode="blocks", blocks_depth=4))
+    full = capture(bundle, train, CaptureConfig(mode="full"))
+    # torchtune's forward stash frees a tensor 5 saves later, blocks away: in full
+    mode = "full" if options.get("offload_activations") == "torchtune" else "blocks"
+    assert fast.meta["capture"]["mode"] == mode
+    assert fast.paths[0].storages == full.paths[0].storages
+    assert fast.graph_id == full.graph_id
+    if "offload_activations" in options:
+        assert "place" in fast.paths[0].storages

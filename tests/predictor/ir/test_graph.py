@@ -6,6 +6,7 @@ import pytest
 from memgnn.predictor.capture.capture import capture
 from memgnn.predictor.ir.graph import StepGraph, file_sha256
 from memgnn.predictor.spec.train import TrainSpec
+from tiny_models import tiny_gpt_bundle
 
 
 @pytest.fixture
@@ -118,3 +119,49 @@ def test_save_is_durable_and_gives_the_same_bytes(graph, tmp_path, monkeypatch):
     assert a.read_bytes() == b.read_bytes()  # no time or name in the gzip header
     assert file_sha256(a) == hashlib.sha256(a.read_bytes()).hexdigest()
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+@pytest.fixture(scope="module")
+def placed_graph():
+    """A captured step whose saved activations live in pinned host memory."""
+    return capture(tiny_gpt_bundle(), TrainSpec.of(offload_activations="save_on_cpu"))
+
+
+def test_a_graph_with_host_storages_is_version_2_and_round_trips(placed_graph, tmp_path):
+    from memgnn.predictor.ir.vocab import PLACES
+
+    p = placed_graph.paths[0]
+    assert placed_graph.version == 2 and p.has_places
+    pinned = [u for u, c in enumerate(p.storages["place"]) if PLACES[c] == "pinned"]
+    assert pinned
+    # their bytes left the allocator's column for the place column
+    assert all(placed_graph.exprs[p.storages["nbytes"][u]] == "0" for u in pinned)
+    assert all(placed_graph.exprs[p.storages["place_nbytes"][u]] != "0" for u in pinned)
+    gid = placed_graph.save(tmp_path / "g.json.gz")
+    loaded = StepGraph.load(tmp_path / "g.json.gz")
+    assert loaded.graph_id == gid and loaded.content() == placed_graph.content()
+
+
+def test_a_version_1_graph_still_loads_and_keeps_its_id(graph, tmp_path):
+    # graphs written before storage places: every storage on the device
+    data = graph.content() | {"version": 1}
+    old = StepGraph.from_dict(data)
+    assert old.version == 1 and not old.has_places
+    stored = data | {"graph_id": old.graph_id}
+    _write(tmp_path / "old.json.gz", stored)
+    assert StepGraph.load(tmp_path / "old.json.gz").graph_id == old.graph_id
+    codes, nbytes = old.place_bytes(0, {"B": 4})
+    assert not codes.any() and not nbytes.any()
+
+
+def test_place_columns_are_checked(placed_graph):
+    data = placed_graph.content() | {"version": 1}
+    with pytest.raises(ValueError, match="storage places need step graph version 2"):
+        StepGraph.from_dict(data)
+    data = json.loads(json.dumps(placed_graph.content()))
+    data["paths"][0]["storages"]["place"][0] = 9
+    with pytest.raises(ValueError, match="bad place code"):
+        StepGraph.from_dict(data)
+    del data["paths"][0]["storages"]["place_nbytes"]
+    with pytest.raises(ValueError, match="place columns are incomplete"):
+        StepGraph.from_dict(data)

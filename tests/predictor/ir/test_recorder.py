@@ -64,3 +64,45 @@ def test_real_step_state_matches_parameter_count(tiny_mlp):
     assert by_cat["parameter"] == 4 * n
     assert by_cat["optimizer_state"] == 2 * 4 * n + 4 * len(list(step.model.parameters()))
     assert sweep(g, {"B": 8}).peak_bytes > by_cat["parameter"] + by_cat["optimizer_state"]
+
+
+def test_storages_made_under_placed_record_their_place():
+    from memgnn.predictor.ir.recorder import placed
+
+    rec = StepRecorder()
+    with rec:
+        a = torch.ones(16)
+        with placed("pinned"):
+            host = torch.empty_like(a)
+            host.copy_(a)
+        back = host * 2
+    assert [s.place for s in rec.storages] == ["device", "pinned", "device"]
+    assert rec.storages[1].nbytes == 64
+    del a, host, back
+
+
+def test_mark_place_reaches_a_recorder_that_sees_the_tensor_later():
+    import gc
+
+    from memgnn.predictor.ir.recorder import _MARKED, mark_place
+
+    state = torch.zeros(8)  # made before any recorder, e.g. in an unrecorded warm-up step
+    mark_place([state], "pageable")
+    rec = StepRecorder()
+    rec.register([state], "optimizer_state")
+    assert rec.storages[0].place == "pageable"
+    key = id(state.untyped_storage())
+    del state
+    gc.collect()
+    assert key not in _MARKED  # forgotten with the storage
+
+
+def test_an_unknown_place_is_refused():
+    import pytest
+    from memgnn.predictor.ir.recorder import mark_place, placed
+
+    with pytest.raises(ValueError, match="unknown place 'gpu2'"):
+        with placed("gpu2"):
+            pass
+    with pytest.raises(ValueError, match="unknown place"):
+        mark_place([torch.zeros(1)], "disk")

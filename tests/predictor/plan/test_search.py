@@ -107,3 +107,38 @@ def test_a_plan_that_fits_nothing_lists_no_runner_up_and_names_the_closest_apart
     assert res.closest is not None and res.closest.batch_size == 1
     assert res.closest.bound_bytes > 1100  # 1000 + 100 + 50 with checkpointing
     assert res.to_dict()["closest"]["batch_size"] == 1 and "B=1" in res.reason
+
+
+def test_plan_offloads_activations_only_when_nothing_else_fits(tiny_gpt):
+    from memgnn.predictor.capture.capture import CaptureConfig
+    from memgnn.predictor.memory.base import Query
+
+    graphs = {}
+
+    def graphs_for(train):
+        key = repr(train.flat())
+        if key not in graphs:
+            graphs[key] = capture(tiny_gpt, train, CaptureConfig(target="cuda"))
+        return graphs[key]
+
+    space = SearchSpace(
+        checkpointing=["none"], offload_activations=["none", "save_on_cpu"], sizes={"S": 256},
+        max_batch=64,
+    )  # fmt: skip
+    model = AnalyticModel()
+
+    def bound(offload: str, b: int) -> int:
+        graph = graphs_for(TrainSpec.of(offload_activations=offload))
+        query = Query(sizes={"B": b, "S": 256}, device="a100-80gb")
+        return model.predict(graph, [query])[0].upper_bound_bytes
+
+    assert bound("save_on_cpu", 1) < bound("none", 1)
+    tight = PlanConfig(budget_bytes=bound("save_on_cpu", 1), device="a100-80gb")
+    res = plan(model, graphs_for, TrainSpec(), space, tight)
+    assert res.best.offload_activations == "save_on_cpu" and res.best.batch_size == 1
+    # with room for both, the copies over PCIe cost more than the batch they free
+    roomy = PlanConfig(budget_bytes=bound("none", 8), device="a100-80gb")
+    res = plan(model, graphs_for, TrainSpec(), space, roomy)
+    assert res.best.offload_activations == "none"
+    assert res.runners_up[0].offload_activations == "save_on_cpu"
+    assert res.runners_up[0].batch_size > res.best.batch_size

@@ -113,3 +113,26 @@ def test_optimizer_implementation_decides_what_fits(counting, limit, fitting):
     got = {c.optimizer_impl for c in [res.best, *res.runners_up]}
     assert got == fitting
     assert res.best.optimizer_impl == "fused"
+
+
+def test_offload_cost_is_copy_time_over_compute_time():
+    from memgnn.predictor.plan.space import offload_cost
+
+    # 1e9 parameters x 4096 tokens: 6 x 1e9 x 4096 FLOPs at 0.4 x 312 TFLOP/s = 0.197 s;
+    # 1 GB offloaded: 2 x 1e9 B at 25 GB/s = 0.08 s, i.e. 0.406 of the compute
+    ratio = (2 * 1e9 / 25e9) / (6 * 1e9 * 4096 / (0.4 * 312e12))
+    assert offload_cost("save_on_cpu", 10**9, 10**9, 4096) == pytest.approx(1 + ratio)
+    assert offload_cost("torchtune", 10**9, 10**9, 4096) == 1.0  # hidden behind compute
+    assert offload_cost("torchtune", 4 * 10**9, 10**9, 4096) == pytest.approx(4 * ratio)
+    assert offload_cost("none", 10**9, 10**9, 4096) == 1.0
+    assert offload_cost("save_on_cpu", 0, 10**9, 4096) == 1.0
+
+
+def test_variants_offer_activation_offloading_and_bad_kinds_are_named():
+    space = SearchSpace(checkpointing=["none", "full"], offload_activations=["none", "torchtune"])
+    got = {
+        (t.activations.checkpointing, t.offload.activations) for t in variants(TrainSpec(), space)
+    }
+    assert got == {(c, o) for c in ("none", "full") for o in ("none", "torchtune")}
+    with pytest.raises(ValueError, match="activation offloading 'disk'"):
+        SearchSpace(offload_activations=["disk"])
