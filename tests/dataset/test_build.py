@@ -13,12 +13,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from memgnn.dataset import build as build_mod
 from memgnn.dataset.build import BuildConfig, build_corpus
 from memgnn.dataset.corpus import Corpus
 from memgnn.dataset.sampler import sample_jobs
 
-from memgnn.cli.dataset import add_build_arguments, config_from_args
+from memgnn.cli.dataset import add_build_arguments, build_cmd, config_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {
@@ -239,11 +238,11 @@ def test_build_cmd_prints_a_summary(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     add_build_arguments(parser)
     args = parser.parse_args(_cli_args(tmp_path) + ["--size", "2", "--families", "mlp"])
-    assert build_mod.build_cmd(args) == 0
+    assert build_cmd(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["profiled"] == 2 and summary["records_per_min"] > 0
     bad = parser.parse_args(["--out", str(tmp_path), "--size", "1", "--families", "nope"])
-    assert build_mod.build_cmd(bad) == 2
+    assert build_cmd(bad) == 2
 
 
 @pytest.mark.parametrize(
