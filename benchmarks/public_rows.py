@@ -347,6 +347,106 @@ ROWS: list[Row] = [
 # fmt: on
 BY_ID = {r.id: r for r in ROWS}
 
+# ---- public-gpu-measurements-2.csv: FSDP1 and FSDP-QLoRA rows ------------------------------
+# Answer.AI fsdp_qlora (github.com/AnswerDotAI/fsdp_qlora @ 05ed9f2, train.py and
+# benchmarks_03_2024.md), runs of Feb-Mar 2024: `--train_type qlora|lora`,
+# `--use_gradient_checkpointing True --reentrant_checkpointing True --use_cpu_offload False`
+# and the defaults of train.py: precision bf16 (model in bf16, no MixedPrecision policy),
+# LoRA r 64, alpha 16, dropout 0.1 on k/q/v/up/down/gate_proj (`lora_target_modules="all"`),
+# peft's get_peft_model (peft of that date cast the adapters to the base weight's dtype: bf16;
+# the bf16-stored 4-bit codes are floating point too), torch AdamW (foreach on CUDA), 4-bit
+# base = bnb Linear4bit(quant_type="nf4", quant_storage=bf16) with Linear4bit's default
+# compress_statistics=True (double quantisation), lm_head kept bf16, bitsandbytes 0.43.0
+# (the first with quant_storage; before 0.43.2, MatMul4Bit kept its input as ctx.tensors,
+# but under reentrant checkpointing the forward runs without grad, so no graph node holds
+# it: memgnn's default kernels, which keep nothing, are the closer model), FSDP1
+# FullyShardedDataParallel(use_orig_params=False, limit_all_gathers=True, sharding_strategy
+# full_shard or NO_SHARD for "ddp", auto_wrap_policy = trainable leaves + LlamaDecoderLayer
+# (llama-recipes' policy = peft's), default BACKWARD_PRE), checkpoint_wrapper(REENTRANT) per
+# decoder layer, sdpa attention, use_cache=False; `torch.cuda.max_memory_reserved` per rank.
+AAI = "AnswerDotAI/fsdp_qlora@05ed9f2 train.py + benchmarks_03_2024.md"
+AAI_LORA = {
+    **_lora(64, 16.0, 0.1, "q_proj,k_proj,v_proj,gate_proj,up_proj,down_proj"),
+    "lora_dtype": "model", "precision": "bf16", "checkpointing": "full", "gpus": 2,
+    "sharding": "fsdp1", "fsdp1_wrap": "peft",
+}  # fmt: skip
+AAI_QLORA = AAI_LORA | {"quantize_base": "nf4-dq", "bnb_quant_storage": "bf16"}
+AAI_NOTE = (
+    "reentrant checkpoint_wrapper modelled as non-reentrant checkpointing of every decoder "
+    "layer (bitsandbytes 0.43.0 kept each 4-bit matmul's input with its graph node; under "
+    "reentrant checkpointing only while a layer is recomputed, which memgnn does not model: "
+    "its default kernels keep none; --bnb-version 0.43.0 with non-reentrant checkpointing "
+    "would hold every layer's, +3 GB at 7B, S 2048); transformers 4.38's LlamaForCausalLM "
+    "upcast the logits to fp32 (memgnn runs "
+    "transformers 5's); caching-allocator pools per stream (FSDP1 all-gathers on its own "
+    "stream) are not simulated: the reserved figure is a single-stream replay"
+)
+AAI_OFFLOAD = "FSDP1 CPUOffload(offload_params=True) is not modelled yet (--fsdp1-cpu-offload)"
+LLAMA2_7B = "hf:meta-llama/Llama-2-7b-hf"
+
+
+def _aai(id: str, batch: int, seq: int, device: str, quant: bool, strategy: str = "",
+         **kw) -> Row:  # fmt: skip
+    train = AAI_QLORA if quant else AAI_LORA
+    if strategy:
+        train = train | {"fsdp1_sharding_strategy": strategy}
+    return row(
+        id=id, model=LLAMA2_7B, batch=batch, seq=seq, device=device, metric="reserved",
+        unit="GiB", method="replay", source=AAI, notes=AAI_NOTE,
+        model_args={"use_cache": "false"}, **train, **kw,
+    )  # fmt: skip
+
+
+# fmt: off
+ROWS2: list[Row] = [
+    _aai("aai1", 1, 512, "rtx3090-24gb", True),
+    _aai("aai2", 1, 2048, "rtx3090-24gb", True),
+    _aai("aai3", 1, 512, "rtx3090-24gb", False),
+    _aai("aai4", 1, 2048, "rtx3090-24gb", False),
+    _aai("aai5", 4, 2048, "rtx3090-24gb", True),
+    _aai("aai6", 10, 2048, "rtx3090-24gb", True),
+    _aai("aai7", 4, 2048, "rtx3090-24gb", False),
+    _aai("aai8", 6, 2048, "rtx3090-24gb", False),
+    _aai("aai9", 8, 2048, "rtx3090-24gb", True, "NO_SHARD"),
+    _aai("aai10", 4, 2048, "rtx3090-24gb", False, "NO_SHARD"),
+    row(id="aai11", why_not="01-ai/Yi-34B is not in memgnn's offline catalog"),
+    row(id="aai12", why_not=AAI_OFFLOAD + "; 01-ai/Yi-34B is not in the catalog"),
+    row(id="aai13", why_not=AAI_OFFLOAD),
+    _aai("aai14", 4, 2048, "rtx4090-24gb", False, "NO_SHARD"),
+    _aai("aai15", 6, 2048, "rtx4090-24gb", False),
+    row(id="aai16", why_not=AAI_OFFLOAD),
+    _aai("aai17", 8, 2048, "rtx4090-24gb", True, "NO_SHARD"),
+    _aai("aai18", 10, 2048, "rtx4090-24gb", True),
+    row(id="aai19", why_not=AAI_OFFLOAD),
+    row(id="aai20", why_not=AAI_OFFLOAD),
+    row(id="aai21", why_not=AAI_OFFLOAD),
+    # torchtune's distributed recipes of May 2024 (FSDP1): its own Llama-2 code (memgnn
+    # captures HF's, the same shapes), bf16 model, LoRA q/v r 8 alpha 16 in the model's
+    # dtype, lora_fsdp_wrap_policy (adapters + decoder layers), activation checkpointing;
+    # the README's "peak memory per GPU" does not say which statistic: read as reserved
+    row(id="ttune21", model=LLAMA2_7B, batch=4, seq=2048, device="rtx4090-24gb",
+        metric="reserved", unit="GiB", method="replay", approximate=True,
+        source="pytorch/torchtune@0217d44c2 README.md + recipes/configs/llama2/7B_lora.yaml",
+        notes="torchtune's model code and log statistic; unit GB read as GiB; seq is the "
+        "config's max_seq_len (alpaca samples are padded to the batch's longest)",
+        **_lora(8, 16.0, 0.0, "q_proj,v_proj"), lora_dtype="model", precision="bf16",
+        checkpointing="full", gpus=2, sharding="fsdp1", fsdp1_wrap="peft"),
+    row(id="ttune23", why_not="bitsandbytes PagedAdamW: paged optimizers are not modelled yet"),
+    row(id="ttune24", model="hf:meta-llama/Llama-2-70b-hf", batch=4, seq=4096,
+        device="a100-80gb", metric="reserved", unit="GiB", method="replay", approximate=True,
+        source="pytorch/torchtune@0217d44c2 README.md + recipes/configs/llama2/70B_lora.yaml",
+        suspect=True,
+        notes="as ttune21, 8 A100s. The figure contradicts B x S = 4 x 4096 by hand: rank 0 "
+        "holds 69.0e9 x 2 B / 8 = 16.1 GiB of bf16 weights, and the 80 checkpointed layer "
+        "inputs alone are 80 x 4 x 4096 x 8192 x 2 B = 20 GiB, 36 GiB > 26.4; the recipe "
+        "pads alpaca samples to the batch's longest, not to max_seq_len 4096",
+        **_lora(8, 16.0, 0.0, "q_proj,v_proj"), lora_dtype="model", precision="bf16",
+        checkpointing="full", gpus=8, sharding="fsdp1", fsdp1_wrap="peft"),
+    row(id="ttune25", why_not="bitsandbytes PagedAdamW: paged optimizers are not modelled yet"),
+]
+# fmt: on
+BY_ID2 = {r.id: r for r in ROWS2}
+
 # Not CSV rows: the same config with one setting changed, to show what that setting is worth.
 PROBES: dict[str, tuple[str, Row]] = {
     "litgpt22-G1": (

@@ -1,11 +1,13 @@
-"""Per-rank peak under DDP / FSDP2: memgnn against its two peers, side by side.
+"""Per-rank peak under DDP / FSDP2 / FSDP1: memgnn against its peers, side by side.
 
 - memgnn: one symbolic capture of rank 0 over a fake process group (predictor/emulate/parallel.py),
   evaluated at the run's sizes on the `cpu` device (tensor bytes, allocated).
 - FSDPMemTracker: PyTorch's `torch.distributed._tools.fsdp2_mem_tracker` on the same fake
-  run (fake tensors, fake process group, the same TrainingStep), FSDP only.
+  run (fake tensors, fake process group, the same TrainingStep), FSDP2 only; for FSDP1 its
+  base, `torch.distributed._tools.mem_tracker.MemTracker`, on the same fake run.
 - real gloo: a real 2-process run on CPU over gloo, plain PyTorch (`DistributedDataParallel`
-  with its built-in all-reduce and bucket rebuild; `fully_shard` per block and root), its
+  with its built-in all-reduce and bucket rebuild; `fully_shard` per block and root; FSDP1
+  `FullyShardedDataParallel` with a ModuleWrapPolicy on the block class), its
   peak live bytes per rank read from torch.profiler's CPU allocator events (profile_memory)
   over the two training steps; rank 0's figure.
 
@@ -65,14 +67,20 @@ def memgnn_peak(bundle, train: TrainSpec, sizes) -> tuple[int, int, dict, float,
 
 
 def tracker_peak(bundle, train: TrainSpec, sizes) -> int:
+    """FSDPMemTracker's peak (FSDP2), MemTracker's (FSDP1) over the fake run."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
 
     with fake_world(train) as world, FakeTensorMode(allow_non_fake_inputs=True):
         step = TrainingStep(
             bundle, train, device=torch.device("cpu"), target="cpu", fake=True, world=world
         )
-        tracker = FSDPMemTracker(step.model, step.optimizer)
+        if train.parallel.sharding == "fsdp1":
+            tracker = MemTracker()
+            tracker.track_external(step.model, step.optimizer)
+        else:
+            tracker = FSDPMemTracker(step.model, step.optimizer)
         with tracker:
             step.run(sizes, steps=(0,))
             tracker.reset_mod_stats()
@@ -125,6 +133,15 @@ def _real_rank(
             from torch.nn.parallel import DistributedDataParallel
 
             model = DistributedDataParallel(model)
+        elif sharding == "fsdp1":  # accelerate's TRANSFORMER_BASED_WRAP, PyTorch's defaults
+            from torch.distributed.fsdp import FullyShardedDataParallel
+            from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+            blocks = (bundle.blocks or default_blocks)(model)
+            policy = ModuleWrapPolicy({type(b) for b in blocks})
+            model = FullyShardedDataParallel(
+                model, auto_wrap_policy=policy, device_id=torch.device("cpu")
+            )
         else:
             from torch.distributed.fsdp import fully_shard
 
@@ -136,9 +153,9 @@ def _real_rank(
             for _ in range(2):
                 for micro in range(accum):
                     synced = sync == "every" or micro == accum - 1
-                    if sharding != "ddp":
+                    if sharding not in ("ddp", "fsdp1"):
                         model.set_requires_gradient_sync(synced)
-                    unsynced = sharding == "ddp" and not synced
+                    unsynced = sharding in ("ddp", "fsdp1") and not synced
                     with model.no_sync() if unsynced else contextlib.nullcontext():
                         loss = bundle.loss(
                             model, bundle.make_inputs(sizes, torch.device("cpu"), torch.float32)
@@ -147,15 +164,21 @@ def _real_rank(
                     del loss
                 opt.step()
                 opt.zero_grad(set_to_none=True)
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"peak": profiled_peak(prof)}))
+    dist.destroy_process_group()
+
+
+def profiled_peak(prof: Any, region: str = "steps") -> int:
+    """Peak live bytes of torch.profiler's CPU allocator events from the start of the
+    `region` record_function on (bytes allocated before it count as live)."""
     events = prof.profiler.kineto_results.events()
-    start = min(e.start_ns() for e in events if e.name() == "steps")
+    start = min(e.start_ns() for e in events if e.name() == region)
     live = peak = 0
     for e in sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns()):
         live += e.nbytes()
         if e.start_ns() >= start:
             peak = max(peak, live)
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"peak": peak}))
-    dist.destroy_process_group()
+    return peak
 
 
 def real_peak(
@@ -173,16 +196,24 @@ def real_peak(
         return [json.loads(Path(tmp, f"rank{r}.json").read_text())["peak"] for r in range(world)]
 
 
-def _hand_check(spec: str, bundle, graph, gpus: int) -> str:
-    """Rank 0's parameter bytes before the step against ceil(dim0 / N) rows per tensor."""
+def _hand_check(spec: str, bundle, graph, gpus: int, flat: bool = False) -> str:
+    """Rank 0's parameter bytes before the step against ceil(dim0 / N) rows per tensor
+    (FSDP2), or ceil(numel / N) of each block's and the root's flat parameter (FSDP1)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode():
         model = bundle.build()
         shapes = [tuple(p.shape) for p in model.parameters()]
         buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+        units = [sum(p.numel() for p in b.parameters()) for b in default_blocks(model)]
     total = sum(math.prod(s) for s in shapes)
-    shards = sum(-(-s[0] // gpus) * math.prod(s[1:]) * 4 for s in shapes) + buffers
+    if flat:
+        units.append(total - sum(units))
+        shards = sum(-(-n // gpus) * 4 for n in units) + buffers
+        how = "sum over flat parameters (each block, the root) of ceil(numel/N) x 4 B"
+    else:
+        shards = sum(-(-s[0] // gpus) * math.prod(s[1:]) * 4 for s in shapes) + buffers
+        how = "sum over tensors of ceil(dim0/N) x rest x 4 B"
     p = graph.paths[0]
     nbytes = graph.storage_bytes(0, graph.resolve_sizes(graph.symbols))
     code = CATEGORIES.index("parameter")
@@ -193,8 +224,8 @@ def _hand_check(spec: str, bundle, graph, gpus: int) -> str:
     )
     return (
         f"Hand check, {spec} at {gpus} ranks: P = {total:,} parameters, 4P/N = "
-        f"{4 * total // gpus:,} B; sum over tensors of ceil(dim0/N) x rest x 4 B + buffers "
-        f"= {shards:,} B; memgnn's rank-0 parameter bytes before the step = {got:,} B."
+        f"{4 * total // gpus:,} B; {how} + buffers = {shards:,} B; memgnn's rank-0 "
+        f"{'FSDP1' if flat else 'FSDP2'} parameter bytes before the step = {got:,} B."
     )
 
 
@@ -205,6 +236,7 @@ def _err(a: int, b: int | None) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="skip the catalog model")
+    ap.add_argument("--repeats", type=int, default=3, help="real gloo runs (rank 0's lowest)")
     ap.add_argument(
         "--accum",
         action="store_true",
@@ -220,36 +252,42 @@ def main() -> int:
     bundle = resolve(spec, args)
     n_params = sum(p.numel() for p in bundle.build().parameters())
     hand = []
-    for sharding, gpus in (("fsdp", 2), ("ddp", 2), ("fsdp", 8)):
+    for sharding, gpus in (("fsdp", 2), ("fsdp1", 2), ("ddp", 2), ("fsdp", 8), ("fsdp1", 8)):
         train = TrainSpec.of(gpus=gpus, sharding=sharding)
         ours, fake, cats, secs, _ = memgnn_peak(bundle, train, SMALL_SIZES)
-        tracker = tracker_peak(bundle, train, SMALL_SIZES) if sharding == "fsdp" else None
-        real = real_peak(spec, args, sharding, SMALL_SIZES)[0] if gpus == 2 else None
+        tracker = tracker_peak(bundle, train, SMALL_SIZES) if sharding != "ddp" else None
+        real = None
+        if gpus == 2:  # gloo sometimes overlaps a staging copy: the lowest of the runs
+            real = min(real_peak(spec, args, sharding, SMALL_SIZES)[0] for _ in range(a.repeats))
         rows.append((f"{spec} {args} ({n_params:,} params)", SMALL_SIZES, sharding, gpus,
                      ours, fake, tracker, real, cats, secs))  # fmt: skip
         log.info("%s", rows[-1])
     if not a.quick:
         spec, args = CATALOG
         bundle = resolve(spec, args)
-        train = TrainSpec.of(gpus=8, sharding="fsdp")
-        ours, fake, cats, secs, graph = memgnn_peak(bundle, train, CATALOG_SIZES)
-        tracker = tracker_peak(bundle, train, CATALOG_SIZES)
-        rows.append((spec, CATALOG_SIZES, "fsdp", 8, ours, fake, tracker, None, cats, secs))
-        log.info("%s", rows[-1])
-        hand.append(_hand_check(spec, bundle, graph, 8))
+        for sharding in ("fsdp", "fsdp1"):
+            train = TrainSpec.of(gpus=8, sharding=sharding)
+            ours, fake, cats, secs, graph = memgnn_peak(bundle, train, CATALOG_SIZES)
+            tracker = tracker_peak(bundle, train, CATALOG_SIZES)
+            rows.append((spec, CATALOG_SIZES, sharding, 8, ours, fake, tracker, None, cats, secs))
+            log.info("%s", rows[-1])
+            hand.append(_hand_check(spec, bundle, graph, 8, flat=sharding == "fsdp1"))
     lines = [
-        "# Per-rank peak under DDP / FSDP2 (rank 0, tensor bytes, allocated, cpu device)",
+        "# Per-rank peak under DDP / FSDP2 / FSDP1 (rank 0, tensor bytes, allocated, cpu)",
         "",
-        "`python benchmarks/sharding.py` (torch " + torch.__version__ + "). Training: AdamW "
-        "(for-loop), fp32, 2 steps (first + steady). memgnn: one symbolic capture, evaluated "
-        "at the sizes. FSDPMemTracker: the same fake run. real gloo: 2 processes on CPU, "
-        "torch.profiler allocator events, rank 0.",
+        f"`python benchmarks/sharding.py --repeats {a.repeats}` (torch {torch.__version__}). "
+        "Training: AdamW (for-loop), fp32, 2 steps (first + steady). memgnn: one symbolic "
+        "capture, evaluated at the sizes. tracker: PyTorch's FSDPMemTracker (fsdp = FSDP2) or "
+        "MemTracker (fsdp1 = FSDP1 FullyShardedDataParallel, FULL_SHARD, a unit per block) on "
+        "the same fake run. real gloo: 2 processes on CPU, torch.profiler allocator events, "
+        "rank 0, the lowest of the runs (gloo's worker thread sometimes frees a staging copy "
+        "after the next allocations: one buffer more, at random).",
         "",
         "memgnn (fake pg) is the same schedule without gloo's staging copy inside a "
         "collective (the fake process group stages nothing); memgnn (gloo) is the answer for "
         "a CPU run (`--device cpu`), which counts it.",
         "",
-        "| model | sizes | sharding | gpus | memgnn (fake pg) | FSDPMemTracker | err "
+        "| model | sizes | sharding | gpus | memgnn (fake pg) | tracker | err "
         "| memgnn (gloo) | real gloo | err | memgnn comm | capture s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]

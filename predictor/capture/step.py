@@ -36,7 +36,7 @@ from memgnn.predictor.emulate.parallel import (
     zero_optimizer,
 )
 from memgnn.predictor.emulate.peft import apply_peft
-from memgnn.predictor.emulate.quant import quantize_model
+from memgnn.predictor.emulate.quant import hold_quant_state, quant_state_tensors, quantize_model
 from memgnn.predictor.spec.bundle import ModelBundle, default_blocks
 from memgnn.predictor.spec.optimizer_names import LIBRARY_OPTIMIZERS, torch_class
 from memgnn.predictor.spec.train import TrainSpec
@@ -265,6 +265,7 @@ class TrainingStep:
             with torch.device(device):
                 model = self.model = apply_peft(model, train)
         if world is not None:
+            hold_quant_state(model)  # bitsandbytes' quant state is no module state
             model = self.model = parallelize(model, blocks, train, world)
         # offloading: saved activations to the host (emulate.offload)
         offloaded = apply_activation_offload(model, train, target)
@@ -309,6 +310,7 @@ class TrainingStep:
             if isinstance(v, torch.Tensor)
         ]
         resident = resident_tensors(self.model) if self.world is not None else []
+        resident += quant_state_tensors(self.model)
         # an offloading optimizer's pinned host copies of parameters and gradients
         host = getattr(self.local_optimizer, "host_tensors", dict)()
         return {

@@ -11,10 +11,14 @@ FSDP2's prefetching are PyTorch's, recorded node for node by the same `StepRecor
 - `fsdp`: FSDP2 `fully_shard` on every repeated block, then on the root (as torchtitan does),
   `reshard_after_forward` from the spec. Parameters, gradients and optimizer state are
   sharded (rank 0 holds the largest, padded shard); unsharded groups live between their
-  all-gather and their reshard.
+  all-gather and their reshard. A 4-bit base's codes in uint8 storage stay whole on every
+  rank (`ignored_params`, as accelerate's fully_shard path leaves them); in a float
+  `--bnb-quant-storage` they are sharded with the rest (FSDP-QLoRA).
 - `zero3`: the same as `fsdp` with `reshard_after_forward=True` (ZeRO-3 = full sharding).
 - `hsdp`: `fully_shard` over a 2-D mesh (replicate x shard, `TrainSpec.shard_group_size`
   ranks per shard group): sharded within a group, gradients all-reduced across groups.
+- `fsdp1`: FSDP1 `FullyShardedDataParallel` with flat parameters, its ShardingStrategy,
+  prefetching, use_orig_params and MixedPrecision from the spec (`predictor.emulate.fsdp1`).
 - `zero1`: DDP + `torch.distributed.optim.ZeroRedundancyOptimizer`: optimizer state sharded
   (rank 0's partition), parameters and gradients replicated (with DDP's buckets).
 - `zero2`: gradients and optimizer state sharded, parameters kept whole on every rank.
@@ -30,6 +34,7 @@ Gradient accumulation (`TrainSpec.grad_sync`): `every` syncs on every micro-step
 default: each backward reduce-scatters into the sharded gradients); `last` runs every
 micro-step but the last without sync, as users accumulate without communication: DDP's
 `no_sync()` (gradients accumulate in `.grad`, no all-reduce until the last backward) and
+FSDP1's `no_sync()` (the unsharded flat gradient kept on each flat parameter) and
 FSDP2's `set_requires_gradient_sync(False)` ("the equivalence of `no_sync` in FSDP1",
 which is what Lightning's `no_backward_sync` calls under its FSDPStrategy): each group's
 post-backward still reshards its parameters but keeps the unsharded gradient of every
@@ -54,8 +59,10 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+from memgnn.predictor.emulate.fsdp1 import fake_addresses, fsdp1_gradients, fsdp1_wrap
+from memgnn.predictor.emulate.quant import Linear4bitSim
 from memgnn.predictor.ir.recorder import RecorderObserver, StepRecorder, unrecorded
-from memgnn.predictor.spec.train import BY_NAME, TrainSpec
+from memgnn.predictor.spec.train import BY_NAME, OPTIONS_FSDP1, TrainSpec
 from torch import nn
 from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
@@ -110,15 +117,17 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
         with unrecorded():
             return propagator(self, op_schema)
 
+    addresses = fake_addresses() if train.parallel.sharding == "fsdp1" else contextlib.nullcontext()
     try:
         ShardingPropagator._propagate_tensor_meta_non_cached = shape_only
         shard = train.parallel.shard_group_size
-        if train.parallel.sharding == "hsdp":
+        if train.parallel.hybrid:
             shape, names = (train.parallel.gpus // shard, shard), ("replicate", "shard")
         else:
             shape, names = (train.parallel.gpus,), ("dp",)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-        yield World(size=train.parallel.gpus, rank=rank, mesh=mesh)
+        with addresses:
+            yield World(size=train.parallel.gpus, rank=rank, mesh=mesh)
     finally:
         ShardingPropagator._propagate_tensor_meta_non_cached = propagator
         dist.destroy_process_group()
@@ -130,6 +139,8 @@ def parallelize(
     """Wrap `model` as `train.parallel.sharding` says (module docstring); returns what to call."""
     if train.parallel.sharding in ("ddp", "zero1"):
         return _ddp(model, world)
+    if train.parallel.sharding == "fsdp1":
+        return fsdp1_wrap(model, blocks, train, world)
     from torch.distributed.fsdp import fully_shard
 
     if not blocks:
@@ -138,9 +149,17 @@ def parallelize(
             "(fully_shard is applied per block, then to the root)"
         )
     reshard = train.parallel.reshard_after_forward and train.parallel.sharding != "zero2"
+    # accelerate leaves 4-bit codes in uint8 storage out of fully_shard (they would lose
+    # their quant state): every rank keeps them whole; a float storage is sharded
+    ignored = {
+        m.weight
+        for m in model.modules()
+        if isinstance(m, Linear4bitSim) and not m.weight.is_floating_point()
+    }
+    kw = {"ignored_params": ignored} if ignored else {}
     for block in blocks:
-        fully_shard(block, mesh=world.mesh, reshard_after_forward=reshard)
-    fully_shard(model, mesh=world.mesh, reshard_after_forward=reshard)
+        fully_shard(block, mesh=world.mesh, reshard_after_forward=reshard, **kw)
+    fully_shard(model, mesh=world.mesh, reshard_after_forward=reshard, **kw)
     if train.parallel.sharding == "zero2":
         model.set_reshard_after_backward(False)  # parameters stay whole (see docstring)
     return model
@@ -203,7 +222,7 @@ def gradient_sync(model: nn.Module, train: TrainSpec, last: bool) -> Iterator[No
     """One micro-step's forward and backward, synced or not (see the module docstring):
     unsynced where `train.parallel.grad_sync == "last"` and this is not the last micro-step."""
     sync = last or train.parallel.grad_sync == "every" or train.parallel.sharding == "none"
-    if train.parallel.sharding in ("ddp", "zero1"):
+    if train.parallel.sharding in ("ddp", "zero1", "fsdp1"):
         with contextlib.nullcontext() if sync else model.no_sync():
             yield
         return
@@ -296,7 +315,8 @@ class ShardedObserver(RecorderObserver):
 
     def on_backward_end(self, model: nn.Module, step: int, micro: int) -> None:
         grads = [p.grad for p in model.parameters() if p.grad is not None]
-        self.rec.categorize([*grads, *unsharded_gradients(model)], "gradient", force=True)
+        grads += [*unsharded_gradients(model), *fsdp1_gradients(model)]
+        self.rec.categorize(grads, "gradient", force=True)
 
     def on_optimizer_end(self, optimizer: Any, step: int) -> None:
         super().on_optimizer_end(getattr(optimizer, "optim", optimizer), step)
@@ -316,7 +336,12 @@ def rank_note(train: Mapping[str, Any]) -> dict[str, Any] | None:
         "sharding": sharding,
         "shard_group_size": spec.parallel.shard_group_size,
         "fsdp_reshard_after_forward": spec.parallel.reshard_after_forward,
-    }
+    } | (_fsdp1_note(spec) if sharding == "fsdp1" else {})
+
+
+def _fsdp1_note(spec: TrainSpec) -> dict[str, Any]:
+    """FSDP1's arguments as the answer ran them (`fsdp1_*`, `fsdp_*_dtype` options)."""
+    return {o.name: getattr(spec.parallel, o.field) for o in OPTIONS_FSDP1}
 
 
 def annotate(breakdown: dict[str, Any], train: Mapping[str, Any]) -> dict[str, Any]:

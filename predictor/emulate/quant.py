@@ -20,6 +20,14 @@ Storage per quantised `N x K` weight, n = N*K (`bitsandbytes.functional.quantize
   copy of the 256-entry fp32 dynamic code, per layer; plus one shared dynamic code.
 - int8 (LLM.int8, `has_fp16_weights=False`): int8 `N x K` weight and fp32 row scales SCB (N).
 
+`--bnb-quant-storage` (`bnb_4bit_quant_storage`) stores the packed codes in another dtype:
+`((n+1) // (2 * itemsize), 1)` elements (the CUDA `quantize_4bit`), the same bytes. A float
+storage is FSDP-QLoRA's: FSDP flattens and shards the codes like any weight of that dtype.
+The quant state (absmax, codes) is no module state in bitsandbytes (`Params4bit.quant_state`,
+kept on the module as `module.quant_state` to survive FSDP's parameter swaps): FSDP neither
+shards nor casts it, every rank holds all of it. Under sharding the stand-ins hold it the
+same way (`hold_quant_state`), not as buffers FSDP1's MixedPrecision would cast.
+
 Temporaries (`bitsandbytes.autograd._functions`, `backends/cuda/ops.py`):
 - nf4 forward: the input cast to the compute dtype; `gemm_4bit`'s dequantise + `F.linear`
   path: (with dq: the fp32 absmax dequantised and offset, 2 x ceil(n/64) x 4 bytes) the
@@ -58,6 +66,8 @@ __all__ = [
     "Linear8bitSim",
     "QUANTIZED_TYPES",
     "compute_dtype",
+    "hold_quant_state",
+    "quant_state_tensors",
     "modules_to_not_convert",
     "quantize_model",
     "quantized_state_bytes",
@@ -66,6 +76,8 @@ __all__ = [
 BLOCKSIZE = 64  # bnb_4bit blocksize (Params4bit default)
 NESTED_BLOCKSIZE = 256  # double quantisation of the absmax (quantize_4bit)
 INT8_THRESHOLD = 6.0  # transformers' llm_int8_threshold default
+STORAGES = {"uint8": torch.uint8, "bf16": torch.bfloat16, "fp16": torch.float16,
+            "fp32": torch.float32}  # fmt: skip
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -171,6 +183,7 @@ class Linear4bitSim(nn.Module, _Dequant4bit):
         compute: torch.dtype,
         shared_code: torch.Tensor | None = None,
         keeps_input: bool = False,
+        storage: torch.dtype = torch.uint8,
     ):
         super().__init__()
         weight = linear.weight
@@ -185,8 +198,9 @@ class Linear4bitSim(nn.Module, _Dequant4bit):
         n = self.in_features * self.out_features
         blocks = _cdiv(n, BLOCKSIZE)
         dev = weight.device
+        packed = (n + 1) // (2 * storage.itemsize)  # bnb_4bit_quant_storage's elements
         self.weight = nn.Parameter(
-            torch.empty((n + 1) // 2, 1, dtype=torch.uint8, device=dev), requires_grad=False
+            torch.empty(packed, 1, dtype=storage, device=dev), requires_grad=False
         )
         self.bias = linear.bias
         self.register_buffer("code", torch.empty(16, dtype=torch.float32, device=dev))
@@ -357,6 +371,7 @@ def quantize_model(model: nn.Module, train: TrainSpec) -> list[str]:
                 compute=compute,
                 shared_code=shared,
                 keeps_input=train.quant.keeps_input,
+                storage=STORAGES[train.quant.quant_storage],
             )
         setattr(parent, leaf, new)
     if not chosen:
@@ -365,3 +380,26 @@ def quantize_model(model: nn.Module, train: TrainSpec) -> list[str]:
         )
     log.debug("quantised %d linears (%s); kept: %s", len(chosen), kind, skip)
     return [name for name, _ in chosen]
+
+
+def hold_quant_state(model: nn.Module) -> None:
+    """Move every 4-bit stand-in's quant state out of its buffers into plain attributes,
+    as bitsandbytes holds it (`module.quant_state`): what FSDP/DDP wrap next neither
+    shards, broadcasts nor casts it (see the module docstring)."""
+    for m in model.modules():
+        if isinstance(m, Linear4bitSim) and m._buffers:
+            held = {name: m._buffers.pop(name) for name in list(m._buffers)}
+            for name, t in held.items():
+                object.__setattr__(m, name, t)
+            m._held_state = list(held)
+
+
+def quant_state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The quant-state tensors `hold_quant_state` took out of module state (each rank's)."""
+    return [
+        getattr(m, name)
+        for m in model.modules()
+        if isinstance(m, Linear4bitSim)
+        for name in getattr(m, "_held_state", ())
+        if getattr(m, name) is not None
+    ]

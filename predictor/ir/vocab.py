@@ -11,8 +11,9 @@ SearchMode = Literal["power", "binsearch"]
 # How a data-parallel run splits the model across its ranks (predictor/emulate/parallel.py):
 # ddp replicates everything; fsdp and zero3 shard parameters, gradients and optimizer
 # state (FSDP2 fully_shard); hsdp shards inside groups and replicates across them; zero1
-# shards the optimizer state; zero2 shards gradients and optimizer state.
-Sharding = Literal["none", "ddp", "fsdp", "hsdp", "zero1", "zero2", "zero3"]
+# shards the optimizer state; zero2 shards gradients and optimizer state; fsdp1 is
+# FullyShardedDataParallel with flat parameters (its ShardingStrategy a separate option).
+Sharding = Literal["none", "ddp", "fsdp", "hsdp", "zero1", "zero2", "zero3", "fsdp1"]
 # How an answer is made: `replay` (the allocator simulator's exact bytes), `gnn` (the
 # learned model), `analytic` (the liveness sweep); `auto` (asked for only) picks replay when
 # its cost fits the request's budget, else the learned model (predictor/answer/exact.py)

@@ -26,7 +26,7 @@ IMPL_COST = {"fused": 0.99, "foreach": 1.0, "auto": 1.0, "for-loop": 1.02}
 # all-gather in backward; FSDP without resharding after forward skips it), times the
 # share of a step that communication is assumed to leave exposed.
 COMM_VOLUME = {"none": 0.0, "ddp": 1.0, "zero1": 1.0, "zero2": 1.0, "zero3": 1.5, "fsdp": 1.5,
-               "hsdp": 1.5}  # fmt: skip
+               "hsdp": 1.5, "fsdp1": 1.5}  # fmt: skip
 EXPOSED_COMM = 0.05
 # Activation offloading (predictor/emulate/offload.py) moves every offloaded byte over PCIe
 # twice: to the host in forward, back in backward. Priors, not measurements of the user's
@@ -100,6 +100,9 @@ def cost(train: TrainSpec, n_blocks: int | None = None) -> float:
         recompute = RECOMPUTE_COST * min(blocks, n_blocks) / n_blocks
     volume = COMM_VOLUME[train.parallel.sharding]
     if train.parallel.sharding in ("fsdp", "hsdp") and not train.parallel.reshard_after_forward:
+        volume = 1.0
+    keep = ("SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD_ZERO2")  # no all-gather in backward
+    if train.parallel.sharding == "fsdp1" and train.parallel.fsdp1_strategy in keep:
         volume = 1.0
     comm = 1.0 + EXPOSED_COMM * volume
     return (

@@ -10,6 +10,10 @@ __all__ = [
     "BNB_FIRST_4BIT",
     "BNB_INT8_REWRITE",
     "BNB_VERSION",
+    "FSDP1_BACKWARD_PREFETCHES",
+    "FSDP1_STRATEGIES",
+    "FSDP1_WRAPS",
+    "FSDP_DTYPES",
     "GRAD_SYNCS",
     "LORA_DTYPES",
     "OFFLOAD_ACTIVATIONS",
@@ -24,6 +28,7 @@ __all__ = [
     "PEFT_TUNERS",
     "PRECISIONS",
     "QUANTIZE_BASES",
+    "QUANT_STORAGES",
     "STEP_KINDS",
     "TORCH_OPTIMIZERS",
     "bnb_version_tuple",
@@ -80,6 +85,18 @@ OFFLOAD_OPTIMIZERS = ("none", "torchao")
 LORA_DTYPES = ("fp32", "model")
 # bitsandbytes-quantised frozen base (QLoRA): see predictor/emulate/quant.py
 QUANTIZE_BASES = ("none", "nf4", "nf4-dq", "int8")
+# bnb_4bit_quant_storage: the dtype the packed 4-bit codes are stored in (float storage lets
+# FSDP flatten and shard them with the model's other weights: FSDP-QLoRA)
+QUANT_STORAGES = ("uint8", "bf16", "fp16", "fp32")
+# FSDP1 (`FullyShardedDataParallel`, predictor/emulate/fsdp1.py): ShardingStrategy names as
+# accelerate's `fsdp_sharding_strategy` spells them, BackwardPrefetch (NO_PREFETCH = None),
+# the auto-wrap policy (blocks: transformer_auto_wrap_policy over the repeated block class;
+# peft: peft's fsdp_auto_wrap_policy, every trainable leaf its own unit too; auto: peft's
+# under --peft lora, as the HF Trainer sets it, else blocks), MixedPrecision dtypes
+FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+FSDP1_BACKWARD_PREFETCHES = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+FSDP1_WRAPS = ("auto", "blocks", "peft")
+FSDP_DTYPES = ("none", "fp32", "bf16", "fp16")
 # gradient sync under accumulation on several GPUs (predictor/emulate/parallel.py)
 GRAD_SYNCS = ("every", "last")
 STEP_KINDS = ("first", "steady", "both")

@@ -6,8 +6,9 @@
       activations  ActivationSpec(checkpointing)
       kernels      KernelSpec(attention)
       adapter      AdapterSpec(method, r, alpha, dropout, targets, dtype, args, config)
-      quant        QuantSpec(base, bnb_version)
-      parallel     ParallelSpec(gpus, sharding, reshard_after_forward, hsdp_shard_size, grad_sync)
+      quant        QuantSpec(base, bnb_version, quant_storage)
+      parallel     ParallelSpec(gpus, sharding, reshard_after_forward, hsdp_shard_size, grad_sync,
+                                fsdp1_*: FSDP1's own arguments, fsdp_*_dtype: its MixedPrecision)
       loop         LoopSpec(grad_accum, steps, hold_outputs)
       offload      OffloadSpec(activations, optimizer, gradients)
 
@@ -36,6 +37,10 @@ from memgnn.predictor.spec.choices import (
     BNB_FIRST_4BIT,
     BNB_INT8_REWRITE,
     BNB_VERSION,
+    FSDP1_BACKWARD_PREFETCHES,
+    FSDP1_STRATEGIES,
+    FSDP1_WRAPS,
+    FSDP_DTYPES,
     GRAD_SYNCS,
     LORA_DTYPES,
     OFFLOAD_ACTIVATIONS,
@@ -46,6 +51,7 @@ from memgnn.predictor.spec.choices import (
     PEFT_NOT_MODELLED,
     PEFT_ON_QUANTIZED,
     PRECISIONS,
+    QUANT_STORAGES,
     QUANTIZE_BASES,
     STEP_KINDS,
     bnb_version_tuple,
@@ -384,9 +390,23 @@ class QuantSpec:
         help=f"bitsandbytes release of --quantize-base's kernels (default {BNB_VERSION}); "
         "before 0.43.2 every 4-bit matmul kept its input until the graph was freed",
     )  # fmt: skip
+    # bnb_4bit_quant_storage: the packed codes' dtype (same bytes); a float storage is what
+    # FSDP-QLoRA needs (fsdp_qlora, HF's FSDP-QLoRA): FSDP1 flattens a unit's weights into
+    # one FlatParameter of one dtype, and accelerate's FSDP2 leaves uint8 codes unsharded
+    quant_storage: str = opt(
+        "uint8", name="bnb_quant_storage", choices=QUANT_STORAGES,
+        help="--quantize-base nf4/nf4-dq: dtype the 4-bit codes are stored in "
+        "(bnb_4bit_quant_storage; bf16 for FSDP-QLoRA)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _choice(self.base, QUANTIZE_BASES, "--quantize-base")
+        _choice(self.quant_storage, QUANT_STORAGES, "--bnb-quant-storage")
+        if self.quant_storage != "uint8" and self.base not in ("nf4", "nf4-dq"):
+            raise ValueError(
+                f"--bnb-quant-storage {self.quant_storage} applies to --quantize-base nf4 or "
+                f"nf4-dq (the 4-bit codes' storage), not {self.base}"
+            )
         version = bnb_version_tuple(self.bnb_version)
         if self.bnb_version != BNB_VERSION and self.base == "none":
             raise ValueError(
@@ -434,6 +454,50 @@ class ParallelSpec:
         help="with --grad-accum on several GPUs: sync gradients every micro-step, or the last "
         "only (DDP/FSDP no_sync: unsharded gradients kept until then)",
     )  # fmt: skip
+    # --sharding fsdp1: FullyShardedDataParallel's own arguments (PyTorch's defaults), as
+    # accelerate's fsdp_config names them (predictor/emulate/fsdp1.py)
+    fsdp1_strategy: str = opt(
+        "FULL_SHARD", name="fsdp1_sharding_strategy", choices=FSDP1_STRATEGIES,
+        help="fsdp1: ShardingStrategy (HYBRID_*: sharded within --hsdp-shard-size ranks)",
+    )  # fmt: skip
+    fsdp1_use_orig_params: bool = opt(
+        False, name="fsdp1_use_orig_params", cli="bool",
+        help="fsdp1: use_orig_params (true: frozen and trainable weights may share a flat "
+        "parameter, whose gradient shard then spans both)",
+    )  # fmt: skip
+    fsdp1_limit_all_gathers: bool = opt(
+        True, name="fsdp1_limit_all_gathers", cli="bool",
+        help="fsdp1: limit_all_gathers (rate-limits the CPU thread; allocated bytes unchanged)",
+    )  # fmt: skip
+    fsdp1_backward_prefetch: str = opt(
+        "BACKWARD_PRE", name="fsdp1_backward_prefetch", choices=FSDP1_BACKWARD_PREFETCHES,
+        help="fsdp1: BackwardPrefetch (NO_PREFETCH: None)",
+    )  # fmt: skip
+    fsdp1_forward_prefetch: bool = opt(
+        False, name="fsdp1_forward_prefetch", cli="bool", help="fsdp1: forward_prefetch"
+    )  # fmt: skip
+    fsdp1_wrap: str = opt(
+        "auto", name="fsdp1_wrap", choices=FSDP1_WRAPS,
+        help="fsdp1 auto-wrap policy: blocks (transformer_auto_wrap_policy on the repeated "
+        "block class), peft (peft's fsdp_auto_wrap_policy: each trainable leaf its own unit "
+        "too), auto (peft's under --peft lora, as the HF Trainer does; else blocks)",
+    )  # fmt: skip
+    fsdp1_cpu_offload: bool = opt(
+        False, name="fsdp1_cpu_offload", cli="bool",
+        help="fsdp1: CPUOffload(offload_params=True) (not modelled yet: refused)",
+    )  # fmt: skip
+    fsdp_param_dtype: str = opt(
+        "none", name="fsdp_param_dtype", choices=FSDP_DTYPES,
+        help="fsdp1: MixedPrecision.param_dtype (none: the parameters' own)",
+    )  # fmt: skip
+    fsdp_reduce_dtype: str = opt(
+        "none", name="fsdp_reduce_dtype", choices=FSDP_DTYPES,
+        help="fsdp1: MixedPrecision.reduce_dtype (none: param_dtype's)",
+    )  # fmt: skip
+    fsdp_buffer_dtype: str = opt(
+        "none", name="fsdp_buffer_dtype", choices=FSDP_DTYPES,
+        help="fsdp1: MixedPrecision.buffer_dtype (none: the buffers' own)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
@@ -449,7 +513,8 @@ class ParallelSpec:
         if not self.reshard_after_forward and self.sharding not in ("fsdp", "hsdp"):
             raise ValueError(
                 "--fsdp-reshard-after-forward false applies to --sharding fsdp or hsdp, "
-                f"not {self.sharding} (zero3 always reshards; zero2 keeps parameters whole)"
+                f"not {self.sharding} (zero3 always reshards; zero2 keeps parameters whole; "
+                "fsdp1: --fsdp1-sharding-strategy SHARD_GRAD_OP)"
             )
         _choice(self.grad_sync, GRAD_SYNCS, "--grad-sync")
         if self.grad_sync != "every" and self.sharding == "none":
@@ -458,25 +523,66 @@ class ParallelSpec:
             )
         if self.hsdp_shard_size < 0:
             raise ValueError(f"--hsdp-shard-size must be >= 0, got {self.hsdp_shard_size}")
-        if self.hsdp_shard_size and self.sharding != "hsdp":
-            raise ValueError(f"--hsdp-shard-size applies to --sharding hsdp, not {self.sharding}")
-        if self.sharding == "hsdp":
+        self._check_fsdp1()
+        if self.hsdp_shard_size and not self.hybrid:
+            raise ValueError(
+                "--hsdp-shard-size applies to --sharding hsdp or fsdp1 with a HYBRID_* "
+                f"--fsdp1-sharding-strategy, not {self.sharding}"
+            )
+        if self.hybrid:
             shard = self.shard_group_size
             if not (2 <= shard < self.gpus and self.gpus % shard == 0):
                 raise ValueError(
-                    f"--sharding hsdp needs --gpus split into >= 2 shard groups of >= 2 ranks "
+                    f"--sharding {self.sharding} (sharded within groups) needs --gpus split "
+                    "into >= 2 shard groups of >= 2 ranks "
                     f"each (--hsdp-shard-size dividing --gpus); got --gpus {self.gpus}, "
                     f"shard group size {shard}"
                 )
 
+    def _check_fsdp1(self) -> None:
+        """FSDP1's options: each only with --sharding fsdp1 (a ValueError names it)."""
+        _choice(self.fsdp1_strategy, FSDP1_STRATEGIES, "--fsdp1-sharding-strategy")
+        prefetch = self.fsdp1_backward_prefetch
+        _choice(prefetch, FSDP1_BACKWARD_PREFETCHES, "--fsdp1-backward-prefetch")
+        _choice(self.fsdp1_wrap, FSDP1_WRAPS, "--fsdp1-wrap")
+        for flag, value in (
+            ("--fsdp-param-dtype", self.fsdp_param_dtype),
+            ("--fsdp-reduce-dtype", self.fsdp_reduce_dtype),
+            ("--fsdp-buffer-dtype", self.fsdp_buffer_dtype),
+        ):
+            _choice(value, FSDP_DTYPES, flag)
+        if self.sharding != "fsdp1":
+            for o in OPTIONS_FSDP1:
+                if getattr(self, o.field) != o.default:
+                    raise ValueError(
+                        f"--{o.name.replace('_', '-')} applies to --sharding fsdp1 "
+                        f"(FullyShardedDataParallel), not {self.sharding}"
+                    )
+        if self.fsdp1_cpu_offload:
+            raise ValueError(
+                "--fsdp1-cpu-offload true (FSDP1 CPUOffload(offload_params=True)) is not "
+                "modelled yet: the answer would keep parameters, gradients and optimizer "
+                "state on the GPU; drop it"
+            )
+
+    @property
+    def hybrid(self) -> bool:
+        """Sharded within groups, replicated across them: hsdp, fsdp1's HYBRID_* strategies."""
+        return self.sharding == "hsdp" or (
+            self.sharding == "fsdp1" and self.fsdp1_strategy.startswith("HYBRID")
+        )
+
     @property
     def shard_group_size(self) -> int:
-        """Ranks one copy of the model is sharded over: the world for fsdp/zero*, the shard
-        group for hsdp (default: the largest divisor <= 8 of --gpus leaving >= 2 replicas,
-        i.e. shard inside an 8-GPU node, replicate across nodes), 1 for none/ddp."""
+        """Ranks one copy of the model is sharded over: the world for fsdp/zero*/fsdp1, the
+        shard group for hsdp and fsdp1's HYBRID_* (default: the largest divisor <= 8 of
+        --gpus leaving >= 2 replicas, i.e. shard inside an 8-GPU node, replicate across
+        nodes), 1 for none/ddp and fsdp1's NO_SHARD."""
         if self.sharding in ("none", "ddp"):
             return 1
-        if self.sharding != "hsdp":
+        if self.sharding == "fsdp1" and self.fsdp1_strategy == "NO_SHARD":
+            return 1
+        if not self.hybrid:
             return self.gpus
         if self.hsdp_shard_size:
             return self.hsdp_shard_size
@@ -566,10 +672,18 @@ class TrainSpec:
             if not isinstance(getattr(self, f.name), _GROUPS[f.name]):
                 raise ValueError(f"TrainSpec.{f.name} must be a {_GROUPS[f.name].__name__}")
         base, sharding = self.quant.base, self.parallel.sharding
-        if base != "none" and sharding != "none":
+        if base == "int8" and sharding != "none":
             raise ValueError(
-                f"--quantize-base {base} with --sharding {sharding} is not "
-                "modelled (FSDP/DDP over bitsandbytes storage is not captured); drop one"
+                f"--quantize-base int8 with --sharding {sharding} is not modelled (LLM.int8's "
+                "Int8Params keep their scales on the parameter, which FSDP/DDP do not carry); "
+                "drop one, or use nf4 (FSDP-QLoRA)"
+            )
+        if base.startswith("nf4") and sharding == "fsdp1" and self.quant.quant_storage == "uint8":
+            raise ValueError(
+                f"--quantize-base {base} with --sharding fsdp1 needs the 4-bit codes in a float "
+                "storage: FSDP1 flattens a unit's weights into one FlatParameter and cannot "
+                "flatten uint8; add --bnb-quant-storage bf16 (the model's dtype; what "
+                "fsdp_qlora and HF's FSDP-QLoRA set)"
             )
         method = self.adapter.method
         if base != "none" and method == "none":
@@ -698,4 +812,11 @@ assert list(_GROUPS) == [f.name for f in dataclasses.fields(TrainSpec)]
 OPTIONS: tuple[Option, ...] = tuple(o for g, c in _GROUPS.items() for o in group_options(g, c))
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 _BY_FIELD: dict[tuple[str, str], Option] = {(o.group, o.field): o for o in OPTIONS}
+OPTIONS_FSDP1: tuple[Option, ...] = tuple(
+    o
+    for o in OPTIONS
+    if o.group == "parallel"
+    and o.name.startswith(("fsdp1_", "fsdp_"))
+    and o.name != "fsdp_reshard_after_forward"
+)
 assert len(BY_NAME) == len(OPTIONS), "option names must be unique"

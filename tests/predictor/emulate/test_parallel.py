@@ -29,7 +29,7 @@ def test_defaults_are_one_unsharded_gpu():
         True,
     )
     assert t.parallel.shard_group_size == 1
-    assert SHARDINGS == ("none", "ddp", "fsdp", "hsdp", "zero1", "zero2", "zero3")
+    assert SHARDINGS == ("none", "ddp", "fsdp", "hsdp", "zero1", "zero2", "zero3", "fsdp1")
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def test_defaults_are_one_unsharded_gpu():
         ({"gpus": 4}, "--gpus 4 needs --sharding"),
         ({"gpus": 2, "sharding": "tp"}, "unknown --sharding 'tp'"),
         ({"gpus": 4, "sharding": "hsdp"}, None),
-        ({"gpus": 2, "sharding": "hsdp"}, "--sharding hsdp needs --gpus split"),
+        ({"gpus": 2, "sharding": "hsdp"}, "needs --gpus split into >= 2 shard groups"),
         ({"gpus": 6, "sharding": "hsdp", "hsdp_shard_size": 4}, "--hsdp-shard-size dividing"),
         ({"gpus": 4, "sharding": "fsdp", "hsdp_shard_size": 2}, "--hsdp-shard-size applies"),
         (
@@ -52,6 +52,24 @@ def test_defaults_are_one_unsharded_gpu():
         ({"grad_sync": "last"}, "--grad-sync last applies to several GPUs"),
         ({"gpus": 2, "sharding": "ddp", "grad_sync": "some"}, "unknown --grad-sync"),
         ({"gpus": 2, "sharding": "fsdp", "grad_sync": "last"}, None),
+        (
+            {"gpus": 2, "sharding": "fsdp1", "fsdp_reshard_after_forward": False},
+            "fsdp1: --fsdp1-sharding-strategy SHARD_GRAD_OP",
+        ),
+        (
+            {"gpus": 2, "sharding": "ddp", "fsdp_param_dtype": "bf16"},
+            "--fsdp-param-dtype applies to --sharding fsdp1",
+        ),
+        ({"gpus": 4, "sharding": "fsdp1", "hsdp_shard_size": 2}, "--hsdp-shard-size applies"),
+        (
+            {
+                "gpus": 4,
+                "sharding": "fsdp1",
+                "hsdp_shard_size": 2,
+                "fsdp1_sharding_strategy": "HYBRID_SHARD_ZERO2",
+            },
+            None,
+        ),
     ],
 )
 def test_bad_combinations_name_the_option(kwargs, needle):

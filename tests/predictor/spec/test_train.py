@@ -35,7 +35,9 @@ def test_nested_and_flat_dicts_read_back_to_the_same_spec():
         ({"gpus": 2}, "--gpus 2 needs --sharding"),
         ({"optimizer": "adamw8bit", "optimizer_impl": "fused"}, "bitsandbytes' own kernel"),
         ({"quantize_base": "nf4"}, "needs --peft lora"),
-        ({"quantize_base": "nf4", "peft": "lora", "gpus": 2, "sharding": "fsdp"}, "not modelled"),
+        ({"quantize_base": "int8", "peft": "lora", "gpus": 2, "sharding": "fsdp"}, "not modelled"),
+        ({"quantize_base": "nf4", "peft": "lora", "gpus": 2, "sharding": "fsdp1"}, "float storage"),
+        ({"bnb_quant_storage": "bf16"}, "applies to --quantize-base nf4"),
         ({"bnb_version": "0.42.0"}, "applies to --quantize-base"),
     ],
 )
