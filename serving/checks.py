@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.memory.base import Query
-from memgnn.predictor.spec.bundle import ModelBundle
 from memgnn.predictor.spec.devices import get_profile
 from memgnn.serving.graphs import RequestError
 
@@ -47,27 +46,4 @@ def check_measurement(graph: StepGraph, query: Query, measured_bytes: int) -> No
         )
 
 
-def check_hparams(spec: str, bundle: ModelBundle, scale: float) -> None:
-    """A zoo model's integer hparams stay within `scale` (max_hparam_scale) x the largest
-    value of the zoo's range (or its default): a capture's cost grows with them."""
-    from memgnn.predictor.zoo import get_family
-
-    family = get_family(spec)
-    for name, value in bundle.hparams.items():
-        if isinstance(value, bool) or not isinstance(value, int):
-            continue
-        known = [v for v in [family.defaults.get(name), *family.ranges.get(name, [])]]
-        known = [v for v in known if isinstance(v, int) and not isinstance(v, bool)]
-        if not known:
-            continue
-        limit = int(max(known) * scale)
-        if value > limit:
-            raise RequestError(
-                f"{spec} {name}={value} is over this server's limit of {limit} "
-                f"({scale:g} x the zoo's largest {name}); "
-                "capture it locally and upload the graph",
-                loc=("body", "model", "model_args", name),
-            )
-
-
-__all__ = ["check_hparams", "check_measurement", "resident_bytes"]
+__all__ = ["check_measurement", "resident_bytes"]

@@ -26,7 +26,7 @@ from memgnn.predictor.memory.ops import as_encoding_model, op_checker, unknown_o
 from memgnn.predictor.spec.bundle import ModelBundle
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.captures import CaptureWorker, Work
-from memgnn.serving.checks import check_hparams, check_measurement
+from memgnn.serving.checks import check_measurement
 from memgnn.serving.config import ServeConfig
 from memgnn.serving.graphs import RequestError, build_graph, decode_body, graph_bytes
 from memgnn.serving.metrics import Metrics
@@ -272,12 +272,13 @@ class Engine:
         if bundle is None:
             from memgnn.predictor.zoo import resolve
 
-            try:
-                bundle = resolve(spec, model_args, task)
+            try:  # zoo args over the server's cap are refused before any model is made
+                bundle = resolve(spec, model_args, task, max_arg_scale=self.config.max_hparam_scale)
+            except UserError as exc:
+                msg = f"{exc}; capture it locally and upload the graph" if exc.loc else str(exc)
+                raise RequestError(msg, loc=("body", "model", *exc.loc)) from None
             except ValueError as exc:
                 raise RequestError(str(exc), loc=("body", "model")) from None
-            if not spec.startswith(("hf:", "py:")):
-                check_hparams(spec, bundle, self.config.max_hparam_scale)
             with self._lock:
                 self._bundles[key] = bundle
                 while len(self._bundles) > 64:

@@ -7,8 +7,12 @@ A bare `ValueError` from numpy or json inside a request is therefore a 500, not 
 from __future__ import annotations
 
 import logging
+import math
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from memgnn.predictor.errors import LimitExceeded, UserError
 from memgnn.serving.graphs import RequestError
@@ -36,6 +40,34 @@ async def _user_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(status, ("body", *exc.loc), str(exc), kind)
 
 
+def _finite(value: Any) -> Any:
+    """`value` with every NaN or infinity spelled as JSON cannot: "NaN", "Infinity"..."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value).replace("nan", "NaN").replace("inf", "Infinity")
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422 body, encodable whatever the input held: a request body may carry
+    `NaN` or `Infinity` (Python's json parser reads them), and the error echoes the input;
+    each such number is named as a non-finite value of its field."""
+    assert isinstance(exc, RequestValidationError)
+    detail = []
+    for err in _finite(jsonable_encoder(exc.errors())):
+        if isinstance(err.get("input"), str) and err["input"] in _NON_FINITE:
+            err["msg"] = f"{err['input']} is not a finite number; {err.get('msg', '')}".strip()
+        detail.append(err)
+    log.info("%s %s: 422: %d validation errors", request.method, request.url.path, len(detail))
+    return JSONResponse({"detail": detail}, 422)
+
+
+_NON_FINITE = {"NaN", "Infinity", "-Infinity"}
+
+
 async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
     log.error("%s %s: internal error", request.method, request.url.path, exc_info=exc)
     return JSONResponse(
@@ -45,6 +77,7 @@ async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(RequestError, _request_error)
     app.add_exception_handler(UserError, _user_error)
     app.add_exception_handler(Exception, _internal_error)

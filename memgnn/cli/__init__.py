@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import re
 import sys
 from collections.abc import Sequence
+
+from memgnn.cli.quiet import filter_noise
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 
@@ -62,8 +65,22 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _negative_values(argv: list[str]) -> list[str]:
+    """`--budget -5GiB` as `--budget=-5GiB`: argparse takes a value starting with `-` and
+    a digit for an option of its own and prints the whole usage; joined, the option's own
+    check names what is wrong with the value."""
+    out: list[str] = []
+    for tok in argv:
+        prev = out[-1] if out else ""
+        if re.match(r"-\d", tok) and prev.startswith("--") and "=" not in prev:
+            out[-1] = f"{prev}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _negative_values(list(sys.argv[1:] if argv is None else argv))
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
@@ -72,6 +89,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("predictor.progress").setLevel(logging.INFO)  # shown without -v
+    if not args.verbose:
+        filter_noise()
     try:
         return int(args.func(args) or 0)
     except ValueError as exc:  # UserError and the ValueErrors naming bad input

@@ -41,6 +41,9 @@ READS = (1, 2)  # versions this memgnn loads (a version 1 graph has every storag
 NODE_FIELDS = ("op", "phase", "step", "micro", "module", "inputs", "outputs", "scratch")
 STORAGE_FIELDS = ("nbytes", "dtype", "category", "alloc", "free")
 PLACE_FIELDS = ("place", "place_nbytes")  # version 2, where a path has off-device storages
+# The largest batch, sequence or other size a query may give: a step at 2^31 tokens or
+# samples fits on no device, and the size formulas stay inside int64 below it.
+MAX_SIZE = (1 << 31) - 1
 
 
 @dataclass(kw_only=True, slots=True)
@@ -189,6 +192,8 @@ class StepGraph:
             v = sizes[sym]
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
                 raise ValueError(f"size {sym} must be a positive integer, got {v!r}")
+            if v > MAX_SIZE:
+                raise ValueError(f"size {sym}={v} is over {MAX_SIZE} (2^31 - 1): no step fits")
             out[sym] = int(v)
         unknown = set(sizes) - set(self.symbols)
         if unknown:

@@ -9,12 +9,13 @@ transformers; the transformers families import it when a bundle is made.
 from __future__ import annotations
 
 from .registry import SOURCES, TASKS, Family, coerce_like
-from .resolve import FAMILIES, family_names, get_family, make_bundle, resolve
+from .resolve import FAMILIES, ZOO_ARG_SCALE, family_names, get_family, make_bundle, resolve
 
 __all__ = [
     "FAMILIES",
     "SOURCES",
     "TASKS",
+    "ZOO_ARG_SCALE",
     "Family",
     "coerce_like",
     "family_names",

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from memgnn.predictor.errors import UserError
 from memgnn.predictor.spec.bundle import ModelBundle
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,35 @@ class Family:
                 )
             out[key] = coerce_like(self.defaults[key], raw, f"{self.name}.{key}")
         return out
+
+    def arg_limit(self, name: str, scale: float) -> int | None:
+        """The largest value integer hparam `name` may take: `scale` x the largest of its
+        default and range (None for a non-integer hparam). A capture's cost grows with
+        these, and a zoo config far past its range describes no model anyone trains."""
+        known = [self.defaults.get(name), *self.ranges.get(name, [])]
+        known = [v for v in known if isinstance(v, int) and not isinstance(v, bool)]
+        return int(max(known) * scale) if known else None
+
+    def over_limit(self, hparams: Mapping[str, Any], scale: float) -> tuple[str, int, int] | None:
+        """The first integer hparam over its `arg_limit`, as (name, value, limit)."""
+        for name, value in hparams.items():
+            if isinstance(value, bool) or not isinstance(value, int):
+                continue
+            limit = self.arg_limit(name, scale)
+            if limit is not None and value > limit:
+                return name, value, limit
+        return None
+
+    def check_args(self, hparams: Mapping[str, Any], scale: float) -> None:
+        """UserError naming the first integer hparam over its `arg_limit`."""
+        over = self.over_limit(hparams, scale)
+        if over is not None:
+            name, value, limit = over
+            raise UserError(
+                f"{self.name} {name}={value} is over the limit of {limit} "
+                f"({scale:g} x the zoo's largest {name})",
+                loc=("model_args", name),
+            )
 
     def sample(self, rng: random.Random) -> dict[str, Any]:
         """One draw from `ranges` (keys without a range keep their default)."""

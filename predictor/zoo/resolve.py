@@ -18,6 +18,10 @@ from . import dynamic, hf, hf_families, recurrent, transformers_inhouse, vision
 from .registry import TASKS, Family
 
 logger = logging.getLogger(__name__)
+# A zoo model's integer args may reach this multiple of the largest value of the family's
+# range (or default): beyond that no published model, and a capture that runs for hours.
+# The service applies its own, tighter `max_hparam_scale`.
+ZOO_ARG_SCALE = 64.0
 
 FAMILIES: dict[str, Family] = {
     fam.name: fam
@@ -46,12 +50,17 @@ def make_bundle(name: str, overrides: Mapping[str, Any] | None = None) -> ModelB
 
 
 def resolve(
-    spec: str, model_args: Mapping[str, str] | None = None, task: str | None = None
+    spec: str,
+    model_args: Mapping[str, str] | None = None,
+    task: str | None = None,
+    *,
+    max_arg_scale: float = ZOO_ARG_SCALE,
 ) -> ModelBundle:
     """A bundle for a CLI model spec.
 
     - `NAME`: a zoo family; `model_args` (strings) override hparams, converted to the type
-      of each default. `task`, if given, must be the family's task.
+      of each default, each integer at most `max_arg_scale` x the largest of the family's
+      range. `task`, if given, must be the family's task.
     - `hf:PATH/config.json` or `hf:ORG/NAME` (the bundled catalog of published configs, then
       the local Hugging Face cache; see `hub`): a transformers config built offline;
       `task` is causal-lm | seq-cls | masked-lm | seq2seq | image-cls (default: inferred
@@ -73,7 +82,9 @@ def resolve(
     family = get_family(spec)
     if task is not None and task != family.task:
         raise ValueError(f"model {spec!r} trains for task {family.task!r}, not {task!r}")
-    return family.make(family.coerce(model_args))
+    hparams = family.coerce(model_args)
+    family.check_args(hparams, max_arg_scale)
+    return family.make(hparams)
 
 
 def _from_python(spec: str, model_args: Mapping[str, str]) -> ModelBundle:
@@ -102,7 +113,11 @@ def _from_python(spec: str, model_args: Mapping[str, str]) -> ModelBundle:
         raise UserError(
             f"{spec}: model args {sorted(model_args)} do not fit {attr}{_signature(factory)}: {exc}"
         ) from None
-    bundle = factory(**model_args)
+    try:
+        bundle = factory(**model_args)
+    except Exception as exc:  # the user's code: its error, named, without our traceback
+        logger.debug("%s raised", spec, exc_info=exc)
+        raise UserError(f"{spec}: {attr}() raised {type(exc).__name__}: {exc}") from exc
     if not isinstance(bundle, ModelBundle):
         raise UserError(f"{spec}: factory returned {type(bundle).__name__}, expected a ModelBundle")
     logger.debug("resolved %s to bundle %s", spec, bundle.name)

@@ -54,6 +54,13 @@ def test_hparams_beyond_the_limit_are_refused(tmp_path):
         assert r.status_code == 422, r.text
         assert r.json()["detail"][0]["loc"] == ["body", "model", "model_args", "layers"]
         assert "limit of 64" in r.text  # 8 x the zoo's largest mlp depth (8)
+        # a hostile probe's case: 14.7 s of server CPU and a 422 of Python's int-to-string
+        # error; now refused before the model is made
+        body = {"model": {"spec": "unet", "model_args": {"depth": 10**9}}, "configs": [{}]}
+        r = c.post("/predict", json=body)
+        assert r.status_code == 422, r.text
+        assert r.json()["detail"][0]["loc"] == ["body", "model", "model_args", "depth"]
+        assert "is over the limit of" in r.text and "upload the graph" in r.text
 
 
 def test_captures_per_request_are_bounded(tmp_path):

@@ -445,3 +445,30 @@ def test_a_user_error_from_the_model_is_422(tmp_path, data):
             },  # fmt: skip
         )
     assert r.status_code == 422 and locs(r)[0][:3] == ["body", "configs", 0]
+
+
+# ---- non-finite numbers (a hostile probe's 500s) -----------------------------------------
+@pytest.mark.parametrize("bad", ["NaN", "Infinity", "-Infinity"])
+@pytest.mark.parametrize(
+    ("path", "template", "field"),
+    [
+        ("/predict", '{"graph_id": "%s", "configs": [{"sizes": {"B": %s}}]}', "B"),
+        ("/predict", '{"graph_id": "%s", "configs": [{"sizes": {"B": 2}}], "budget_ms": %s}', None),
+        ("/plan", '{"graph_ids": ["%s"], "budget_bytes": %s, "device": "cpu"}', "budget_bytes"),
+        ("/plan", '{"graph_ids": ["%s"], "budget_bytes": 1000, "threshold": %s}', "threshold"),
+        ("/samples", '{"graph_id": "%s", "measured_peak_bytes": %s, "sizes": {"B": 2}}', None),
+    ],
+)
+def test_non_finite_numbers_are_a_422_naming_the_field(client, gid, bad, path, template, field):
+    """Python's json reads NaN and Infinity; FastAPI's 422 echoed them and then failed to
+    encode its own answer (a 500). Now the answer is a 422 whose body is valid JSON, with
+    the value spelled as the client sent it."""
+    body = template % (gid, bad)
+    headers = {"content-type": "application/json"} | AUTH
+    r = client.post(path, content=body.encode(), headers=headers)
+    assert r.status_code == 422, r.text
+    detail = json.loads(r.text, parse_constant=lambda c: pytest.fail(f"{c} in the answer"))
+    assert detail["detail"], detail
+    if field is not None:
+        assert any(d["loc"][-1] == field for d in detail["detail"]), detail
+        assert any(d.get("input") == bad for d in detail["detail"]), detail

@@ -7,8 +7,7 @@ import pytest
 from memgnn.predictor.capture.capture import capture
 from memgnn.predictor.memory.base import Query
 from memgnn.predictor.spec.train import TrainSpec
-from memgnn.predictor.zoo import resolve
-from memgnn.serving.checks import check_hparams, check_measurement, resident_bytes
+from memgnn.serving.checks import check_measurement, resident_bytes
 from memgnn.serving.graphs import RequestError
 from tiny_models import tiny_mlp_bundle
 
@@ -33,9 +32,3 @@ def test_measurements_out_of_range_name_the_field(graph):
         with pytest.raises(RequestError) as err:
             check_measurement(graph, q, bad)
         assert err.value.loc == ("body", "measured_peak_bytes")
-
-
-def test_hparams_are_bounded_by_the_zoo_range():
-    check_hparams("mlp", resolve("mlp", {"layers": "64"}), 8.0)  # 8 x the largest, 8
-    with pytest.raises(RequestError, match="limit of 64"):
-        check_hparams("mlp", resolve("mlp", {"layers": "65"}), 8.0)

@@ -224,3 +224,20 @@ def test_sequence_past_the_position_table_is_refused(user_dir, capsys, command):
     sys.modules.pop("my_positions", None)
     assert code == 2
     assert "32 rows" in _one_error_line(err)
+
+
+def test_a_hostile_new_users_inputs_are_one_line_each(capsys, user_dir):
+    """A hostile probe's CLI cases: a huge batch was an OverflowError traceback, a negative
+    --budget printed the whole usage, layers=1000000 captured for minutes, and a `py:`
+    factory that raised gave its traceback. Each is now exit 2 and one line naming it."""
+    (user_dir / "raising_model.py").write_text("def make():\n    raise RuntimeError('no GPU')\n")
+    cases = {
+        ("predict", "--model", "mlp", "--batch", "99999999999999999999"): "is over 2147483647",
+        ("plan", "--model", "mlp", "--budget", "-5GiB"): "cannot read a budget from '-5GiB'",
+        ("predict", "--model", "mlp", "--model-arg", "layers=1000000"): "over the limit of 512",
+        ("predict", "--model", "py:raising_model:make"): "make() raised RuntimeError: no GPU",
+    }
+    for argv, expected in cases.items():
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2, (argv, err)
+        assert expected in _one_error_line(err), (argv, err)

@@ -15,6 +15,7 @@ import pytest
 import sympy
 import torch
 from memgnn.predictor import zoo
+from memgnn.predictor.errors import UserError
 from memgnn.predictor.spec.bundle import ModelBundle
 from tiny_models import write_tiny_gpt2_config
 from torch._dynamo.source import ConstantSource
@@ -239,6 +240,29 @@ def test_coerce_like() -> None:
     assert zoo.coerce_like(3, 5) == 5  # typed values pass through
     with pytest.raises(ValueError, match="int"):
         zoo.coerce_like(3, "3.5")
+
+
+def test_zoo_args_are_capped_before_the_model_is_made() -> None:
+    """`--model-arg layers=1000000` captured for minutes and `unet depth=1e9` failed on
+    Python's int-to-string limit; both are refused up front, naming the cap."""
+    limit = zoo.get_family("mlp").arg_limit("layers", zoo.ZOO_ARG_SCALE)
+    assert limit == 64 * 8  # 64 x the zoo's largest mlp depth
+    zoo.resolve("mlp", {"layers": str(limit)})
+    with pytest.raises(UserError, match=f"layers={limit + 1} is over the limit of {limit}") as e:
+        zoo.resolve("mlp", {"layers": str(limit + 1)})
+    assert e.value.loc == ("model_args", "layers")
+    with pytest.raises(UserError, match="depth=1000000000 is over the limit"):
+        zoo.resolve("unet", {"depth": "1000000000"})
+    with pytest.raises(UserError, match="limit of 16"):  # a caller's own, tighter cap
+        zoo.resolve("mlp", {"layers": "17"}, max_arg_scale=2.0)
+
+
+def test_a_py_factory_that_raises_is_a_user_error(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "bad_factory.py").write_text("def make(**kw):\n    raise RuntimeError('no GPU')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(UserError, match=r"make\(\) raised RuntimeError: no GPU"):
+        zoo.resolve("py:bad_factory:make")
 
 
 def test_resolve_errors() -> None:
