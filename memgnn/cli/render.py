@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from memgnn.predictor.spec.choices import PRECISION_WORDS
 from memgnn.predictor.spec.train import TrainSpec
 
 
@@ -93,7 +94,9 @@ def model_line(info: Mapping[str, Any]) -> str:
             f"{how['captured_blocks']}-block capture)"
         )
     kind = {"zoo": " (zoo config: small by default, size it with --model-arg)"}
-    return f"model {info['spec']}{kind.get(info.get('kind', ''), '')}: {', '.join(parts)}"
+    line = f"model {info['spec']}{kind.get(info.get('kind', ''), '')}: {', '.join(parts)}"
+    words = PRECISION_WORDS.get(str(info.get("precision")))
+    return f"{line}\nprecision {info['precision']}: {words}" if words else line
 
 
 def loop_line(train: TrainSpec) -> str:
@@ -108,8 +111,10 @@ def loop_line(train: TrainSpec) -> str:
 
 def verdict_line(verdict: dict[str, Any], what: str) -> str:
     """`fits: ...` / `does NOT fit: ...` for a `MemoryLimit.verdict`."""
-    if verdict["source"] == "threshold":
+    if verdict["source"] in ("threshold", "default"):
         of = f"{verdict['threshold'] * 100:g}% of the device's {fmt_bytes(verdict['budget_bytes'])}"
+        if verdict["source"] == "default":
+            of += "; --budget or --threshold to change"
     elif verdict["threshold"] < 1:
         of = f"{verdict['threshold'] * 100:g}% of the budget {fmt_bytes(verdict['budget_bytes'])}"
     else:
@@ -117,6 +122,10 @@ def verdict_line(verdict: dict[str, Any], what: str) -> str:
     room = verdict["headroom_bytes"]
     head = "fits" if verdict["fits"] else "does NOT fit"
     side = f"{fmt_bytes(room)} to spare" if room >= 0 else f"{fmt_bytes(-room)} over"
+    if not verdict["fits"] and verdict.get("fits_device"):
+        side += ", though within the whole device"
+    elif verdict.get("fits_device") is False:
+        side += ", over the whole device too"
     return f"{head}: {what} vs limit {fmt_bytes(verdict['limit_bytes'])} ({of}), {side}"
 
 

@@ -39,7 +39,7 @@ from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.memory.base import Query
 from memgnn.predictor.spec.bundle import ModelBundle
 from memgnn.predictor.spec.devices import get_profile
-from memgnn.predictor.spec.limits import resolve_limit
+from memgnn.predictor.spec.limits import default_limit, resolve_limit
 from memgnn.predictor.spec.train import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -208,14 +208,11 @@ def _answer(
     config, p, graph = req.configs[i], served.prediction, entry.graph
     device = get_profile(config.device)
     train = TrainSpec.from_dict(graph.train) if graph.train else None
-    verdict = None
-    if req.budget is not None or req.threshold is not None:
-        limit = resolve_limit(
-            budget=req.budget, threshold=req.threshold, device_total=device.total_bytes,
-            device=device.name, names=("budget_bytes", "threshold"),
-        )  # fmt: skip
-        assert limit is not None
-        verdict = limit.verdict(p.upper_bound_bytes) | {"metric": p.metric}
+    limit = resolve_limit(
+        budget=req.budget, threshold=req.threshold, device_total=device.total_bytes,
+        device=device.name, names=("budget_bytes", "threshold"),
+    ) or default_limit(device.total_bytes)  # fmt: skip
+    verdict = None if limit is None else limit.verdict(p.upper_bound_bytes) | {"metric": p.metric}
     target = "cuda" if device.is_gpu else "cpu"
     return Answer(
         predicted_peak_bytes=p.predicted_peak_bytes,

@@ -27,6 +27,7 @@ __all__ = [
     "PEFT_PROMPTS",
     "PEFT_TUNERS",
     "PRECISIONS",
+    "PRECISION_WORDS",
     "QUANTIZE_BASES",
     "QUANT_STORAGES",
     "STEP_KINDS",
@@ -35,6 +36,15 @@ __all__ = [
 ]
 
 PRECISIONS = ("fp32", "bf16", "fp16", "amp-bf16", "amp-fp16")
+# each precision in words, as an answer states what it assumed (`bf16` is not "mixed
+# precision": most people who say bf16 mean amp-bf16)
+PRECISION_WORDS = {
+    "fp32": "weights, gradients and optimizer states in fp32",
+    "bf16": "weights, gradients and optimizer states in bf16, no fp32 master copy",
+    "fp16": "weights, gradients and optimizer states in fp16, no fp32 master copy",
+    "amp-bf16": "fp32 master weights and optimizer states, bf16 compute (autocast)",
+    "amp-fp16": "fp32 master weights and optimizer states, fp16 compute (autocast, grad scaler)",
+}
 TORCH_OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")  # torch.optim's
 # + bitsandbytes' AdamW8bit (predictor/emulate/optim8bit.py)
 OPTIMIZERS = (*TORCH_OPTIMIZERS, "adamw8bit")

@@ -7,7 +7,9 @@ Two ways to say how much memory a step may use, mutually exclusive:
   the device profile, the figure nvidia-smi reports), as a governor or an HF user says
   "stay under 85% of the card".
 `resolve_limit` turns either into a `MemoryLimit`; `MemoryLimit.verdict` says whether a
-predicted bound fits under it and by how much.
+predicted bound fits under it and by how much. With neither, an answer on a GPU is still
+judged: against `DEFAULT_THRESHOLD` of the device (`default_limit`, source "default"), the
+line a governor keeps to, and against the whole device (`fits_device`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ from typing import Any
 
 from memgnn.predictor.errors import UserError
 
-__all__ = ["MemoryLimit", "parse_budget", "resolve_limit"]
+__all__ = ["DEFAULT_THRESHOLD", "MemoryLimit", "default_limit", "parse_budget", "resolve_limit"]
+
+# The share of a GPU a step may plan to use when the user names no limit: the rest covers
+# what no step graph holds (the CUDA context outside nvidia-smi's per-process figure, NCCL
+# buffers, fragmentation after long runs). The governor's default threshold too.
+DEFAULT_THRESHOLD = 0.85
 
 _UNITS = {
     "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -75,14 +82,14 @@ class MemoryLimit:
 
     budget_bytes: int  # the device's total under --threshold, else the --budget given
     threshold: float = 1.0  # the fraction of `budget_bytes` a bound may reach
-    source: str = "budget"  # budget | threshold: which option set it
+    source: str = "budget"  # budget | threshold | default (neither given): what set it
 
     def __post_init__(self) -> None:
         if self.budget_bytes <= 0:
             raise ValueError(f"budget must be positive, got {self.budget_bytes}")
         if not 0 < self.threshold <= 1:
             raise ValueError(f"threshold must be in (0, 1], got {self.threshold}")
-        if self.source not in ("budget", "threshold"):
+        if self.source not in ("budget", "threshold", "default"):
             raise ValueError(f"unknown limit source {self.source!r}")
 
     @property
@@ -90,12 +97,23 @@ class MemoryLimit:
         return int(self.budget_bytes * self.threshold)
 
     def verdict(self, bound_bytes: int) -> dict[str, Any]:
-        """Whether `bound_bytes` fits under the limit, and the headroom (negative: over)."""
-        return asdict(self) | {
+        """Whether `bound_bytes` fits under the limit, and the headroom (negative: over);
+        for a limit that is a share of the device, also whether it fits the whole device."""
+        out = asdict(self) | {
             "limit_bytes": self.limit_bytes,
             "fits": bound_bytes <= self.limit_bytes,
             "headroom_bytes": self.limit_bytes - bound_bytes,
         }
+        if self.source != "budget":  # budget_bytes is the device's total
+            out["fits_device"] = bound_bytes <= self.budget_bytes
+        return out
+
+
+def default_limit(device_total: int | None) -> MemoryLimit | None:
+    """The limit of an answer that names none: `DEFAULT_THRESHOLD` of a GPU's memory."""
+    if not device_total:
+        return None
+    return MemoryLimit(budget_bytes=device_total, threshold=DEFAULT_THRESHOLD, source="default")
 
 
 def resolve_limit(

@@ -28,6 +28,7 @@ from memgnn.predictor.ir.vocab import SEARCH_MODES
 from memgnn.predictor.plan.search import Candidate, PlanConfig, plan
 from memgnn.predictor.plan.space import SearchSpace, cost
 from memgnn.predictor.spec.choices import PRECISIONS
+from memgnn.predictor.spec.limits import DEFAULT_THRESHOLD
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.governor.correction import GovernedPredictor
 from memgnn.serving.governor.world import World, WorldChoice, agree, resolve_world
@@ -68,7 +69,7 @@ RUNTIME_PRECISIONS = ("fp32", "amp-bf16", "amp-fp16")
 
 @dataclass(kw_only=True, slots=True)
 class PolicyConfig:
-    threshold: float = 0.85  # corrected bounds stay under this fraction of device memory
+    threshold: float = DEFAULT_THRESHOLD  # corrected bounds stay under this share of the device
     mode: str = "binsearch"  # power (doubling only) | binsearch (doubling, then bisection)
     power_of_two: bool = False  # micro-batch granularity: powers of two only
     max_batch: int = 1024

@@ -1,6 +1,11 @@
 import pytest
 from memgnn.predictor.errors import UserError
-from memgnn.predictor.spec.limits import MemoryLimit, resolve_limit
+from memgnn.predictor.spec.limits import (
+    DEFAULT_THRESHOLD,
+    MemoryLimit,
+    default_limit,
+    resolve_limit,
+)
 
 GIB = 1 << 30
 
@@ -55,6 +60,19 @@ def test_verdict_fits_and_headroom():
         "limit_bytes": 500,
         "fits": True,
         "headroom_bytes": 0,
+        "fits_device": True,
     }
     over = limit.verdict(501)
-    assert not over["fits"] and over["headroom_bytes"] == -1
+    assert not over["fits"] and over["headroom_bytes"] == -1 and over["fits_device"]
+    assert limit.verdict(1001)["fits_device"] is False
+    assert "fits_device" not in MemoryLimit(budget_bytes=1000).verdict(10)  # not a device
+
+
+def test_an_answer_naming_no_limit_is_judged_against_85_percent_of_a_gpu():
+    """A plain `predict` gave a number and no verdict; now the 85% line and the device."""
+    limit = default_limit(80 * GIB)
+    assert limit is not None and limit.source == "default"
+    assert limit.threshold == DEFAULT_THRESHOLD == 0.85
+    v = limit.verdict(70 * GIB)
+    assert v["fits"] is False and v["fits_device"] is True and v["limit_bytes"] == int(68 * GIB)
+    assert default_limit(None) is None  # the CPU: no total, no verdict
