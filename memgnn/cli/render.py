@@ -81,6 +81,9 @@ def model_line(info: Mapping[str, Any]) -> str:
     parts.append(f"{fmt_count(n)} parameters ({n:,})")
     if info.get("trainable_parameters", n) != n:
         parts.append(f"{fmt_count(int(info['trainable_parameters']))} trainable")
+    if info.get("adapted"):
+        names = ", ".join(f"{k} x{v}" for k, v in info["adapted"].items())
+        parts.append(f"adapted: {names}")
     dtype = info.get("param_dtype", "?")
     compute = info.get("compute_dtype", dtype)
     if compute != dtype:

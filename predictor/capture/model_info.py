@@ -52,6 +52,9 @@ class ModelInfo:
     layers: int | None = None  # from the model's config, where it names them
     hidden: int | None = None
     attention: str | None = None  # transformers' attention implementation
+    # under an adapter: the modules it adapted, by their name in a block (`q_proj`) ->
+    # how many (peft's tuner layers; empty for a full fine-tune)
+    adapted: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.kind not in ("zoo", "hf", "py"):
@@ -94,6 +97,20 @@ def _class_name(model: nn.Module, train: TrainSpec) -> str:
     return f"{type(base).__name__}{adapter_label(model, train)}{quant}"
 
 
+def _adapted(model: nn.Module) -> dict[str, int]:
+    """peft's tuner layers by their last name (`q_proj` -> 24): what an adapter wraps."""
+    if not hasattr(model, "peft_config"):
+        return {}
+    from peft.tuners.tuners_utils import BaseTunerLayer  # deferred: peft is optional
+
+    found: Counter[str] = Counter(
+        name.rsplit(".", 1)[-1]
+        for name, m in model.named_modules()
+        if isinstance(m, BaseTunerLayer) and name
+    )
+    return dict(sorted(found.items()))
+
+
 def _quantised_weights(model: nn.Module) -> dict[int, tuple[str, int]]:
     """id(weight) -> (format, logical parameters) of the `--quantize-base` stand-ins: a
     packed nf4 weight holds two parameters a byte."""
@@ -132,6 +149,7 @@ def describe(model: nn.Module, bundle: ModelBundle, train: TrainSpec) -> ModelIn
         layers=_config_int(config, _LAYER_KEYS),
         hidden=_config_int(config, _HIDDEN_KEYS),
         attention=getattr(config, "_attn_implementation", None),
+        adapted=_adapted(model),
     )
     info.compute_dtype = _dtype_name(autocast) if autocast is not None else info.param_dtype
     if quantised and autocast is None:  # bnb_4bit_compute_dtype (predictor.emulate.quant)

@@ -58,3 +58,15 @@ def test_kind_follows_how_the_user_named_the_model():
     assert zoo_like.kind == "zoo" and "zoo config" in model_line(zoo_like.to_dict())
     with pytest.raises(ValueError, match="origin"):
         replace(bundle, origin="pip")
+
+
+def test_an_adapter_names_the_modules_it_adapted():
+    """A LoRA answer said `+ LoRA r=8` but not where: the tuner layers by name and count."""
+    from tiny_models import tiny_gpt_bundle
+
+    spec = TrainSpec.of(peft="lora", lora_targets="qkv,fc1")
+    lora = describe_bundle(tiny_gpt_bundle(), spec, "cpu")
+    blocks = lora.blocks
+    assert lora.adapted == {"fc1": blocks, "qkv": blocks}
+    assert lora.trainable_parameters < lora.parameters
+    assert describe_bundle(tiny_gpt_bundle(), TrainSpec(), "cpu").adapted == {}
