@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from memgnn.predictor.spec.bundle import ModelBundle
@@ -56,3 +58,23 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     root = tmp_path_factory.getbasetemp()
     monkeypatch.setenv("MEMGNN_CACHE", str(root / "memgnn-cache"))
     monkeypatch.setenv("MEMGNN_STATE", str(root / "memgnn-state"))
+
+
+# The fast tier (`scripts/test.sh --fast`, `-m "not slow"`): besides the tests marked
+# `@pytest.mark.slow` by hand, those a measured full run found slow are listed, one node id
+# a line, in tests/slow_tests.txt (written by scripts/slow_tests.py from `--durations=0`).
+SLOW_LIST = Path(__file__).with_name("slow_tests.txt")
+
+
+def _measured_slow() -> frozenset[str]:
+    if not SLOW_LIST.exists():
+        return frozenset()
+    lines = (line.split("  #")[0].strip() for line in SLOW_LIST.read_text().splitlines())
+    return frozenset(line for line in lines if line and not line.startswith("#"))
+
+
+def pytest_collection_modifyitems(config, items):
+    slow = _measured_slow()
+    for item in items:
+        if item.nodeid in slow or item.nodeid.split("[")[0] in slow:
+            item.add_marker(pytest.mark.slow)
