@@ -54,8 +54,28 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return {}
 
 
+@contextlib.contextmanager
+def _fixed_environment():
+    """The help text without this machine in it: a fixed width, and memgnn's environment
+    variables unset but for the state folder, given as its default with `~` for the home
+    folder (`memgnn serve --help` prints the folder it resolves)."""
+    saved = dict(os.environ)
+    for name in [n for n in os.environ if n.startswith("MEMGNN_")]:
+        del os.environ[name]
+    os.environ.update(COLUMNS=WIDTH, MEMGNN_STATE="~/.local/state/memgnn")
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 def cli_page() -> str:
-    os.environ["COLUMNS"] = WIDTH
+    with _fixed_environment():
+        return _cli_page()
+
+
+def _cli_page() -> str:
     from memgnn.cli import build_parser
 
     root = build_parser()
@@ -109,10 +129,10 @@ def api_page() -> str:
         for attr in module.__all__:
             obj = getattr(module, attr)
             if inspect.isclass(obj):
-                parts.append(f"\n### class `{attr}`\n\n```python\n{attr}{_signature(obj)}\n```\n\n")
+                parts.append(f"\n### class `{attr}`\n\n```text\n{attr}{_signature(obj)}\n```\n\n")
                 parts.append(_doc(obj))
             elif callable(obj):
-                parts.append(f"\n### `{attr}`\n\n```python\n{attr}{_signature(obj)}\n```\n\n")
+                parts.append(f"\n### `{attr}`\n\n```text\n{attr}{_signature(obj)}\n```\n\n")
                 parts.append(_doc(obj))
             else:
                 text = _ADDRESS.sub("", repr(obj))
