@@ -77,3 +77,24 @@ def test_the_site_builds_strict(tmp_path):  # 2.4 s
     assert "bash scripts/setup.sh" in home
     for page in ("tutorials/will-it-fit.html", "reference/cli.html", "results/index.html"):
         assert (site / page).is_file(), page
+
+
+def test_the_readme_commands_parse():
+    """Every `memgnn ...` command the README lists is one the CLI accepts as written."""
+    import shlex
+
+    from memgnn.cli import build_parser
+
+    block = re.search(r"## The commands people need\n\n```bash\n(.*?)```", README, re.S).group(1)
+    text = block.replace("\\\n", " ")
+    commands = [
+        part.strip()
+        for line in text.splitlines()
+        for part in line.split("#")[0].split(";")
+        if part.strip()
+    ]
+    assert len(commands) == 11 and all(c.startswith("memgnn ") for c in commands)
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        args = build_parser(argv[0]).parse_args(argv)  # exits 2 on an unknown flag or value
+        assert args.command == argv[0]
