@@ -154,10 +154,10 @@ def test_imports_use_the_installed_names():
         for folder in (*LAYERS, "tests", "benchmarks")
         for path in sorted((ROOT / folder).rglob("*.py"))
     ]
-    readme = (ROOT / "README.md").read_text()  # its examples are code users copy
-    sources += [
-        (ROOT / "README.md", block) for block in re.findall(r"```python\n(.*?)```", readme, re.S)
-    ]
+    # the README's and the documentation's examples are code users copy
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        text = doc.read_text()
+        sources += [(doc, block) for block in re.findall(r"```python\n(.*?)```", text, re.S)]
     bare = []
     for path, text in sources:
         for node in ast.walk(ast.parse(text, filename=str(path))):

@@ -90,7 +90,7 @@ def resolve(
 def _from_python(spec: str, model_args: Mapping[str, str]) -> ModelBundle:
     """`py:module:factory`: import `module` (from sys.path, then the current directory, as
     `python -m` would) and call `factory(**model_args)`, which must return a ModelBundle.
-    Model args arrive as strings; a factory converts them (see the README's example)."""
+    Model args arrive as strings; a factory converts them (see docs/how-to/your-model.md)."""
     parts = spec[3:].split(":")
     if len(parts) != 2 or not all(parts):
         raise UserError(f"bad model spec {spec!r}; expected py:module:factory")

@@ -1,5 +1,6 @@
-"""The user-owned loop: the README's example as written, rollback inside it, and the checks
-of the module and optimizer against what the governor predicts for."""
+"""The user-owned loop: the documented example as written (docs/tutorials/governor-loop.md),
+rollback inside it, and the checks of the module and optimizer against what the governor
+predicts for."""
 
 from __future__ import annotations
 
@@ -15,23 +16,23 @@ from memgnn.serving.governor.demo import fixed_batches, long_tail_samples, tiny_
 
 from tests.serving.governor.governed import governor
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+EXAMPLE = Path(__file__).resolve().parents[3] / "docs" / "tutorials" / "governor-loop.md"
 MiB = 1 << 20
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def readme_example() -> str:
-    text = README.read_text()
+def documented_example() -> str:
+    text = EXAMPLE.read_text()
     found = re.search(r"<!-- governor-loop-example -->\n```python\n(.*?)```", text, re.S)
-    assert found, "README lost its governor loop example"
+    assert found, "the governor tutorial lost its loop example"
     return found.group(1)
 
 
-def test_the_readme_loop_runs_as_written(monkeypatch, tmp_path, capsys):
+def test_the_documented_loop_runs_as_written(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("MEMGNN_CACHE", str(tmp_path))
     scope: dict = {}
-    exec(compile(readme_example(), "README.md", "exec"), scope)
+    exec(compile(documented_example(), str(EXAMPLE), "exec"), scope)
     gov, scaler = scope["gov"], scope["scaler"]
     assert [r.samples for r in gov.records] == [16, 16, 16, 16]
     assert gov.totals["ooms"] == 0 and scaler.get_scale() > 0
@@ -41,7 +42,7 @@ def test_the_readme_loop_runs_as_written(monkeypatch, tmp_path, capsys):
 
 
 def user_loop(gov, batches, *, fail_at=None, clip=1.0):
-    """The README's loop with a ledger of the sample ids each optimizer step saw; raises an
+    """The documented loop with a ledger of the sample ids each optimizer step saw; raises an
     OOM in the forward of the `fail_at`-th micro-batch (counted over the whole run)."""
     model, opt, bundle = gov.model, gov.optimizer, gov.bundle
     calls, steps, plans = 0, [], []
