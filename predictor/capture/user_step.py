@@ -120,40 +120,46 @@ _ABSENT = object()
 
 @contextlib.contextmanager
 def on_target(target: str) -> Iterator[None]:
-    """PyTorch's by-device choices as on `target`'s tensors (capture's are fake CPU
-    tensors): on "cuda", foreach kernels are supported (torch.optim's and clip_grad_norm_'s
-    default `foreach`) and `torch.autocast("cuda")` is the CPU autocast; "cpu": as is."""
-    if target != "cuda":
-        yield
-        return
+    """PyTorch's by-device choices as on `target`'s real tensors. Fake tensors are not of
+    the types PyTorch's default `foreach` accepts (torch.optim's, clip_grad_norm_'s): they
+    are made to count as tensors. On "cuda" (capture's tensors are CPU ones), foreach
+    kernels are supported on the device, as on CUDA, and `torch.autocast("cuda")` is the
+    autocast of the device the tensors are on."""
     import torch.optim.optimizer as optim_mod
     import torch.utils._foreach_utils as foreach_utils
+    from torch._subclasses.fake_tensor import FakeTensor
 
-    devices = foreach_utils._get_foreach_kernels_supported_devices
+    lists = [optim_mod._foreach_supported_types, foreach_utils._foreach_supported_types]
+    added = [types for types in lists if FakeTensor not in types]
+    for types in added:
+        types.append(FakeTensor)
+    saved: list[tuple[Any, str, Any]] = []
+    if target == "cuda":
+        devices = optim_mod._get_foreach_kernels_supported_devices
+        real_autocast = torch.autocast
 
-    def supported() -> list[str]:
-        return [*devices(), "cpu"]
+        class autocast(real_autocast):  # type: ignore[misc,valid-type]
+            def __init__(self, device_type: str, *args: Any, **kwargs: Any) -> None:
+                device_type = "cpu" if device_type == "cuda" else device_type
+                super().__init__(device_type, *args, **kwargs)
 
-    real_autocast = torch.autocast
+        def supported() -> list[str]:
+            return [*devices(), "cpu"]
 
-    class autocast(real_autocast):  # type: ignore[misc,valid-type]
-        def __init__(self, device_type: str, *args: Any, **kwargs: Any) -> None:
-            super().__init__("cpu" if device_type == "cuda" else device_type, *args, **kwargs)
-
-    saved = [
-        (foreach_utils, "_get_foreach_kernels_supported_devices", devices),
-        (optim_mod, "_get_foreach_kernels_supported_devices", optim_mod.__dict__.get(
-            "_get_foreach_kernels_supported_devices", devices)),
-        (torch, "autocast", real_autocast),
-        (torch.amp, "autocast", torch.amp.autocast),
-    ]  # fmt: skip
-    for owner, name, _ in saved:
-        setattr(owner, name, autocast if name == "autocast" else supported)
+        saved = [
+            (optim_mod, "_get_foreach_kernels_supported_devices", devices),
+            (torch, "autocast", real_autocast),
+            (torch.amp, "autocast", torch.amp.autocast),
+        ]
+        for owner, name, _ in saved:
+            setattr(owner, name, autocast if name == "autocast" else supported)
     try:
         yield
     finally:
         for owner, name, old in saved:
             setattr(owner, name, old)
+        for types in added:
+            types.remove(FakeTensor)
 
 
 class UserStep:

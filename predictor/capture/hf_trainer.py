@@ -1,0 +1,188 @@
+"""A `transformers.Trainer`'s own training step, captured as the user's step (`user_step`).
+
+What runs is the Trainer's code, one optimizer step of its loop (`Trainer._inner_training_loop`
+/ `_run_epoch`): `get_batch_samples` (the `gradient_accumulation_steps` micro-batches
+fetched up front and the loss's item count), `training_step(model, inputs,
+num_items_in_batch)` per micro-batch (its `compute_loss`, its autocast, its
+`accelerator.backward`), gradient clipping at `max_grad_norm` through the accelerator, the
+optimizer and scheduler its own `create_optimizer` / `create_scheduler` build,
+`lr_scheduler.step()`, `model.zero_grad()`. Logging, callbacks and the loss accumulator
+(`_tr_loss`, a 0-d tensor) are left out.
+
+The Trainer's model is run on fake tensors of its parameters' and buffers' shapes
+(`fake_weights`, swapped in for the capture and back after): its own weights are never
+read, so a Trainer whose model was built on the meta device (`torch.device("meta")`) is
+captured the same as one with real weights; nothing is allocated. The Trainer's optimizer
+and scheduler are made for the capture and its own (None before `train()`) put back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from memgnn.predictor.capture.user_step import UserStep, capture_user_step, user_bundle
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+__all__ = ["TrainerStep", "capture_trainer", "fake_weights", "token_batch"]
+
+
+@contextlib.contextmanager
+def fake_weights(model: nn.Module) -> Iterator[None]:
+    """Inside a FakeTensorMode: `model`'s parameters and buffers replaced by fake CPU
+    tensors of their shapes, dtypes and `requires_grad` (tied weights stay tied), the
+    originals put back on exit."""
+    swapped: list[tuple[nn.Module, str, str, Any]] = []
+    fakes: dict[int, Any] = {}
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        made = fakes.get(id(t))
+        if made is None:
+            with torch.no_grad():
+                made = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu")
+            if isinstance(t, nn.Parameter):
+                made = nn.Parameter(made, requires_grad=t.requires_grad)
+            fakes[id(t)] = made
+        return made
+
+    try:
+        for module in model.modules():
+            for kind in ("_parameters", "_buffers"):
+                table = getattr(module, kind)
+                for name, t in list(table.items()):
+                    if t is not None:
+                        swapped.append((module, kind, name, t))
+                        table[name] = fake(t)
+        yield
+    finally:
+        for module, kind, name, t in reversed(swapped):
+            getattr(module, kind)[name] = t
+
+
+def token_batch(vocab_size: int, *, attention_mask: bool = False) -> Callable[..., Any]:
+    """A causal-LM micro-batch of shape (B, S): `input_ids` and `labels` (a full batch,
+    no padding); `attention_mask=True` adds a mask, which transformers cannot see is all
+    ones on fake tensors: the capture then builds the padded batch's 4-D mask (a real
+    step skips it when the mask is all ones)."""
+
+    def make(B: int, S: int) -> dict[str, torch.Tensor]:  # noqa: N803 - the sizes' names
+        ids = torch.randint(0, vocab_size, (B, S))
+        batch = {"input_ids": ids, "labels": ids.clone()}
+        if attention_mask:
+            batch["attention_mask"] = torch.ones(B, S, dtype=torch.long)
+        return batch
+
+    return make
+
+
+class TrainerStep:
+    """`trainer`'s step as `UserStep` runs one (see the module docstring): `make_batch`
+    (the micro-batches), `make_optimizer` (the Trainer's own), `step_fn`; `restore()`
+    puts the Trainer's optimizer, scheduler and accumulation count back."""
+
+    def __init__(self, trainer: Any, make_batch: Callable[..., Any] | None = None):
+        self.trainer = trainer
+        self.accum = max(int(trainer.args.gradient_accumulation_steps), 1)
+        if make_batch is None:
+            vocab = getattr(getattr(trainer.model, "config", None), "vocab_size", None)
+            if not isinstance(vocab, int):
+                raise ValueError(
+                    "the Trainer's model has no config.vocab_size: give make_batch(**sizes)"
+                )
+            make_batch = token_batch(vocab)
+        self.micro_batch = make_batch
+        keep = ("optimizer", "lr_scheduler", "current_gradient_accumulation_steps")
+        self._saved = {k: getattr(trainer, k, None) for k in keep}
+
+    def restore(self) -> None:
+        for k, v in self._saved.items():
+            setattr(self.trainer, k, v)
+
+    def make_batch(self, **sizes: int) -> list[Any]:
+        """The loop's `get_batch_samples`: every micro-batch of the step, fetched first."""
+        return [self.micro_batch(**sizes) for _ in range(self.accum)]
+
+    def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        trainer = self.trainer
+        trainer.optimizer = trainer.lr_scheduler = None
+        optimizer = trainer.create_optimizer()
+        trainer.create_scheduler(num_training_steps=2, optimizer=optimizer)
+        return optimizer
+
+    def step_fn(self, model: nn.Module, optimizer: Any, batches: list[Any]) -> torch.Tensor:
+        trainer = self.trainer
+        trainer.current_gradient_accumulation_steps = len(batches)
+        get = getattr(trainer, "get_batch_samples", None)
+        items = None
+        if get is not None:
+            batches, items = get(iter(batches), len(batches), trainer.args.device)
+        loss = None
+        for inputs in batches:
+            loss = trainer.training_step(model, inputs, items)
+        if trainer.args.max_grad_norm and trainer.args.max_grad_norm > 0:
+            trainer.accelerator.clip_grad_norm_(model.parameters(), trainer.args.max_grad_norm)
+        optimizer.step()
+        trainer.lr_scheduler.step()
+        model.zero_grad()
+        assert loss is not None
+        return loss
+
+    def user_step(self, model: nn.Module, target: str) -> UserStep:
+        """A `UserStep` running this step on `model` (real or fake weights)."""
+        return UserStep(model, self.step_fn, self.make_batch, self.make_optimizer,
+                        device=torch.device("cpu"), target=target)  # fmt: skip
+
+
+def _assumptions(trainer: Any, accum: int) -> list[str]:
+    args = trainer.args
+    return [
+        f"one optimizer step of the Trainer's loop: {accum} x training_step, clip_grad_norm_ "
+        f"at max_grad_norm={args.max_grad_norm}, optimizer.step (args.optim={args.optim}), "
+        "lr_scheduler.step, model.zero_grad; logging, callbacks and the loss accumulator "
+        "left out",
+        "the step's micro-batches are on the device from its start (get_batch_samples "
+        "fetches them all first; a GPU run copies each in training_step)",
+    ]
+
+
+def capture_trainer(
+    trainer: Any,
+    *,
+    sizes: Mapping[str, int],
+    make_batch: Callable[..., Any] | None = None,
+    target: str = "cuda",
+    sm: int = 80,
+) -> Any:
+    """Capture `trainer`'s own training step on fake tensors (a `StepGraph`; module
+    docstring). `make_batch(**sizes)`: one micro-batch (default `token_batch`)."""
+    runner = TrainerStep(trainer, make_batch)
+    model = trainer.model
+    name = type(model).__name__
+    try:
+        graph = capture_user_step(
+            model, runner.step_fn, runner.make_batch, runner.make_optimizer, sizes=sizes,
+            target=target, sm=sm, name=f"{type(trainer).__name__}:{name}",
+            prepare=lambda: fake_weights(model),
+        )  # fmt: skip
+    finally:
+        runner.restore()
+    graph.meta["user_step"]["step_fn"] = f"{type(trainer).__module__}.{type(trainer).__name__}"
+    graph.meta["user_step"]["trainer"] = {
+        "gradient_accumulation_steps": runner.accum,
+        "optim": str(trainer.args.optim),
+        "max_grad_norm": trainer.args.max_grad_norm,
+        "assumptions": _assumptions(trainer, runner.accum),
+    }
+    return graph
+
+
+def trainer_bundle(trainer: Any, sizes: Mapping[str, int]) -> Any:
+    """The bundle naming `trainer`'s step (for the CPU recorder, as capture names it)."""
+    return user_bundle(
+        trainer.model, sizes, f"{type(trainer).__name__}:{type(trainer.model).__name__}"
+    )
