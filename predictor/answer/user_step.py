@@ -24,6 +24,7 @@ from typing import Any
 from memgnn.predictor.answer.backend import Backend, LocalBackend
 from memgnn.predictor.answer.predict import predict
 from memgnn.predictor.answer.types import PredictAnswer, PredictRequest, QueryConfig
+from memgnn.predictor.capture.query import unused_sizes
 from memgnn.predictor.capture.user_step import MakeOptimizer, StepFn, capture_user_step
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.graph import StepGraph
@@ -89,10 +90,8 @@ def answer_graph(
     backend: Backend | None = None,
 ) -> PredictAnswer:
     """`answer.predict` for a captured user step, with its `train` and assumptions."""
-    # a concrete capture has no size symbols: the query names none (its sizes are fixed)
-    query = dict(sizes) if graph.meta.get("user_step", {}).get("symbolic") else {}
     req = PredictRequest(
-        graph=graph, configs=[QueryConfig(sizes=query, device=device, metric=metric)],
+        graph=graph, configs=[QueryConfig(sizes=dict(sizes), device=device, metric=metric)],
         method=method, budget=budget,
     )  # fmt: skip
     answer = predict(req, backend or LocalBackend(use_cache=False))
@@ -101,9 +100,14 @@ def answer_graph(
     if "trainer" in train:
         train["trainer"] = {k: v for k, v in train["trainer"].items() if k != "assumptions"}
     notes = step_assumptions(graph)
+    # a concrete capture's sizes reach no formula (they are fixed): no "unused size" warning
+    fixed = set() if meta.get("symbolic") else set(unused_sizes(graph, list(sizes)))
     preds = [
         replace(
-            a, train=train, sizes=dict(sizes), breakdown={**a.breakdown, "assumptions": notes}
+            a,
+            train=train,
+            warnings=[w for w in a.warnings if w not in fixed],
+            breakdown={**a.breakdown, "assumptions": notes},
         )  # fmt: skip
         for a in answer.predictions
     ]

@@ -11,8 +11,8 @@ optimizer and scheduler its own `create_optimizer` / `create_scheduler` build,
 
 The Trainer's model is run on fake tensors of its parameters' and buffers' shapes
 (`fake_weights`, swapped in for the capture and back after): its own weights are never
-read, so a Trainer whose model was built on the meta device (`torch.device("meta")`) is
-captured the same as one with real weights; nothing is allocated. The Trainer's optimizer
+read, so a Trainer whose model was built on the meta device (`no_weights`) is captured
+the same as one with real weights; nothing is allocated. The Trainer's optimizer
 and scheduler are made for the capture and its own (None before `train()`) put back.
 """
 
@@ -29,7 +29,14 @@ from torch import nn
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TrainerStep", "capture_trainer", "fake_weights", "token_batch"]
+__all__ = [
+    "TrainerStep",
+    "capture_trainer",
+    "fake_weights",
+    "no_weights",
+    "token_batch",
+    "trainer_bundle",
+]
 
 
 @contextlib.contextmanager
@@ -62,6 +69,33 @@ def fake_weights(model: nn.Module) -> Iterator[None]:
     finally:
         for module, kind, name, t in reversed(swapped):
             getattr(module, kind)[name] = t
+
+
+@contextlib.contextmanager
+def no_weights() -> Iterator[None]:
+    """Build a model and its Trainer without weights: modules made inside put their
+    parameters and buffers on the meta device (`torch.device("meta")`), and a Trainer made
+    inside does not move its model to its device (a meta tensor has no data to copy).
+
+        with no_weights():
+            model = AutoModelForCausalLM.from_config(config)
+            trainer = Trainer(model=model, args=args)
+    """
+    import transformers
+
+    move = transformers.Trainer._move_model_to_device
+
+    def keep_on_meta(self: Any, model: nn.Module, device: Any) -> None:
+        if any(p.is_meta for p in model.parameters()):
+            return
+        move(self, model, device)
+
+    transformers.Trainer._move_model_to_device = keep_on_meta
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        transformers.Trainer._move_model_to_device = move
 
 
 def token_batch(vocab_size: int, *, attention_mask: bool = False) -> Callable[..., Any]:
@@ -140,9 +174,10 @@ class TrainerStep:
 
 def _assumptions(trainer: Any, accum: int) -> list[str]:
     args = trainer.args
+    optim = getattr(args.optim, "value", args.optim)
     return [
         f"one optimizer step of the Trainer's loop: {accum} x training_step, clip_grad_norm_ "
-        f"at max_grad_norm={args.max_grad_norm}, optimizer.step (args.optim={args.optim}), "
+        f"at max_grad_norm={args.max_grad_norm}, optimizer.step (args.optim={optim}), "
         "lr_scheduler.step, model.zero_grad; logging, callbacks and the loss accumulator "
         "left out",
         "the step's micro-batches are on the device from its start (get_batch_samples "
@@ -174,7 +209,7 @@ def capture_trainer(
     graph.meta["user_step"]["step_fn"] = f"{type(trainer).__module__}.{type(trainer).__name__}"
     graph.meta["user_step"]["trainer"] = {
         "gradient_accumulation_steps": runner.accum,
-        "optim": str(trainer.args.optim),
+        "optim": str(getattr(trainer.args.optim, "value", trainer.args.optim)),
         "max_grad_norm": trainer.args.max_grad_norm,
         "assumptions": _assumptions(trainer, runner.accum),
     }
