@@ -13,9 +13,10 @@ model's). The loop around the step is `for step in (0, 1): out = step_fn(model,
 optimizer, make_batch(**sizes))`, each step's batch and return value dropped before the
 next: step 0 is the first step (optimizer state is created in it), step 1 steady state.
 
-For a CUDA target the step runs as it would on CUDA tensors where PyTorch chooses by
-device: the default `foreach` of torch.optim classes and of `clip_grad_norm_` (on, as on
-CUDA), `torch.autocast("cuda")` (the autocast of the device the fake tensors are on).
+PyTorch's by-device choices are made as on the target's real tensors (`on_target`): the
+default `foreach` of torch.optim classes and of `clip_grad_norm_` (which fake tensors
+would otherwise turn off), and on a CUDA target foreach on the device and
+`torch.autocast("cuda")` as the autocast of the device the fake tensors are on.
 A float read of a tensor's value outside the optimizer's step (`loss.item()` for logging,
 GradScaler's `found_inf`) is taken as 0.0: it decides values, not sizes (the answer says
 so when it happened); an integer read is an error, as in any capture.
