@@ -168,3 +168,13 @@ def test_no_weight_is_built_and_an_integer_read_is_an_error():
     with pytest.raises(CaptureError, match="data-dependent"):
         capture_user_step(make_model, reads_an_int, make_batch, adamw, sizes=SIZES,
                           target="cpu")  # fmt: skip
+
+
+def test_a_symbolic_capture_answers_other_sizes_as_a_real_step_there():
+    graph = capture_user_step(HookedNet, custom_step, make_batch, adamw, sizes=SIZES,
+                              target="cpu", symbolic=True)  # fmt: skip
+    assert graph.meta["user_step"]["symbolic"] and graph.symbols == SIZES
+    at = {"B": 40}
+    real = _real(sizes=at)
+    assert sweep(graph, at).peak_bytes == real["peak_allocated_bytes"]
+    assert sweep(graph, at).best.breakdown == real["breakdown"]["categories"]
