@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from memgnn.predictor.capture.user_step import UserStep, capture_user_step, user_bundle
+from memgnn.predictor.errors import UserError
 from torch import nn
 
 log = logging.getLogger(__name__)
@@ -40,10 +41,10 @@ __all__ = [
 
 
 @contextlib.contextmanager
-def fake_weights(model: nn.Module) -> Iterator[None]:
+def fake_weights(model: nn.Module) -> Iterator[dict[int, Any]]:
     """Inside a FakeTensorMode: `model`'s parameters and buffers replaced by fake CPU
     tensors of their shapes, dtypes and `requires_grad` (tied weights stay tied), the
-    originals put back on exit."""
+    originals put back on exit. Yields id(original) -> its fake."""
     swapped: list[tuple[nn.Module, str, str, Any]] = []
     fakes: dict[int, Any] = {}
 
@@ -65,7 +66,7 @@ def fake_weights(model: nn.Module) -> Iterator[None]:
                     if t is not None:
                         swapped.append((module, kind, name, t))
                         table[name] = fake(t)
-        yield
+        yield fakes
     finally:
         for module, kind, name, t in reversed(swapped):
             getattr(module, kind)[name] = t
@@ -132,6 +133,7 @@ class TrainerStep:
         self.micro_batch = make_batch
         keep = ("optimizer", "lr_scheduler", "current_gradient_accumulation_steps")
         self._saved = {k: getattr(trainer, k, None) for k in keep}
+        self.fakes: dict[int, Any] = {}  # id(weight) -> the capture's fake (`fake_weights`)
 
     def restore(self) -> None:
         for k, v in self._saved.items():
@@ -142,11 +144,32 @@ class TrainerStep:
         return [self.micro_batch(**sizes) for _ in range(self.accum)]
 
     def make_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        """The Trainer's optimizer: the one it was given (`optimizers=(opt, sched)`),
+        rebuilt with the same class and param groups over the captured weights, else
+        what its `create_optimizer` makes; and its `create_scheduler`'s scheduler."""
         trainer = self.trainer
+        given = self._saved["optimizer"]
         trainer.optimizer = trainer.lr_scheduler = None
+        if given is not None:
+            trainer.optimizer = self._rebuild(getattr(given, "optimizer", given))
         optimizer = trainer.create_optimizer()
         trainer.create_scheduler(num_training_steps=2, optimizer=optimizer)
         return optimizer
+
+    def _rebuild(self, given: Any) -> Any:
+        fakes = self.fakes
+        groups = [
+            {k: v for k, v in g.items() if k != "params"}
+            | {"params": [fakes.get(id(p), p) for p in g["params"]]}
+            for g in given.param_groups
+        ]
+        try:
+            return type(given)(groups)
+        except (TypeError, ValueError) as exc:
+            raise UserError(
+                f"the Trainer's own optimizer {type(given).__name__} cannot be rebuilt from its "
+                f"param groups ({exc}): give the Trainer optimizer_cls_and_kwargs or args.optim"
+            ) from exc
 
     def step_fn(self, model: nn.Module, optimizer: Any, batches: list[Any]) -> torch.Tensor:
         trainer = self.trainer
@@ -170,6 +193,13 @@ class TrainerStep:
         """A `UserStep` running this step on `model` (real or fake weights)."""
         return UserStep(model, self.step_fn, self.make_batch, self.make_optimizer,
                         device=torch.device("cpu"), target=target)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _faked(runner: TrainerStep, model: nn.Module) -> Iterator[None]:
+    with fake_weights(model) as fakes:
+        runner.fakes = fakes
+        yield
 
 
 def _assumptions(trainer: Any, accum: int) -> list[str]:
@@ -202,7 +232,7 @@ def capture_trainer(
         graph = capture_user_step(
             model, runner.step_fn, runner.make_batch, runner.make_optimizer, sizes=sizes,
             target=target, sm=sm, name=f"{type(trainer).__name__}:{name}",
-            prepare=lambda: fake_weights(model),
+            prepare=lambda: _faked(runner, model),
         )  # fmt: skip
     finally:
         runner.restore()

@@ -90,3 +90,18 @@ def test_fake_weights_keeps_ties_and_puts_the_originals_back():
         assert model[0].weight is model[1].weight and model[0].weight.requires_grad
         assert isinstance(model.scale, FakeTensor) and model.scale.shape == (3,)
     assert [model[0].weight, model.scale] == originals and model[1].weight is originals[0]
+
+
+def test_a_trainer_given_its_own_optimizer_runs_that_one(tmp_path):
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True,
+                                          per_device_train_batch_size=SIZES["B"])  # fmt: skip
+    with no_weights():
+        model = transformers.AutoModelForCausalLM.from_config(tiny_llama_config())
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        trainer = transformers.Trainer(model=model, args=args, optimizers=(sgd, None))
+    graph = capture_trainer(trainer, sizes=SIZES, target="cpu")
+    assert trainer.optimizer is sgd  # put back
+    assert graph.meta["user_step"]["optimizer"] == "torch.optim.sgd.SGD"
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    # by hand: SGD with momentum keeps one buffer per parameter, nothing else
+    assert sweep(graph, SIZES).best.breakdown["optimizer_state"] == params
