@@ -130,7 +130,8 @@ def predict_step(
 ) -> PredictAnswer:
     """Peak memory of the user's own training step on `device` (see the module docstring).
 
-    make_model(): builds the model (run on fake tensors: no weight is allocated);
+    make_model(): builds the model (run on fake tensors: no weight is allocated), or a
+    built model (its weights swapped for fake tensors during the capture, then put back);
     optimizer(params): builds the optimizer from the trainable parameters, e.g.
     `lambda params: torch.optim.AdamW(params, lr=1e-4)` (None: `step_fn` gets None);
     make_batch(**sizes): one step's batch, any structure of tensors;

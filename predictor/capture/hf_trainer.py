@@ -24,7 +24,12 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
-from memgnn.predictor.capture.user_step import UserStep, capture_user_step, user_bundle
+from memgnn.predictor.capture.user_step import (
+    UserStep,
+    capture_user_step,
+    fake_weights,
+    user_bundle,
+)
 from memgnn.predictor.errors import UserError
 from torch import nn
 
@@ -38,38 +43,6 @@ __all__ = [
     "token_batch",
     "trainer_bundle",
 ]
-
-
-@contextlib.contextmanager
-def fake_weights(model: nn.Module) -> Iterator[dict[int, Any]]:
-    """Inside a FakeTensorMode: `model`'s parameters and buffers replaced by fake CPU
-    tensors of their shapes, dtypes and `requires_grad` (tied weights stay tied), the
-    originals put back on exit. Yields id(original) -> its fake."""
-    swapped: list[tuple[nn.Module, str, str, Any]] = []
-    fakes: dict[int, Any] = {}
-
-    def fake(t: torch.Tensor) -> torch.Tensor:
-        made = fakes.get(id(t))
-        if made is None:
-            with torch.no_grad():
-                made = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu")
-            if isinstance(t, nn.Parameter):
-                made = nn.Parameter(made, requires_grad=t.requires_grad)
-            fakes[id(t)] = made
-        return made
-
-    try:
-        for module in model.modules():
-            for kind in ("_parameters", "_buffers"):
-                table = getattr(module, kind)
-                for name, t in list(table.items()):
-                    if t is not None:
-                        swapped.append((module, kind, name, t))
-                        table[name] = fake(t)
-        yield fakes
-    finally:
-        for module, kind, name, t in reversed(swapped):
-            getattr(module, kind)[name] = t
 
 
 @contextlib.contextmanager

@@ -41,6 +41,7 @@ __all__ = [
     "StepFn",
     "UserStep",
     "capture_user_step",
+    "fake_weights",
     "on_target",
     "user_bundle",
 ]
@@ -257,6 +258,41 @@ class UserStep:
                 del batch, out
 
 
+@contextlib.contextmanager
+def fake_weights(model: nn.Module) -> Iterator[dict[int, Any]]:
+    """Inside a FakeTensorMode: `model`'s parameters and buffers replaced by fake CPU
+    tensors of their shapes, dtypes and `requires_grad` (tied weights stay tied), the
+    originals put back on exit. Yields id(original) -> its fake. Module hooks stay (the
+    modules are the same); hooks on the weight tensors themselves (`p.register_hook`,
+    `register_post_accumulate_grad_hook`) stay on the originals: a model that has them is
+    captured faithfully only when built by the capture (`make_model`)."""
+    swapped: list[tuple[nn.Module, str, str, Any]] = []
+    fakes: dict[int, Any] = {}
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        made = fakes.get(id(t))
+        if made is None:
+            with torch.no_grad():
+                made = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu")
+            if isinstance(t, nn.Parameter):
+                made = nn.Parameter(made, requires_grad=t.requires_grad)
+            fakes[id(t)] = made
+        return made
+
+    try:
+        for module in model.modules():
+            for kind in ("_parameters", "_buffers"):
+                table = getattr(module, kind)
+                for name, t in list(table.items()):
+                    if t is not None:
+                        swapped.append((module, kind, name, t))
+                        table[name] = fake(t)
+        yield fakes
+    finally:
+        for module, kind, name, t in reversed(swapped):
+            getattr(module, kind)[name] = t
+
+
 def _name(obj: Any) -> str:
     """`module.qualname` of a function or class (a lambda says `<lambda>`)."""
     target = (
@@ -303,12 +339,17 @@ def capture_user_step(
     `sizes` name the batch's dims (e.g. {"B": 8, "S": 128}), given to `make_batch` as
     keyword arguments: plain ints (`symbolic=False`, the default: the graph holds at these
     sizes) or symbols with these example values (`symbolic=True`: one graph for any size,
-    where the user's code keeps sizes symbolic). `prepare()`, if given, is entered around
+    where the user's code keeps sizes symbolic). `model` may be a built module: its
+    weights are swapped for fake ones for the capture (`fake_weights`) and put back.
+    `prepare()`, if given, is entered around
     each build (inside the fake mode), e.g. to put a built model's weights on fake tensors.
     The graph's `meta["user_step"]` says what ran; its `train` is empty (no TrainSpec)."""
     from memgnn.predictor.capture.capture import CaptureConfig, capture
     from memgnn.predictor.spec.train import TrainSpec
 
+    if isinstance(model, nn.Module) and prepare is None:  # a built model: its weights
+        built_model = model  # are swapped for fake ones for the capture, then put back
+        prepare = lambda: fake_weights(built_model)  # noqa: E731
     built: list[UserStep] = []
     stack = contextlib.ExitStack()
 

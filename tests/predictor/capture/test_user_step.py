@@ -178,3 +178,13 @@ def test_a_symbolic_capture_answers_other_sizes_as_a_real_step_there():
     real = _real(sizes=at)
     assert sweep(graph, at).peak_bytes == real["peak_allocated_bytes"]
     assert sweep(graph, at).best.breakdown == real["breakdown"]["categories"]
+
+
+def test_a_built_model_is_captured_on_fake_weights_and_left_as_it_was():
+    model = HookedNet()
+    weight = model.hidden.weight
+    graph = capture_user_step(model, custom_step, make_batch, adamw, sizes=SIZES, target="cpu")
+    built = capture_user_step(HookedNet, custom_step, make_batch, adamw, sizes=SIZES,
+                              target="cpu")  # fmt: skip
+    assert model.hidden.weight is weight and weight.grad is None  # untouched
+    assert sweep(graph, SIZES).peak_bytes == sweep(built, SIZES).peak_bytes
