@@ -6,8 +6,10 @@ fetched up front and the loss's item count), `training_step(model, inputs,
 num_items_in_batch)` per micro-batch (its `compute_loss`, its autocast, its
 `accelerator.backward`), gradient clipping at `max_grad_norm` through the accelerator, the
 optimizer and scheduler its own `create_optimizer` / `create_scheduler` build,
-`lr_scheduler.step()`, `model.zero_grad()`. Logging, callbacks and the loss accumulator
-(`_tr_loss`, a 0-d tensor) are left out.
+`lr_scheduler.step()`, `model.zero_grad()`; and what `train()` does to the model first
+that the step depends on, activation checkpointing (`TrainerStep.prepared`). Logging,
+callbacks and the loss accumulator (`_tr_loss`, a 0-d tensor) are left out; NEFTune,
+Liger and torch.compile are not run (the assumptions say so where they are set).
 
 The Trainer's model is run on fake tensors of its parameters' and buffers' shapes
 (`fake_weights`, swapped in for the capture and back after): its own weights are never
@@ -88,6 +90,13 @@ def token_batch(vocab_size: int, *, attention_mask: bool = False) -> Callable[..
     return make
 
 
+def _checkpointing_on(model: nn.Module) -> bool:
+    """Whether transformers' activation checkpointing is on (5.x's name, else 4.x's)."""
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
 class TrainerStep:
     """`trainer`'s step as `UserStep` runs one (see the module docstring): `make_batch`
     (the micro-batches), `make_optimizer` (the Trainer's own), `step_fn`; `restore()`
@@ -107,6 +116,38 @@ class TrainerStep:
         keep = ("optimizer", "lr_scheduler", "current_gradient_accumulation_steps")
         self._saved = {k: getattr(trainer, k, None) for k in keep}
         self.fakes: dict[int, Any] = {}  # id(weight) -> the capture's fake (`fake_weights`)
+        self.checkpointing = False  # turned on for the step as train() would (`prepared`)
+
+    @contextlib.contextmanager
+    def prepared(self) -> Iterator[None]:
+        """What `Trainer.train()` does to the model before its loop and the step depends
+        on: activation checkpointing at `args.activation_checkpointing` (4.x:
+        `gradient_checkpointing`), with its kwargs, `every_n_layers` and `offload`, as
+        `train()` calls it; turned off again after (the model as it was)."""
+        args, model = self.trainer.args, self.trainer.model
+        on = getattr(args, "activation_checkpointing", None)
+        if on is None:
+            on = getattr(args, "gradient_checkpointing", False)
+        was = bool(_checkpointing_on(model))
+        if not on or was:
+            yield
+            return
+        kwargs = dict(getattr(args, "activation_checkpointing_kwargs", None)
+                      or getattr(args, "gradient_checkpointing_kwargs", None) or {})  # fmt: skip
+        every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=kwargs or None, every_n_layers=every,
+                   offload=offload)  # fmt: skip
+            disable = model.activation_checkpointing_disable
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)
+            disable = model.gradient_checkpointing_disable
+        self.checkpointing = True
+        try:
+            yield
+        finally:
+            disable()
 
     def restore(self) -> None:
         for k, v in self._saved.items():
@@ -170,13 +211,13 @@ class TrainerStep:
 
 @contextlib.contextmanager
 def _faked(runner: TrainerStep, model: nn.Module) -> Iterator[None]:
-    with fake_weights(model) as fakes:
+    with fake_weights(model) as fakes, runner.prepared():
         runner.fakes = fakes
         yield
 
 
-def _assumptions(trainer: Any, accum: int) -> list[str]:
-    args = trainer.args
+def _assumptions(trainer: Any, runner: TrainerStep) -> list[str]:
+    args, accum = trainer.args, runner.accum
     optim = getattr(args.optim, "value", args.optim)
     return [
         f"one optimizer step of the Trainer's loop: {accum} x training_step, clip_grad_norm_ "
@@ -185,7 +226,16 @@ def _assumptions(trainer: Any, accum: int) -> list[str]:
         "left out",
         "the step's micro-batches are on the device from its start (get_batch_samples "
         "fetches them all first; a GPU run copies each in training_step)",
-    ]
+    ] + [
+        "activation checkpointing on, as Trainer.train() turns it on "
+        "(args.activation_checkpointing, its kwargs)"
+    ] * runner.checkpointing + [
+        f"args.{name} is set: {what} not run by the capture"
+        for name, what in (("neftune_noise_alpha", "NEFTune's embedding noise hook"),
+                           ("use_liger_kernel", "Liger's kernel patches"),
+                           ("torch_compile", "torch.compile"))
+        if getattr(args, name, None)
+    ]  # fmt: skip
 
 
 def capture_trainer(
@@ -212,9 +262,10 @@ def capture_trainer(
     graph.meta["user_step"]["step_fn"] = f"{type(trainer).__module__}.{type(trainer).__name__}"
     graph.meta["user_step"]["trainer"] = {
         "gradient_accumulation_steps": runner.accum,
+        "activation_checkpointing": runner.checkpointing,
         "optim": str(getattr(trainer.args.optim, "value", trainer.args.optim)),
         "max_grad_norm": trainer.args.max_grad_norm,
-        "assumptions": _assumptions(trainer, runner.accum),
+        "assumptions": _assumptions(trainer, runner),
     }
     return graph
 

@@ -24,10 +24,11 @@ transformers = pytest.importorskip("transformers")
 SIZES = {"B": 2, "S": 16}
 
 
-def _trainer(tmp_path, *, meta: bool = False, accum: int = 2):
+def _trainer(tmp_path, *, meta: bool = False, accum: int = 2, checkpointing: bool = False):
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=SIZES["B"], report_to=[],
         use_cpu=True, gradient_accumulation_steps=accum,
+        **({"activation_checkpointing": True} if checkpointing else {}),
     )  # fmt: skip
     torch.manual_seed(0)
     if meta:
@@ -38,6 +39,17 @@ def _trainer(tmp_path, *, meta: bool = False, accum: int = 2):
     return transformers.Trainer(model=model, args=args)
 
 
+def _real_step(trainer) -> dict:
+    """The Trainer's step run for real under memgnn's CPU recorder."""
+    runner = TrainerStep(trainer)
+    try:
+        with runner.prepared():
+            return profile_cpu(trainer_bundle(trainer, SIZES), TrainSpec(), SIZES,
+                               make_step=lambda t: runner.user_step(trainer.model, t))  # fmt: skip
+    finally:
+        runner.restore()
+
+
 @pytest.mark.slow
 def test_a_trainers_training_step_equals_a_real_cpu_step_to_the_byte(tmp_path):
     trainer = _trainer(tmp_path)
@@ -46,12 +58,7 @@ def test_a_trainers_training_step_equals_a_real_cpu_step_to_the_byte(tmp_path):
     # the Trainer as it was: its own weights (real), no optimizer or scheduler made
     assert trainer.model.model.embed_tokens.weight is weight
     assert trainer.optimizer is None and trainer.lr_scheduler is None
-    runner = TrainerStep(trainer)
-    try:
-        real = profile_cpu(trainer_bundle(trainer, SIZES), TrainSpec(), SIZES,
-                           make_step=lambda t: runner.user_step(trainer.model, t))  # fmt: skip
-    finally:
-        runner.restore()
+    real = _real_step(trainer)
     swept = sweep(graph, SIZES)
     assert swept.peak_bytes == real["peak_allocated_bytes"] > 0
     assert swept.best.breakdown == real["breakdown"]["categories"]
@@ -105,3 +112,18 @@ def test_a_trainer_given_its_own_optimizer_runs_that_one(tmp_path):
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     # by hand: SGD with momentum keeps one buffer per parameter, nothing else
     assert sweep(graph, SIZES).best.breakdown["optimizer_state"] == params
+
+
+@pytest.mark.slow
+def test_a_trainers_activation_checkpointing_is_run_as_train_turns_it_on(tmp_path):
+    trainer = _trainer(tmp_path / "ck", accum=1, checkpointing=True)
+    graph = capture_trainer(trainer, sizes=SIZES, target="cpu")
+    assert not trainer.model.is_activation_checkpointing  # off again, as it was
+    assert graph.meta["user_step"]["trainer"]["activation_checkpointing"]
+    real = _real_step(trainer)
+    swept = sweep(graph, SIZES)
+    assert swept.peak_bytes == real["peak_allocated_bytes"]
+    assert swept.best.breakdown == real["breakdown"]["categories"]
+    plain = sweep(capture_trainer(_trainer(tmp_path / "p", accum=1), sizes=SIZES, target="cpu"),
+                  SIZES)  # fmt: skip
+    assert swept.best.phase_peaks["forward"] < plain.best.phase_peaks["forward"]
