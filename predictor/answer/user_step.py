@@ -163,9 +163,9 @@ def predict_trainer(
     `training_step` (its `compute_loss`, its backward), gradient clipping, the optimizer
     and scheduler it creates, `model.zero_grad()` (`capture.hf_trainer`). The trainer's
     model is run on fake tensors of its parameters' shapes (its own weights are not
-    touched: a model built on the meta device works). `make_batch(**sizes)`: one
-    micro-batch (default: causal-LM `input_ids`, `attention_mask`, `labels` of shape
-    (B, S))."""
+    touched: a Trainer built inside `capture.hf_trainer.no_weights()`, its model on the
+    meta device, works). `make_batch(**sizes)`: one micro-batch (default: a causal-LM
+    batch of `input_ids` and `labels` of shape (B, S), `capture.hf_trainer.token_batch`)."""
     from memgnn.predictor.capture.hf_trainer import capture_trainer
 
     sizes = _check_sizes(sizes)
