@@ -70,8 +70,9 @@ class _PhaseWatch:
     def _backward(self, inner: Callable[..., Any]) -> Callable[..., Any]:
         def backward(*args: Any, **kwargs: Any) -> Any:
             outer = self.depth == 0
-            if outer:
-                self.obs.on_phase("backward", self.index, max(self.micro, 0))
+            if outer:  # what every forward of the step left alive is saved for backward
+                for micro in range(max(self.micro, 0) + 1):  # (a contrastive step: two)
+                    self.obs.on_phase("backward", self.index, micro)
             self.depth += 1
             try:
                 return inner(*args, **kwargs)

@@ -188,3 +188,28 @@ def test_a_built_model_is_captured_on_fake_weights_and_left_as_it_was():
                               target="cpu")  # fmt: skip
     assert model.hidden.weight is weight and weight.grad is None  # untouched
     assert sweep(graph, SIZES).peak_bytes == sweep(built, SIZES).peak_bytes
+
+
+def test_what_every_forward_of_a_step_saves_for_backward_is_an_activation():
+    def two_views(model, optimizer, batch):  # two forwards, one backward (contrastive)
+        x, _ = batch
+        a, b = model(x), model(x.flip(0))
+        (a - b).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    graph = capture_user_step(HookedNet, two_views, make_batch, adamw, sizes=SIZES,
+                              target="cpu")  # fmt: skip
+    p = graph.paths[0]
+    phases, steps, micros = (list(p.nodes[k]) for k in ("phase", "step", "micro"))
+    backward = PHASES.index("backward")
+    first_bwd = next(i for i, ph in enumerate(phases) if ph == backward)
+    saved = {0: 0, 1: 0}  # forward micro-step -> its storages alive into backward
+    for alloc, free, cat in zip(p.storages["alloc"], p.storages["free"], p.storages["category"],
+                                strict=True):  # fmt: skip
+        if alloc < 0 or steps[alloc] != 0 or phases[alloc] != PHASES.index("forward"):
+            continue
+        if free < 0 or free >= first_bwd:  # alive when backward starts
+            assert CATEGORIES[cat] == "activation", (alloc, micros[alloc], CATEGORIES[cat])
+            saved[micros[alloc]] += 1
+    assert saved[0] > 0 and saved[1] > 0  # both forwards' saved tensors seen
