@@ -100,3 +100,23 @@ def test_a_trainer_is_answered_with_the_trainers_assumptions(tmp_path):
     assert a.train["trainer"]["optim"] == "adamw_torch_fused"
     assert any("training_step" in n for n in a.breakdown["assumptions"])
     assert a.model["module_class"] == "LlamaForCausalLM"
+
+
+@pytest.mark.slow
+def test_a_trainer_on_a_gpu_keeps_fused_adamws_state_on_the_device_by_hand(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from memgnn.predictor.capture.hf_trainer import no_weights
+    from tiny_models import tiny_llama_config
+
+    args = transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True,
+                                          per_device_train_batch_size=2)  # fmt: skip
+    with no_weights():
+        model = transformers.AutoModelForCausalLM.from_config(tiny_llama_config())
+        trainer = transformers.Trainer(model=model, args=args)
+    (a,) = predict_trainer(trainer, sizes={"B": 2, "S": 16}, device="a100-80gb").predictions
+    assert a.method == "replay" and a.metric == "reserved"
+    params = list(model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in params)
+    # adamw_torch_fused: two moments of each weight and a float32 `step` per parameter
+    # tensor, all on the device (a non-fused AdamW keeps the steps on the host)
+    assert a.breakdown["categories"]["optimizer_state"] == 2 * weights + 4 * len(params)
