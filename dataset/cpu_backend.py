@@ -11,6 +11,7 @@ Two numbers, both bytes on the CPU:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,13 +47,19 @@ def _profiler_peak(prof: Any) -> int:
 
 
 def record_cpu_step(
-    bundle: ModelBundle, train: TrainSpec, sizes: dict[str, int], *, seed: int = 0
-) -> tuple[StepGraph, int]:
-    """Run the step for real; return its recorded graph and the profiler's peak delta."""
+    bundle: ModelBundle, train: TrainSpec, sizes: dict[str, int], *, seed: int = 0,
+    make_step: Callable[[str], Any] | None = None,
+) -> tuple[StepGraph, int]:  # fmt: skip
+    """Run the step for real; return its recorded graph and the profiler's peak delta.
+    `make_step(target)`: another runner with `TrainingStep`'s face (the user's own step,
+    `predictor.capture.user_step.UserStep`), built here on real tensors."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.manual_seed(seed)
-    step = TrainingStep(bundle, train, device=torch.device("cpu"), target="cpu")
+    if make_step is not None:
+        step = make_step("cpu")
+    else:
+        step = TrainingStep(bundle, train, device=torch.device("cpu"), target="cpu")
     warmup, measured = step_plan(train)
     if warmup:
         step.run(sizes, steps=warmup)
@@ -78,8 +85,11 @@ def record_cpu_step(
     return graph, _profiler_peak(prof)
 
 
-def profile_cpu(bundle: ModelBundle, train: TrainSpec, sizes: dict[str, int]) -> dict[str, Any]:
-    graph, prof_delta = record_cpu_step(bundle, train, sizes)
+def profile_cpu(
+    bundle: ModelBundle, train: TrainSpec, sizes: dict[str, int], *,
+    make_step: Callable[[str], Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    graph, prof_delta = record_cpu_step(bundle, train, sizes, make_step=make_step)
     swept = sweep(graph, sizes)
     before = int(
         graph.storage_bytes(0, swept.sizes)[

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,8 +115,9 @@ class _Run:
     """One capture run (one path) inside its own fake mode and shape environment."""
 
     def __init__(
-        self, bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes, tag_layers=False
-    ):
+        self, bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes, tag_layers=False,
+        make_step: Callable[[str], Any] | None = None,
+    ):  # fmt: skip
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -125,6 +127,8 @@ class _Run:
         self.info: ModelInfo | None = None
         self.layer_state = LayerState() if tag_layers else None
         self.block_prefix = ""
+        # the runner to capture (its face is TrainingStep's); None: TrainingStep itself
+        self.make_step = make_step
 
     def _symbolic_sizes(self) -> tuple[dict[str, Any], dict[Any, str]]:
         if self.env is None:
@@ -153,14 +157,17 @@ class _Run:
         warmup, recorded = step_plan(self.train)
         sharded = world is not None
         with self.mode:
-            step = TrainingStep(
-                self.bundle,
-                self.train,
-                device=torch.device("cpu"),
-                target=self.cfg.target,
-                fake=True,
-                world=world,
-            )
+            if self.make_step is not None:
+                step = self.make_step(self.cfg.target)
+            else:
+                step = TrainingStep(
+                    self.bundle,
+                    self.train,
+                    device=torch.device("cpu"),
+                    target=self.cfg.target,
+                    fake=True,
+                    world=world,
+                )
             self.info = describe(step.model, self.bundle, self.train)
             sizes, names = self._symbolic_sizes()
             modules = {name or "<root>": m for name, m in step.model.named_modules()}
@@ -172,6 +179,8 @@ class _Run:
                 table |= cuda_kernel_hooks()
             if sharded:
                 table |= comm_hooks(gloo=self.cfg.target == "cpu")
+            if hasattr(step, "dispatch_hooks"):  # a runner's own (UserStep's value reads)
+                table = step.dispatch_hooks(table)
             blocks = self._blocks(step.model)
             tagger: Any = contextlib.nullcontext()
             if self.layer_state is not None:
@@ -265,14 +274,24 @@ class _Run:
 
 
 def capture(
-    bundle: ModelBundle, train: TrainSpec, config: CaptureConfig | None = None
+    bundle: ModelBundle,
+    train: TrainSpec,
+    config: CaptureConfig | None = None,
+    *,
+    make_step: Callable[[str], Any] | None = None,
 ) -> StepGraph:
-    """Capture every control-flow path of one training step of `bundle` under `train`."""
+    """Capture every control-flow path of one training step of `bundle` under `train`.
+
+    `make_step(target)` builds another runner with `TrainingStep`'s face (model,
+    optimizer, state_tensors, host_state, run; e.g. `capture.user_step.UserStep`, the
+    user's own step function) inside the capture's fake mode; it is captured in full."""
     cfg = config or CaptureConfig()
     check_attention(train, cfg.target, cfg.sm)
     sizes = bundle.sizes(cfg.sizes)
     why = "asked for (mode full)"
-    if cfg.mode == "blocks":
+    if make_step is not None:
+        why = "the user's own step function"
+    elif cfg.mode == "blocks":
         graph, why = _capture_blocks(bundle, train, cfg, sizes)
         if graph is not None:
             return graph
@@ -283,7 +302,7 @@ def capture(
     info: ModelInfo | None = None
     while todo:
         prefix = todo.pop()
-        runner = _Run(bundle, train, cfg, sizes)
+        runner = _Run(bundle, train, cfg, sizes, make_step=make_step)
         run = runner.run(prefix)
         info = info or runner.info
         runs.append(run)
