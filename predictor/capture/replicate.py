@@ -176,7 +176,8 @@ class _Plan:
             tag = self.nl[i]
             items, src = self._sources(i, tag, self.nby, self.npos)
             base = items[-1] if len(items) > 1 and lam != 1 else items[0]
-            for col in ("op", "phase", "step", "micro", "scratch", *_NODE_EXTRA.intersection(p.nodes)):
+            extra_nodes = sorted(_NODE_EXTRA.intersection(p.nodes))
+            for col in ("op", "phase", "step", "micro", "scratch", *extra_nodes):
                 nodes[col].append(p.nodes[col][base])
             nodes["module"].append(self._module(items, src, lam, n))
             for col in ("inputs", "outputs"):
@@ -214,8 +215,8 @@ class _Plan:
 
 
 _PLACE_COLUMNS = frozenset(("place", "place_nbytes"))  # graph format 2, where present
-_NODE_EXTRA = frozenset(("source",))
-_STORAGE_EXTRA = frozenset(("shape",))  # the first tensor's shape, where recorded  # file:line per node, where recorded (`ir.sources`)
+_NODE_EXTRA = frozenset(("source",))  # file:line per node, where recorded (`ir.sources`)
+_STORAGE_EXTRA = frozenset(("shape",))  # the first tensor's shape, where recorded
 
 
 def _get(table: dict[Key, int], key: Key) -> int:
