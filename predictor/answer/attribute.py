@@ -53,26 +53,25 @@ class Block:
 
 def node_modules(p: PathGraph) -> tuple[list[str], list[str]]:
     """(each node's module, each storage's module). Forward nodes keep the module recorded;
-    a node recorded outside any module (backward, optimizer) takes the most specific
-    module among the most common of its inputs' that were made before backward (saved
-    activations, parameters), else of all its inputs; a storage takes its allocating
+    a node recorded outside any module (backward, optimizer) is named by what it reads: a
+    saved activation by the one module whose forward read it (the op that saved it for
+    backward), a parameter by the first module reading it, else by the inputs' own
+    modules; the most specific of the most common wins. A storage takes its allocating
     node's module, one alive before the step the first module reading it."""
-    mods = [m for m in p.nodes["module"]]
+    mods = list(p.nodes["module"])
     alloc = p.storages["alloc"]
-    phase = p.nodes["phase"]
     smod = [""] * p.num_storages
-    for i, ins in enumerate(p.nodes["inputs"]):
-        if mods[i] and mods[i] != ROOT:
-            for u in ins:
-                if alloc[u] < 0 and not smod[u]:
-                    smod[u] = mods[i]
-    for u in range(p.num_storages):  # read only at the root (the loss at the head)
-        if alloc[u] < 0 and not smod[u]:
-            smod[u] = next((mods[i] for i in _readers(p, u) if mods[i]), "")
+    for u in range(p.num_storages):
+        if alloc[u] < 0:
+            named = (mods[i] for i in _readers(p, u) if mods[i] and mods[i] != ROOT)
+            smod[u] = next(named, "") or next((mods[i] for i in _readers(p, u) if mods[i]), "")
+    saver: dict[int, str] = {}  # a forward-made storage -> the one module reading it there
     for i, (ins, outs) in enumerate(zip(p.nodes["inputs"], p.nodes["outputs"])):
         if not mods[i]:
-            early = [smod[u] for u in ins if smod[u] and _before_backward(alloc[u], phase)]
-            named = early or [smod[u] for u in ins if smod[u]]
+            named = [_saver(p, u, mods, saver) if alloc[u] >= 0 else smod[u] for u in ins]
+            named = [m for m in named if m]
+            if not named:
+                named = [smod[u] for u in ins if smod[u]]
             if named:
                 counts = Counter(named)
                 top = max(counts.values())
@@ -81,6 +80,26 @@ def node_modules(p: PathGraph) -> tuple[list[str], list[str]]:
             if alloc[u] == i:
                 smod[u] = mods[i]
     return mods, smod
+
+
+def _saver(p: PathGraph, u: int, mods: list[str], memo: dict[int, str]) -> str:
+    """The module whose forward computed from `u` (made in forward), where exactly one
+    did (the root module only where no other did)."""
+    got = memo.get(u)
+    if got is None:
+        a = p.storages["alloc"][u]
+        if p.nodes["phase"][a] != _FORWARD:
+            got = ""
+        else:
+            makes = _makers(p)  # an op computing from it, not a view of it
+            phase = p.nodes["phase"]
+            readers = {mods[i] for i in _readers(p, u) if phase[i] == _FORWARD and makes[i]}
+            readers.discard("")
+            if len(readers) > 1:
+                readers.discard(ROOT)
+            got = readers.pop() if len(readers) == 1 else ""
+        memo[u] = got
+    return got
 
 
 def _readers(p: PathGraph, u: int) -> list[int]:
@@ -107,10 +126,6 @@ def _makers(p: PathGraph) -> list[bool]:
         return out
 
     return p.cached("explain.makers", make)
-
-
-def _before_backward(a: int, phase: list[int]) -> bool:
-    return a < 0 or phase[a] <= _FORWARD
 
 
 def blocks_at(graph: StepGraph, moment: PeakMoment) -> list[Block]:
