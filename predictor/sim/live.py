@@ -133,8 +133,8 @@ def _live_at(
         node = alloc[k] if k < n_st else (k - n_st - 2 if k >= n_st + 2 else -1)
         if node < 0:  # a cuBLAS workspace: the next node's (its first matmul)
             node = next((alloc[j] for j in keys[at + 1 :] if j < n_st and alloc[j] >= 0), -1)
-    storages = {k: b for k, b in live.items() if k < n_st}
-    extra = {_extra_name(k, n_st): b for k, b in live.items() if k >= n_st}
+    storages = {k: b for k, b in live.items() if k < n_st and b}  # an empty one holds nothing
+    extra = {_extra_name(k, n_st): b for k, b in live.items() if k >= n_st and b}
     return PeakMoment(
         path=path,
         metric=metric,
