@@ -148,6 +148,8 @@ def explain_lines(out: dict[str, Any]) -> list[str]:
     total = peak["requested_bytes"]
     lines += _table("by category:", out["by_category"], total)
     lines += _table("by module:", out["by_module"], total)
+    if out["by_layer_module"] != out["by_module"]:
+        lines += _table("by module across layers:", out["by_layer_module"], total)
     lines += _table("by source line:", out["by_source"], total)
     lines += _table("by op:", out["by_op"], total)
     lines.append("largest tensors:")

@@ -13,6 +13,7 @@ named by the first node reading them.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -24,9 +25,10 @@ from memgnn.predictor.ir.sources import node_sources, storage_shapes
 from memgnn.predictor.ir.vocab import CATEGORIES, PHASES
 from memgnn.predictor.sim.live import CUBLAS_KEYS, PeakMoment
 
-__all__ = ["Block", "blocks_at", "group", "node_modules"]
+__all__ = ["Block", "blocks_at", "group", "layer_pattern", "node_modules"]
 
 ROOT = "<root>"
+_INDEX = re.compile(r"\.\d+(?=\.|$)")
 _FORWARD = PHASES.index("forward")
 _BACKWARD = PHASES.index("backward")
 
@@ -223,12 +225,22 @@ def _why(p: PathGraph, u: int, category: str, m: PeakMoment, mods: Sequence[str]
     return f"a temporary: output of {made}{gone}"
 
 
+def layer_pattern(module: str) -> str:
+    """The module path with its layer indices as `*` (`model.layers.*.mlp.down_proj`): the
+    same module of every repeated block, one row."""
+    return _INDEX.sub(".*", module)
+
+
 def group(blocks: Sequence[Block], key: str, top: int | None = None) -> list[dict[str, Any]]:
-    """Bytes and block counts per value of `key` (module, source, op, category), largest
-    first; with `top`, the rest summed into one `(other)` row."""
+    """Bytes and block counts per value of `key` (module, source, op, category, or
+    `layers`: the module with its layer indices as `*`), largest first; with `top`, the
+    rest summed into one `(other)` row."""
     acc: dict[str, list[int]] = {}
     for b in blocks:
-        name = getattr(b, key) or _unnamed(b, key)
+        if key == "layers":
+            name = layer_pattern(b.module) if b.module else _unnamed(b, "module")
+        else:
+            name = getattr(b, key) or _unnamed(b, key)
         row = acc.setdefault(name, [0, 0])
         row[0] += b.bytes
         row[1] += 1

@@ -6,7 +6,8 @@ The run is the one `predict` answers (the same model, training spec, sizes and d
 captured step through the allocator (`predictor.sim.live.peak_moment`), every block live
 then is named (`predictor.answer.attribute`): by module path, by the source line that
 made it, by aten op, by category (parameters, gradients, optimizer state, saved
-activations, temporaries, the cuBLAS workspaces, kernel scratch), the largest with shape,
+activations, temporaries, the cuBLAS workspaces, kernel scratch), by module across layers
+(`model.layers.*.mlp.down_proj`: one row for every block's), the largest with shape,
 dtype, bytes and why each is alive. The what-ifs (`predictor.answer.whatif`) are each a
 replay of the changed run, ranked by bytes saved.
 """
@@ -73,6 +74,7 @@ class ExplainAnswer:
     peak: dict[str, Any]
     by_category: list[dict[str, Any]]
     by_module: list[dict[str, Any]]
+    by_layer_module: list[dict[str, Any]]
     by_source: list[dict[str, Any]]
     by_op: list[dict[str, Any]]
     largest: list[dict[str, Any]]
@@ -86,6 +88,7 @@ class ExplainAnswer:
             "peak": self.peak,
             "by_category": self.by_category,
             "by_module": self.by_module,
+            "by_layer_module": self.by_layer_module,
             "by_source": self.by_source,
             "by_op": self.by_op,
             "largest": self.largest,
@@ -158,6 +161,7 @@ def explain(req: ExplainRequest, backend: Backend) -> ExplainAnswer:
         peak=peak,
         by_category=group(blocks, "category"),
         by_module=group(blocks, "module", top),
+        by_layer_module=group(blocks, "layers", top),
         by_source=group(blocks, "source", top),
         by_op=group(blocks, "op", top),
         largest=[b.to_dict() for b in blocks[:top]],

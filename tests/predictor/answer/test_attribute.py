@@ -7,7 +7,7 @@ import inspect
 
 import pytest
 import tiny_models
-from memgnn.predictor.answer.attribute import blocks_at, group, node_modules
+from memgnn.predictor.answer.attribute import blocks_at, group, layer_pattern, node_modules
 from memgnn.predictor.sim.live import peak_moment
 from memgnn.predictor.spec.devices import get_profile
 
@@ -81,3 +81,12 @@ def test_group_folds_the_tail_into_one_row(blocks):
     rows = group(bs, "op", top=2)
     assert len(rows) == 3 and rows[2]["name"].startswith("(other: ")
     assert sum(r["blocks"] for r in rows) == len(bs)
+
+
+def test_modules_fold_across_layers(blocks):
+    _, bs = blocks
+    assert layer_pattern("model.layers.12.mlp.down_proj") == "model.layers.*.mlp.down_proj"
+    assert layer_pattern("blocks.1") == "blocks.*" and layer_pattern("head") == "head"
+    rows = {r["name"]: r for r in group(bs, "layers")}
+    per = [r for r in group(bs, "module") if r["name"] in ("blocks.0.fc1", "blocks.1.fc1")]
+    assert rows["blocks.*.fc1"]["bytes"] == sum(r["bytes"] for r in per)

@@ -52,6 +52,7 @@ def test_the_tables_add_up_and_are_cut_at_top(answer):
     for table in (answer.by_category, answer.by_module, answer.by_source, answer.by_op):
         assert sum(r["bytes"] for r in table) == total
     assert len(answer.by_module) <= 6 and len(answer.largest) == 5
+    assert sum(r["bytes"] for r in answer.by_layer_module) == total
     cats = {r["name"] for r in answer.by_category}
     assert {"parameter", "activation", "cublas_workspace"} <= cats
     assert any(r["name"].startswith("tiny_models.py:") for r in answer.by_source)
