@@ -99,3 +99,14 @@ def test_display_path_is_relative_to_its_import_root():
 
     assert display_path(torch.__file__) == "torch/__init__.py"
     assert display_path("/nowhere/x.py") == "/nowhere/x.py"
+
+
+@pytest.mark.slow
+def test_replicated_blocks_carry_the_lines_of_a_full_capture():
+    bundle = tiny_gpt_bundle(6, depth_knob=True)
+    fast = capture(bundle, TrainSpec(), CaptureConfig(target="cuda"))
+    full = capture(bundle, TrainSpec(), CaptureConfig(target="cuda", mode="full"))
+    assert fast.meta["capture"]["mode"] == "blocks"
+    assert fast.graph_id == full.graph_id
+    assert node_sources(fast, 0) == node_sources(full, 0)
+    assert storage_shapes(fast, 0) == storage_shapes(full, 0)
