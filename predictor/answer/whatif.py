@@ -153,6 +153,8 @@ def run_whatifs(
                 value, w.method, w.graph_id = got.predicted_peak_bytes, got.method, got.graph_id
                 w.cost, w.cost_note = _cost(name, train, new_train, got, info)
         except (UserError, ValueError) as exc:
+            if getattr(exc, "status", None) == 503:  # the request is over (cancelled, timed out)
+                raise
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             skipped.append({"name": name, "why": first})
             continue

@@ -77,3 +77,15 @@ def test_whatifs_are_answered_by_predict_ranked_and_failures_kept():
     acc = next(r for r in asked if r.train.loop.grad_accum == 2)
     assert acc.configs[0].sizes == {"B": 4, "S": 16} and acc.method == "replay"
     assert replace(base_req).train == TrainSpec()  # the base request is not changed
+
+
+def test_a_request_that_is_over_stops_the_whatifs():
+    class Over(UserError):
+        status = 503
+
+    def cancelled(req: PredictRequest) -> Answer:
+        raise Over("request cancelled")
+
+    base_req = PredictRequest(model=ModelRef(spec="m"), configs=[QueryConfig(sizes={"B": 8})])
+    with pytest.raises(Over):
+        run_whatifs(base_req, _answer(1000), None, cancelled, names=("checkpointing",))
