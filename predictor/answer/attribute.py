@@ -56,12 +56,13 @@ class Block:
 def node_modules(p: PathGraph) -> tuple[list[str], list[str]]:
     """(each node's module, each storage's module). Forward nodes keep the module recorded;
     a node recorded outside any module (backward, optimizer) is named by what it reads: a
-    saved activation by the one module whose forward read it (the op that saved it for
-    backward), a parameter by the first module reading it, else by the inputs' own
-    modules; the most specific of the most common wins. A storage takes its allocating
-    node's module, one alive before the step the first module reading it."""
+    saved activation by the module whose forward computed from it (the op that saved it
+    for backward), a parameter by the first module reading it; one reading gradients only
+    (a bias's) by the node before it in the same phase (the same autograd node), else by
+    its inputs' own modules; the most specific of the most common wins. A storage takes
+    its allocating node's module, one alive before the step the first module reading it."""
     mods = list(p.nodes["module"])
-    alloc = p.storages["alloc"]
+    alloc, phase = p.storages["alloc"], p.nodes["phase"]
     smod = [""] * p.num_storages
     for u in range(p.num_storages):
         if alloc[u] < 0:
@@ -72,6 +73,8 @@ def node_modules(p: PathGraph) -> tuple[list[str], list[str]]:
         if not mods[i]:
             named = [_saver(p, u, mods, saver) if alloc[u] >= 0 else smod[u] for u in ins]
             named = [m for m in named if m]
+            if not named and i and phase[i - 1] == phase[i] and mods[i - 1]:
+                named = [mods[i - 1]]  # reads only gradients: the autograd node's (a bias's)
             if not named:
                 named = [smod[u] for u in ins if smod[u]]
             if named:
@@ -85,12 +88,13 @@ def node_modules(p: PathGraph) -> tuple[list[str], list[str]]:
 
 
 def _saver(p: PathGraph, u: int, mods: list[str], memo: dict[int, str]) -> str:
-    """The module whose forward computed from `u` (made in forward), where exactly one
-    did (the root module only where no other did)."""
+    """The module whose forward computed from `u` (made by the step's input or forward):
+    the one that did, or the innermost where they nest (a block and its own linear); ""
+    where unrelated modules did (the root module counts only where no other did)."""
     got = memo.get(u)
     if got is None:
         a = p.storages["alloc"][u]
-        if p.nodes["phase"][a] != _FORWARD:
+        if p.nodes["phase"][a] > _FORWARD:  # made in backward or later: saved by none
             got = ""
         else:
             makes = _makers(p)  # an op computing from it, not a view of it
@@ -99,7 +103,10 @@ def _saver(p: PathGraph, u: int, mods: list[str], memo: dict[int, str]) -> str:
             readers.discard("")
             if len(readers) > 1:
                 readers.discard(ROOT)
-            got = readers.pop() if len(readers) == 1 else ""
+            deepest = max(readers, key=len, default="")
+            # readers on one line of nesting (a block and its own linear): the innermost
+            nested = all(deepest == r or deepest.startswith(r + ".") for r in readers)
+            got = deepest if readers and nested else ""
         memo[u] = got
     return got
 

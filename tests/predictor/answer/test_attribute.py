@@ -90,3 +90,26 @@ def test_modules_fold_across_layers(blocks):
     rows = {r["name"]: r for r in group(bs, "layers")}
     per = [r for r in group(bs, "module") if r["name"] in ("blocks.0.fc1", "blocks.1.fc1")]
     assert rows["blocks.*.fc1"]["bytes"] == sum(r["bytes"] for r in per)
+
+
+def test_each_gradient_is_named_by_the_module_of_its_parameter(gpt_graph):
+    """A gradient is made in backward (no module runs there): its name comes from what
+    its op reads. Each must be the module holding a parameter of its shape; the first
+    layer's (whose input is the batch, not a saved activation) included."""
+    from memgnn.predictor.ir.sources import storage_shapes
+
+    p = gpt_graph.paths[0]
+    _, smod = node_modules(p)
+    shapes = storage_shapes(gpt_graph, 0)
+    cat = p.storages["category"]
+
+    def numel(u: int) -> int:  # a gradient may be made transposed or with a leading 1
+        n = 1
+        for d in shapes[u].split(","):
+            n *= int(d)
+        return n
+
+    params = {(smod[u], numel(u)) for u in range(p.num_storages) if cat[u] == 0}
+    grads = {(smod[u], numel(u)) for u in range(p.num_storages) if cat[u] == 1}
+    assert len(params) > 10 and grads <= params
+    assert {m for m, _ in grads} == {m for m, _ in params}
