@@ -71,8 +71,9 @@ def peak_moment(
 
 
 def _events(graph: StepGraph, path: int, resolved: dict[str, int], device: DeviceProfile):
+    """(ops, keys, bytes) of the path's trace as lists (the simulator's own events)."""
     ev = trace_arrays(graph, path, resolved, device)
-    return ev, ev.op.tolist(), ev.key.tolist(), ev.nbytes.tolist()
+    return ev.op.tolist(), ev.key.tolist(), ev.nbytes.tolist()
 
 
 def _replay(
@@ -81,7 +82,7 @@ def _replay(
 ) -> tuple[int, int, int, int, int | None]:  # fmt: skip
     """(peak allocated, peak reserved, event of the allocated peak, of the reserved peak,
     capacity used) of one path; without a capacity where it would not fit."""
-    ev, ops, keys, nbytes = _events(graph, path, resolved, device)
+    ops, keys, nbytes = _events(graph, path, resolved, device)
     for capacity in dict.fromkeys((usable, None)):
         sim = CachingAllocatorSim(AllocatorConfig(capacity_bytes=capacity))
         handles: dict[int, int] = {}
@@ -111,7 +112,7 @@ def _live_at(
 ) -> PeakMoment:  # fmt: skip
     peak_a, peak_r, at_a, at_r, capacity = run
     at = at_a if metric == "allocated" else at_r
-    ev, ops, keys, nbytes = _events(graph, path, resolved, device)
+    ops, keys, nbytes = _events(graph, path, resolved, device)
     p = graph.paths[path]
     n_st = p.num_storages
     alloc = p.storages["alloc"]
