@@ -22,7 +22,16 @@ from memgnn.serving.errors import install_error_handlers
 from memgnn.serving.metrics import Metrics
 from memgnn.serving.middleware import LimitsAndMetrics
 from memgnn.serving.models import load_model
-from memgnn.serving.routes import admin, graphs, health, plan, predict, samples, snapshots
+from memgnn.serving.routes import (
+    admin,
+    explain,
+    graphs,
+    health,
+    plan,
+    predict,
+    samples,
+    snapshots,
+)
 from memgnn.serving.routing import ReplayWarmup
 from memgnn.serving.store import Store
 from threadpoolctl import threadpool_limits
@@ -34,6 +43,7 @@ ROUTERS = [
     graphs.router,
     predict.router,
     plan.router,
+    explain.router,
     samples.router,
     snapshots.router,
     admin.router,

@@ -143,6 +143,10 @@ class MemgnnClient:
                 body[key] = value
         return self._call("POST", "/predict", json=body)
 
+    def explain(self, **body: Any) -> dict[str, Any]:
+        """POST /explain with the fields of `serving.explaining.ExplainIn`."""
+        return self._call("POST", "/explain", json=body)
+
     def plan(self, **body: Any) -> dict[str, Any]:
         """POST /plan with the fields of `serving.schemas.PlanRequest`."""
         return self._call("POST", "/plan", json=body)
@@ -227,6 +231,23 @@ def remote_predict(
     --json` prints locally (`predictor.answer.types.Answer`), as the service sent it."""
     with MemgnnClient(url, token=token, timeout=timeout) as client:
         return client.predict(**request_body(req))["predictions"][0]
+
+
+def remote_explain(
+    url: str, req: Any, *, token: str | None = None, timeout: float = 1800.0
+) -> dict[str, Any]:
+    """`memgnn explain --url`: the answer layer's `ExplainRequest` asked of the service at
+    `url` (the document `memgnn explain --json` prints locally)."""
+    one = PredictRequest(model=req.model, train=req.train, graph_id=req.graph_id,
+                         configs=[req.config], run_config=req.run_config,
+                         explicit=req.explicit)  # fmt: skip
+    body = request_body(one)
+    body = {k: v for k, v in body.items() if k in ("model", "config", "graph_id")}
+    body |= {"query": dataclasses.asdict(req.config), "top": req.top}
+    if req.whatifs is not None:
+        body["whatifs"] = list(req.whatifs)
+    with MemgnnClient(url, token=token, timeout=timeout) as client:
+        return client.explain(**body)
 
 
 def remote_plan(

@@ -33,6 +33,10 @@ DESCRIPTION = (
 COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("memgnn.cli.predict", "predict a training step's peak memory"),
     "plan": ("memgnn.cli.plan", "the best config that fits a memory budget"),
+    "explain": (
+        "memgnn.cli.explain",
+        "what is live at the simulated peak, and what each change would save",
+    ),
     "profile": ("memgnn.cli.profile", "measure or simulate one training step's peak memory"),
     "capture": ("memgnn.cli.capture", "capture a training step as a StepGraph file"),
     "graph-info": ("memgnn.cli.graph_info", "summarise a StepGraph file"),

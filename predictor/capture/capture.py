@@ -56,6 +56,7 @@ from memgnn.predictor.ir.recorder import (
     StepRecorder,
     register_state,
 )
+from memgnn.predictor.ir.sources import SourceFinder, store_sources
 from memgnn.predictor.ir.vocab import SCENARIOS
 from memgnn.predictor.spec.bundle import ModelBundle, default_blocks
 from memgnn.predictor.spec.train import TrainSpec
@@ -94,6 +95,9 @@ class CaptureConfig:
     # a full capture where that cannot be shown exact; full: always the whole model
     mode: str = "blocks"
     blocks_depth: int = 4
+    # record each node's file:line in the user's code (`predictor.ir.sources`; the graph's
+    # meta, not its id): what `memgnn explain` names
+    sources: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in CAPTURE_MODES:
@@ -204,6 +208,7 @@ class _Run:
                     scratch=self._scratch(),
                     track_resize=sharded,
                     layers=self.layer_state,
+                    sources=SourceFinder() if self.cfg.sources else None,
                 )
                 register_state(rec, step.state_tensors())
                 if self.layer_state is not None:
@@ -331,6 +336,7 @@ def _stamp(
 ) -> None:
     """The meta every capture records: time since `t0`, torch, target, the model and `how`
     it was captured (full, or blocks replicated)."""
+    store_sources(graph)
     graph.meta.update(
         capture_seconds=round(time.perf_counter() - t0, 3),
         torch_version=torch.__version__,

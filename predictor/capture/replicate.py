@@ -176,7 +176,8 @@ class _Plan:
             tag = self.nl[i]
             items, src = self._sources(i, tag, self.nby, self.npos)
             base = items[-1] if len(items) > 1 and lam != 1 else items[0]
-            for col in ("op", "phase", "step", "micro", "scratch"):
+            extra_nodes = sorted(_NODE_EXTRA.intersection(p.nodes))
+            for col in ("op", "phase", "step", "micro", "scratch", *extra_nodes):
                 nodes[col].append(p.nodes[col][base])
             nodes["module"].append(self._module(items, src, lam, n))
             for col in ("inputs", "outputs"):
@@ -196,7 +197,8 @@ class _Plan:
         for u, lam in s_order:
             items, src = self._sources(u, self.sl[u], self.sby, self.spos)
             base = items[-1] if len(items) > 1 and lam != 1 else items[0]
-            for col in ("nbytes", "dtype", "category", *_PLACE_COLUMNS.intersection(p.storages)):
+            extra = (_PLACE_COLUMNS | _STORAGE_EXTRA).intersection(p.storages)
+            for col in ("nbytes", "dtype", "category", *sorted(extra)):
                 storages[col].append(p.storages[col][base])
             for col in ("alloc", "free"):
                 fs = [p.storages[col][j] for j in items]
@@ -213,6 +215,8 @@ class _Plan:
 
 
 _PLACE_COLUMNS = frozenset(("place", "place_nbytes"))  # graph format 2, where present
+_NODE_EXTRA = frozenset(("source",))  # file:line per node, where recorded (`ir.sources`)
+_STORAGE_EXTRA = frozenset(("shape",))  # the first tensor's shape, where recorded
 
 
 def _get(table: dict[Key, int], key: Key) -> int:
@@ -332,9 +336,14 @@ def replicate(
         raise ValueError(f"replicate builds >= {depth} blocks, got {layers}")
     plan = _Plan(path, node_layers, storage_layers, depth, prefix)
     nodes, storages = plan.build(depth)
-    if nodes != path.nodes or storages != path.storages:
-        bad = [k for k in path.nodes if nodes[k] != path.nodes[k]]
-        bad += [k for k in path.storages if storages[k] != path.storages[k]]
+    # a node's source line is what it shows, not what it allocates: not compared
+    same = [k for k in path.nodes if k not in _NODE_EXTRA]
+    kept = [k for k in path.storages if k not in _STORAGE_EXTRA]
+    if any(nodes[k] != path.nodes[k] for k in same) or any(
+        storages[k] != path.storages[k] for k in kept
+    ):
+        bad = [k for k in same if nodes[k] != path.nodes[k]]
+        bad += [k for k in kept if storages[k] != path.storages[k]]
         raise NotRepeated(f"the schedule rebuilt at {depth} blocks differs in {bad}")
     nodes, storages = plan.build(layers)
     nodes, storages, table = _reintern(nodes, storages, exprs)

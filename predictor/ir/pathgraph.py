@@ -55,6 +55,8 @@ def path_from_recorder(
     nodes: dict[str, list] = {k: [] for k in ("op", "phase", "step", "micro", "module")}
     nodes["scratch"] = []
     nodes["inputs"], nodes["outputs"] = [], []
+    if rec.sources is not None:  # moved to the graph's meta by the capture (`ir.sources`)
+        nodes["source"] = [n.source for n in rec.nodes]
     for n in rec.nodes:
         nodes["op"].append(n.op)
         nodes["phase"].append(phase_code[n.phase])
@@ -78,6 +80,8 @@ def path_from_recorder(
         storages["category"].append(cat_code[s.category])
         storages["alloc"].append(s.alloc_node)
         storages["free"].append(-1 if s.free_node is None else s.free_node)
+    if rec.sources is not None:  # moved to the graph's meta with the lines (`ir.sources`)
+        storages["shape"] = [_shape(s.shape, interner, names, env) for s in rec.storages]
     if any(s.place != "device" for s in rec.storages):
         _split_places(rec, storages, interner)
     return PathGraph(conditions=conditions, nodes=nodes, storages=storages)
@@ -96,3 +100,13 @@ def _split_places(rec: StepRecorder, storages: dict[str, list], interner: ExprIn
         else:
             storages["place_nbytes"].append(storages["nbytes"][u])
             storages["nbytes"][u] = zero
+
+
+def _shape(shape: Any, interner: ExprInterner, names: dict[Any, str], env: Any | None) -> str:
+    """A storage's first tensor's shape as comma-separated size formulas ("" if unknown)."""
+    if shape is None:
+        return ""
+    try:
+        return ",".join(interner.source(d, names, env) for d in shape)
+    except ValueError:  # a size not in the named symbols: shown as unknown
+        return "?"

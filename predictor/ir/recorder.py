@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from memgnn.predictor.ir.sources import SourceFinder
 from memgnn.predictor.ir.vocab import CATEGORIES, PHASES, PLACES
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
@@ -117,6 +118,7 @@ class StorageRec:
     micro: int = 0
     layer: int | None = None  # repeated block that made it (`predictor.ir.blocks`); None: none
     place: str = "device"  # where it lives (`vocab.PLACES`; `placed`)
+    shape: Any = None  # the first tensor's shape seen on it (recorded with `sources`)
 
 
 @dataclass(slots=True)
@@ -132,6 +134,7 @@ class NodeRec:
     frees: list[int] = field(default_factory=list)
     scratch: Any = 0  # bytes the kernel allocates and frees inside the op
     layer: int | None = None  # repeated block running it (`predictor.ir.blocks`); None: none
+    source: str = ""  # the user's file:line that ran it (`predictor.ir.sources`); "": none
 
 
 DispatchHook = Callable[["StepRecorder", Any, tuple, dict], Any]
@@ -151,8 +154,10 @@ class StepRecorder(TorchDispatchMode):
         scratch: Callable[[Any, tuple], Any] | None = None,
         track_resize: bool = False,
         layers: Any | None = None,
+        sources: SourceFinder | None = None,
     ):
         super().__init__()
+        self.sources = sources  # record each node's file:line (`predictor.ir.sources`)
         self.layers = layers  # a `predictor.ir.blocks.LayerState`: tag nodes with their block
         self.track_resize = track_resize
         self._orig_resize: Any = None
@@ -189,6 +194,7 @@ class StepRecorder(TorchDispatchMode):
             micro=self.micro,
             layer=None if self.layers is None else self.layers.current,
             place=_MARKED.get(key, _PLACE[-1]),
+            shape=tuple(t.shape) if self.sources is not None else None,
         )
         self.storages.append(rec)
         weakref.finalize(storage, self._on_free, key, uid)
@@ -315,6 +321,7 @@ class StepRecorder(TorchDispatchMode):
             micro=self.micro,
             module=self.module_stack[-1] if self.module_stack else "",
             layer=None if self.layers is None else self.layers.current,
+            source=self.sources.find() if self.sources is not None else "",
         )
         for t in tree_leaves(args):
             if isinstance(t, torch.Tensor):
