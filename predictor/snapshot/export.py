@@ -11,7 +11,8 @@ replay``. Each event may carry a ``category`` (memgnn's storage category) and an
 first); neither is a PyTorch field, and viewers ignore them.
 
 :func:`step_snapshot` does this for a captured training step (the path with the highest
-simulated reserved peak), with frames naming the node (op, module, phase, step).
+simulated reserved peak), with frames naming the node: the source line the capture recorded
+(`predictor.ir.sources`), then the module path with the op, phase and step.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.graph import StepGraph
+from memgnn.predictor.ir.sources import node_sources
 from memgnn.predictor.ir.vocab import CATEGORIES, PHASES
 from memgnn.predictor.memory.analytic import STEP_NAMES, sweep
 from memgnn.predictor.sim.allocator import AllocatorConfig, CachingAllocatorSim, SimulatedOOM
@@ -135,11 +137,22 @@ class SnapshotRecorder:
         }
 
 
-def _frames(graph: StepGraph, path: int, node: int) -> list[dict[str, Any]]:
+def _frames(
+    graph: StepGraph, path: int, node: int, sources: list[str] | None
+) -> list[dict[str, Any]]:
+    """A node's frames, innermost first as PyTorch records them: the line of the user's
+    code that made the tensor (where the capture recorded it), then the module path with
+    the op, phase and step (`line` is the node's index in the path)."""
     p = graph.paths[path]
     phase, step = PHASES[p.nodes["phase"][node]], STEP_NAMES[p.nodes["step"][node]]
     module = p.nodes["module"][node] or "<model>"
-    return [{"filename": module, "line": node, "name": f"{p.nodes['op'][node]} [{phase}, {step}]"}]
+    name = f"{p.nodes['op'][node]} [{phase}, {step}]"
+    frames = [{"filename": module, "line": node, "name": name}]
+    where = sources[node] if sources else ""
+    file, _, line = where.rpartition(":")
+    if file and line.isdigit():
+        frames.insert(0, {"filename": file, "line": int(line), "name": name})
+    return frames
 
 
 def step_snapshot(
@@ -156,6 +169,7 @@ def step_snapshot(
     rec = SnapshotRecorder(config)
     handles: dict[Any, int] = {}
     phase = ("setup", STEP_NAMES[0])  # before the trace's first phase marker
+    sources = node_sources(graph, path)
     for ev in build_trace(graph, path, resolved, device):
         op, key = ev[0], ev[1]
         if op == "mark":
@@ -168,10 +182,10 @@ def step_snapshot(
             frames, cat = [{"filename": "cuBLAS", "line": 0, "name": key}], "workspace"
         elif isinstance(key, str):  # scratch-<node>
             node = int(key.split("-", 1)[1])
-            frames, cat = _frames(graph, path, node), "scratch"
+            frames, cat = _frames(graph, path, node, sources), "scratch"
         else:
             node = alloc_node[key]
-            frames = _frames(graph, path, node) if node >= 0 else None
+            frames = _frames(graph, path, node, sources) if node >= 0 else None
             cat = CATEGORIES[category[key]]
         try:
             handles[key] = rec.malloc(ev[2], frames=frames, category=cat, phase=phase)

@@ -130,3 +130,25 @@ def test_long_traces_are_sampled_keeping_the_peaks():
     assert len(pts) <= 2002 and pts[0] == 0 and pts[-1] == 99_999
     assert 54_321 in pts
     assert _sample_points([1, 2], [1, 2]) == [0, 1]
+
+
+def test_exported_frames_name_the_source_line_in_pytorchs_own_viewer_tools(tiny_gpt):
+    """memory_viz shows each block's frames; an export's frames were a module path with a
+    node index for a line. Now the first frame is the line of model code the capture
+    recorded (`predictor.ir.sources`), formatted by PyTorch's `_memory_viz` as its text
+    views format recorded frames."""
+    import torch.cuda._memory_viz as memory_viz
+
+    device = get_profile("a100-80gb")
+    sizes = tiny_gpt.sizes({"B": 2, "S": 16})
+    graph = capture_cached(tiny_gpt, TrainSpec(), target="cuda", sm=device.sm, sizes=sizes)
+    snap = simulated_step_snapshot(graph, sizes, device)
+    allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc" and "frames" in e]
+    sourced = [e for e in allocs if e["frames"][0]["filename"].endswith("tiny_models.py")]
+    assert sourced, allocs[:3]  # the tiny model's own file, with a real line number
+    assert all(e["frames"][0]["line"] > 0 for e in sourced)
+    assert all(len(e["frames"]) == 2 for e in sourced)  # then the module path and the op
+    first = sourced[0]["frames"]
+    shown = memory_viz._frames_fmt(first)  # what the viewer's tools print per frame
+    assert shown[0] == f"tiny_models.py:{first[0]['line']}:{first[0]['name']}", shown
+    memory_viz.trace(snap)  # and the whole export goes through its trace view
