@@ -139,3 +139,20 @@ def test_cache_can_be_disabled(user_cnn, monkeypatch):
     monkeypatch.setenv("MEMGNN_CACHE", str(cache))
     capture_cached(_resolve_cnn(), TRAIN, target="cpu")
     assert len(list((cache / "graphs").iterdir())) == 1
+
+
+def test_a_zoo_model_is_keyed_without_building_it(monkeypatch):
+    """A warm `predict --model gpt2` built the transformers model on fake tensors only to
+    key the cache (3-5 s); a zoo bundle now carries its own fingerprint: the zoo's name and
+    a digest of the zoo's sources, with its hparams beside them in the key."""
+    import memgnn.predictor.capture.cache as cache
+    from memgnn.predictor.zoo import make_bundle
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the cache key built the model")
+
+    monkeypatch.setattr(cache, "fake_step", no_build)
+    small, wide = make_bundle("gpt2"), make_bundle("gpt2", {"hidden": 128})
+    assert json.loads(small.fingerprint)["zoo"] == "gpt2"
+    keys = {cache.capture_key(b, TrainSpec(), "cuda", 80, {}) for b in (small, wide)}
+    assert len(keys) == 2  # the hparams still tell two configs apart
