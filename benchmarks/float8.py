@@ -1,0 +1,131 @@
+"""torchao float8 training (`--float8`) next to bf16: memgnn's answers, and the public rows.
+
+    nice -n 10 python benchmarks/float8.py [--timeout 1800]
+        -> benchmarks/results/float8.{md,json}
+
+1. A catalog model (hf:meta-llama/Llama-3.2-1B, one H100, pure bf16, AdamW, B=2 S=2048):
+   the replayed reserved peak and the allocated peak per recipe, side by side.
+2. torchao's torchtitan rows (aof81-aof83 of public-gpu-measurements-2.csv: Llama 3 8B, 8x
+   H100, FSDP2 bf16 params, B=1 S=8192, per-op selective AC, torch.compile): memgnn has no
+   per-op selective AC, so the step is predicted with full and with no checkpointing (a
+   bracket), each with --float8 none / tensorwise / rowwise; what the rows measure and
+   what memgnn changes between bf16 and float8 is the point of the comparison.
+Each prediction is one `memgnn predict --json` subprocess (captures cached).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results"
+MEMGNN = [str(Path(sys.executable).with_name("memgnn"))]
+RECIPES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")
+SMALL = ["--model", "hf:meta-llama/Llama-3.2-1B", "--batch", "2", "--seq", "2048",
+         "--precision", "bf16", "--device", "h100-80gb"]  # fmt: skip
+TITAN = ["--model", "hf:meta-llama/Llama-3.1-8B", "--batch", "1", "--seq", "8192",
+         "--precision", "amp-bf16", "--gpus", "8", "--sharding", "fsdp",
+         "--device", "h100-80gb"]  # fmt: skip
+# aof81-aof83: torchtitan 'memory' = max_memory_reserved, GiB (torchao docs/source/workflows/
+# training.md, copied into public-gpu-measurements-2.csv)
+MEASURED = {"none": 47.65, "tensorwise": 47.77, "rowwise": 47.79}
+MEASURED_ROW = {"none": "aof81", "tensorwise": "aof82 (+ fp8 all-gather)", "rowwise": "aof83"}
+
+
+def predict(args: list[str], timeout: float) -> dict:
+    t0 = time.perf_counter()
+    cmd = ["nice", "-n", "10", *MEMGNN, "predict", *args, "--method", "replay", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    out = {"command": "memgnn predict " + " ".join(args) + " --method replay"}
+    if proc.returncode != 0:
+        return out | {"error": (proc.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    answer = json.loads(proc.stdout)
+    answer = answer["predictions"][0] if "predictions" in answer else answer
+    breakdown = answer["breakdown"]
+    return out | {
+        "seconds": round(time.perf_counter() - t0, 1),
+        "reserved": int(answer["predicted_peak_bytes"]),
+        "allocated": breakdown.get("tensor_peak_bytes"),
+        "categories": breakdown.get("categories", {}),
+        "model": answer["model"]["module_class"] if answer.get("model") else None,
+    }
+
+
+def gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f}"
+
+
+def write_md(small: dict, titan: dict, path: Path) -> None:
+    lines = [
+        "# float8 training (torchao `convert_to_float8_training`) vs bf16",
+        "",
+        "`nice -n 10 python benchmarks/float8.py`; each figure is `memgnn predict ... "
+        "--method replay` (torch 2.13, torchao 0.18 run under capture; GiB = 2^30 B).",
+        "",
+        "## Llama-3.2-1B, one H100 80GB, pure bf16, AdamW, B=2 S=2048",
+        "",
+        "| --float8 | model | reserved GiB | allocated GiB | activation GiB at peak | "
+        "temporary GiB at peak |",
+        "|---|---|---|---|---|---|",
+    ]
+    for recipe, r in small.items():
+        cats = r.get("categories", {})
+        lines.append(
+            f"| {recipe} | {r.get('model') or r.get('error', '')} | {gib(r.get('reserved'))} | "
+            f"{gib(r.get('allocated'))} | {gib(cats.get('activation'))} | "
+            f"{gib(cats.get('temporary'))} |"
+        )
+    lines += ["", "Commands:", ""] + [f"- `{r['command']}`" for r in small.values()]
+    lines += [
+        "",
+        "## torchao's torchtitan rows (Llama 3 8B, 8x H100, FSDP2, B=1 S=8192)",
+        "",
+        "Measured: torchtitan's max_memory_reserved with per-op selective AC and "
+        "torch.compile. memgnn models neither (no per-op selective AC: full and none "
+        "bracket it; eager: float8 casts as eager torchao makes them), so the rows are "
+        "compared by what changes between bf16 and float8.",
+        "",
+        "| --float8 | row | measured GiB | memgnn full AC GiB | memgnn no AC GiB |",
+        "|---|---|---|---|---|",
+    ]
+    for recipe in MEASURED:
+        full, none = titan.get((recipe, "full"), {}), titan.get((recipe, "none"), {})
+        lines.append(
+            f"| {recipe} | {MEASURED_ROW[recipe]} | {MEASURED[recipe]:.2f} | "
+            f"{gib(full.get('reserved')) if 'reserved' in full else full.get('error', '-')} | "
+            f"{gib(none.get('reserved')) if 'reserved' in none else none.get('error', '-')} |"
+        )
+    lines += ["", "Commands:", ""] + [f"- `{r['command']}`" for r in titan.values()]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--skip-titan", action="store_true")
+    args = parser.parse_args()
+    small = {r: predict([*SMALL, "--float8", r], args.timeout) for r in RECIPES}
+    titan: dict = {}
+    if not args.skip_titan:
+        for ckpt in ("full", "none"):
+            for recipe in MEASURED:
+                titan[(recipe, ckpt)] = predict(
+                    [*TITAN, "--checkpointing", ckpt, "--float8", recipe], args.timeout
+                )
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "float8.json").write_text(
+        json.dumps(
+            {"small": small, "titan": {f"{r}/{c}": v for (r, c), v in titan.items()}}, indent=1
+        )
+        + "\n"  # fmt: skip
+    )
+    write_md(small, titan, OUT / "float8.md")
+
+
+if __name__ == "__main__":
+    main()
