@@ -29,8 +29,11 @@ RECIPES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")
 SMALL = ["--model", "hf:meta-llama/Llama-3.2-1B", "--batch", "2", "--seq", "2048",
          "--precision", "bf16", "--device", "h100-80gb"]  # fmt: skip
 TITAN = ["--model", "hf:meta-llama/Llama-3.1-8B", "--batch", "1", "--seq", "8192",
-         "--precision", "amp-bf16", "--gpus", "8", "--sharding", "fsdp",
-         "--device", "h100-80gb"]  # fmt: skip
+         "--gpus", "8", "--sharding", "fsdp", "--device", "h100-80gb"]  # fmt: skip
+# torchtitan's FSDP2 MixedPrecisionPolicy(param bf16, reduce fp32) over fp32 master weights
+# has no memgnn option: amp-bf16 (fp32 parameters, autocast: what the torchtitan reader
+# maps it to) and bf16 (bf16 parameters and AdamW state) bracket it
+TITAN_PRECISIONS = ("amp-bf16", "bf16")
 # aof81-aof83: torchtitan 'memory' = max_memory_reserved, GiB (torchao docs/source/workflows/
 # training.md, copied into public-gpu-measurements-2.csv)
 MEASURED = {"none": 47.65, "tensorwise": 47.77, "rowwise": 47.79}
@@ -90,16 +93,35 @@ def write_md(small: dict, titan: dict, path: Path) -> None:
         "bracket it; eager: float8 casts as eager torchao makes them), so the rows are "
         "compared by what changes between bf16 and float8.",
         "",
-        "| --float8 | row | measured GiB | memgnn full AC GiB | memgnn no AC GiB |",
+        "| --float8 | row | measured GiB | amp-bf16 full AC | amp-bf16 no AC | bf16 full AC "
+        "| bf16 no AC |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for recipe in MEASURED:
+        cells = []
+        for precision in TITAN_PRECISIONS:
+            for ckpt in ("full", "none"):
+                r = titan.get((recipe, precision, ckpt), {})
+                cells.append(gib(r["reserved"]) if "reserved" in r else r.get("error", "-"))
+        lines.append(
+            f"| {recipe} | {MEASURED_ROW[recipe]} | {MEASURED[recipe]:.2f} | "
+            + " | ".join(cells)
+            + " |"
+        )
+    lines += [
+        "",
+        "Activation GiB at the peak (what autograd keeps), per column:",
+        "",
+        "| --float8 | amp-bf16 full AC | amp-bf16 no AC | bf16 full AC | bf16 no AC |",
         "|---|---|---|---|---|",
     ]
     for recipe in MEASURED:
-        full, none = titan.get((recipe, "full"), {}), titan.get((recipe, "none"), {})
-        lines.append(
-            f"| {recipe} | {MEASURED_ROW[recipe]} | {MEASURED[recipe]:.2f} | "
-            f"{gib(full.get('reserved')) if 'reserved' in full else full.get('error', '-')} | "
-            f"{gib(none.get('reserved')) if 'reserved' in none else none.get('error', '-')} |"
-        )
+        cells = [
+            gib(titan.get((recipe, p, c), {}).get("categories", {}).get("activation"))
+            for p in TITAN_PRECISIONS
+            for c in ("full", "none")
+        ]
+        lines.append(f"| {recipe} | " + " | ".join(cells) + " |")
     lines += ["", "Commands:", ""] + [f"- `{r['command']}`" for r in titan.values()]
     path.write_text("\n".join(lines) + "\n")
 
@@ -112,11 +134,13 @@ def main() -> None:
     small = {r: predict([*SMALL, "--float8", r], args.timeout) for r in RECIPES}
     titan: dict = {}
     if not args.skip_titan:
-        for ckpt in ("full", "none"):
-            for recipe in MEASURED:
-                titan[(recipe, ckpt)] = predict(
-                    [*TITAN, "--checkpointing", ckpt, "--float8", recipe], args.timeout
-                )
+        for precision in TITAN_PRECISIONS:
+            for ckpt in ("full", "none"):
+                for recipe in MEASURED:
+                    titan[(recipe, precision, ckpt)] = predict(
+                        [*TITAN, "--precision", precision, "--checkpointing", ckpt,
+                         "--float8", recipe], args.timeout,
+                    )  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "float8.json").write_text(
         json.dumps(
