@@ -143,9 +143,7 @@ def main() -> None:
                     )  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "float8.json").write_text(
-        json.dumps(
-            {"small": small, "titan": {f"{r}/{c}": v for (r, c), v in titan.items()}}, indent=1
-        )
+        json.dumps({"small": small, "titan": {"/".join(k): v for k, v in titan.items()}}, indent=1)
         + "\n"  # fmt: skip
     )
     write_md(small, titan, OUT / "float8.md")

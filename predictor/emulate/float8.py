@@ -19,6 +19,10 @@ What torchao 0.18 keeps and makes, per converted `N x K` Linear over `M` tokens:
   per row or column for rowwise), the scaled fp32 copy and the float8 `M x K` / `N x K`
   data (and the column-major copies `_scaled_mm` wants), the gemm output in the input's dtype;
 - the weight, its gradient and the optimizer state stay in the training dtype.
+Under autocast (`--precision amp-bf16`, CUDA targets only) `Float8Linear.forward` casts its
+input to bf16 itself and saves the fp32 weight as it is, where nn.Linear under autocast saves
+a bf16 copy of every weight: float8 keeps N x K x 2 bytes less per converted layer (for
+Llama-3.1-8B, 13,958,643,712 B: benchmarks/results/float8.md).
 
 Which layers (torchtitan's `module_filter_fn`): `nn.Linear` layers whose two dims are
 divisible by 16 (the float8 tensor cores' requirement), less those whose name contains an
