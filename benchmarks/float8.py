@@ -11,6 +11,11 @@
    bracket), each with --float8 none / tensorwise / rowwise; what the rows measure and
    what memgnn changes between bf16 and float8 is the point of the comparison.
 Each prediction is one `memgnn predict --json` subprocess (captures cached).
+
+    python benchmarks/float8.py --cpu-check -> benchmarks/results/float8_cpu.md
+3. The check behind it: a real CPU training step of a small float8 model (torchao's own
+   Float8Linear on CPU tensors, memgnn's CPU recorder) against memgnn's capture of it, per
+   recipe and precision (the model of tests/predictor/emulate/test_float8.py).
 """
 
 from __future__ import annotations
@@ -126,11 +131,45 @@ def write_md(small: dict, titan: dict, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def cpu_check(path: Path) -> None:
+    """Real CPU step vs capture for the float8 test model, per recipe and precision."""
+    sys.path.insert(0, str(ROOT / "tests" / "predictor" / "emulate"))
+    from memgnn.dataset.profile import ProfileConfig, profile
+    from memgnn.predictor.spec.train import TrainSpec
+    from test_float8 import _net
+
+    lines = [
+        "# float8: a real CPU step vs memgnn's capture",
+        "",
+        "`python benchmarks/float8.py --cpu-check` (torch 2.13 CPU, torchao 0.18): the model "
+        "of tests/predictor/emulate/test_float8.py (Linear 64->128, 128->64, two heads), "
+        "B=32, AdamW; peak of live tensor storages, bytes.",
+        "",
+        "| --float8 | precision | real CPU step | memgnn capture | phase peaks equal |",
+        "|---|---|---|---|---|",
+    ]
+    for precision in ("bf16", "fp32"):
+        for recipe in RECIPES:
+            train = TrainSpec.of(float8=recipe, precision=precision)
+            real = profile(_net(), train, {"B": 32}, ProfileConfig(backend="cpu"))
+            sim = profile(_net(), train, {"B": 32}, ProfileConfig(backend="sim", device="cpu"))
+            same = sim.breakdown["tensor_phase_peaks"] == real.breakdown["tensor_phase_peaks"]
+            lines.append(
+                f"| {recipe} | {precision} | {real.peak_allocated_bytes:,} | "
+                f"{sim.peak_allocated_bytes:,} | {same} |"
+            )
+    path.write_text("\n".join(lines) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--skip-titan", action="store_true")
+    parser.add_argument("--cpu-check", action="store_true")
     args = parser.parse_args()
+    if args.cpu_check:
+        cpu_check(OUT / "float8_cpu.md")
+        return
     small = {r: predict([*SMALL, "--float8", r], args.timeout) for r in RECIPES}
     titan: dict = {}
     if not args.skip_titan:
