@@ -118,6 +118,8 @@ class NumericsSpec:
                 f"--float8-filter-fqns {self.float8_filter_fqns!r}: comma-separated module "
                 "names (letters, digits, _ and .)"
             )
+        if self.float8 == "none" and self.float8_filter_fqns != "output":
+            raise ValueError("--float8-filter-fqns applies to --float8 tensorwise|rowwise|...")
         if self.float8 != "none" and self.precision in ("fp16", "amp-fp16"):
             raise ValueError(
                 f"--float8 {self.float8} with --precision {self.precision} is not modelled: "

@@ -172,6 +172,11 @@ def test_combinations_float8_does_not_model_are_errors(options, message):
         TrainSpec.of(float8="rowwise", **options)
 
 
+def test_the_filter_without_float8_is_an_error():
+    with pytest.raises(ValueError, match="applies to --float8"):
+        TrainSpec.of(float8_filter_fqns="up")
+
+
 def test_older_gpus_are_refused():
     train = TrainSpec.of(float8="rowwise", precision="bf16")
     with pytest.raises(ValueError, match="8.9"):
