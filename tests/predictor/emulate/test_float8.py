@@ -182,3 +182,17 @@ def test_older_gpus_are_refused():
     with pytest.raises(ValueError, match="8.9"):
         check_float8(train, "cuda", 80)
     check_float8(train, "cuda", 90)
+
+
+@pytest.mark.parametrize("sharding", ["ddp", "fsdp"])
+def test_float8_under_sharding_casts_every_blocks_linears(sharding):
+    """Converted before FSDP2 / DDP wrap the model (torchtitan's order): each rank's
+    forward casts the unsharded weights of the blocks' Linears (TinyGPT: d=32)."""
+    from tiny_models import tiny_gpt_bundle
+
+    train = TrainSpec.of(float8="tensorwise", precision="bf16", sharding=sharding, gpus=2)
+    graph = capture(tiny_gpt_bundle(), train, CaptureConfig(sm=90))
+    casts = _forward_float8_bytes(graph, {"B": 3, "S": 16})
+    for n_out, n_in in ((96, 32), (32, 32), (128, 32), (32, 128)):  # qkv, proj, fc1, fc2
+        assert n_out * n_in in casts
+    assert graph.meta["model_info"]["module_class"].endswith("(8/9 Linear)")
