@@ -68,6 +68,53 @@ def gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f}"
 
 
+def _delta(titan: dict, recipe: str, precision: str, ckpt: str, key: str) -> int | None:
+    """float8 `recipe` minus bf16 Linears, in `key` (reserved, allocated or a category)."""
+    a, b = titan.get((recipe, precision, ckpt), {}), titan.get(("none", precision, ckpt), {})
+    get = (lambda r: r.get("categories", {}).get(key)) if key == "activation" else (
+        lambda r: r.get(key))  # fmt: skip
+    return None if get(a) is None or get(b) is None else get(a) - get(b)
+
+
+def _titan_notes(titan: dict) -> list[str]:
+    """What changes between bf16 and float8 Linears, in memgnn's answers and in the rows."""
+    if not titan:
+        return []
+
+    def show(n: int | None) -> str:
+        return "-" if n is None else f"{n:+,} B ({n / 2**30:+.2f} GiB)"
+
+    out = ["", "float8 minus bf16 Linears (memgnn):", ""]
+    for precision in TITAN_PRECISIONS:
+        for ckpt in ("full", "none"):
+            cells = ", ".join(
+                f"{recipe}: reserved {show(_delta(titan, recipe, precision, ckpt, 'reserved'))}"
+                f", allocated {show(_delta(titan, recipe, precision, ckpt, 'allocated'))}"
+                f", activation {show(_delta(titan, recipe, precision, ckpt, 'activation'))}"
+                for recipe in ("tensorwise", "rowwise")
+            )
+            out.append(f"- {precision}, {ckpt} AC: {cells}")
+    measured = {r: MEASURED[r] - MEASURED["none"] for r in ("tensorwise", "rowwise")}
+    out += [
+        f"- measured (rows): tensorwise {measured['tensorwise']:+.2f} GiB, rowwise "
+        f"{measured['rowwise']:+.2f} GiB reserved",
+        "",
+        "Reading: with bf16 parameters (how torchtitan's FSDP2 MixedPrecisionPolicy hands "
+        "the Linears their weights) float8 leaves the allocated peak where it is and adds "
+        "reserved memory through its casts' temporaries, as the rows show (less there: "
+        "torch.compile fuses the casts). Under amp-bf16 (fp32 parameters + autocast, the "
+        "torchtitan reader's mapping) float8 is lower, by what autocast's nn.Linear saves "
+        "and Float8Linear does not: the bf16 copy of each weight; Llama-3.1-8B's decoder "
+        "Linears hold 32 x 4,096 x (2 x 4,096 + 2 x 1,024 + 3 x 14,336) = 6,979,321,856 "
+        "weights, x 2 B = 13,958,643,712 B, the no-AC activation difference above to the "
+        "byte; with full AC autograd does not keep them, but autocast's cast cache (leaf "
+        "weights, cleared when the autocast region ends) holds them through the forward: "
+        "the full-AC difference is in temporaries, 11,991,515,136 B at the peak. The rows "
+        "do not run autocast, so bf16 is the closer model of them.",
+    ]
+    return out
+
+
 def write_md(small: dict, titan: dict, path: Path) -> None:
     lines = [
         "# float8 training (torchao `convert_to_float8_training`) vs bf16",
@@ -127,6 +174,7 @@ def write_md(small: dict, titan: dict, path: Path) -> None:
             for c in ("full", "none")
         ]
         lines.append(f"| {recipe} | " + " | ".join(cells) + " |")
+    lines += _titan_notes(titan)
     lines += ["", "Commands:", ""] + [f"- `{r['command']}`" for r in titan.values()]
     path.write_text("\n".join(lines) + "\n")
 
@@ -166,7 +214,13 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--skip-titan", action="store_true")
     parser.add_argument("--cpu-check", action="store_true")
+    parser.add_argument("--rewrite", action="store_true", help="rewrite the md from the json")
     args = parser.parse_args()
+    if args.rewrite:
+        data = json.loads((OUT / "float8.json").read_text())
+        titan = {tuple(k.split("/")): v for k, v in data["titan"].items()}
+        write_md(data["small"], titan, OUT / "float8.md")
+        return
     if args.cpu_check:
         cpu_check(OUT / "float8_cpu.md")
         return
