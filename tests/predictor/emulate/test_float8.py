@@ -196,3 +196,22 @@ def test_float8_under_sharding_casts_every_blocks_linears(sharding):
     for n_out, n_in in ((96, 32), (32, 32), (128, 32), (32, 128)):  # qkv, proj, fc1, fc2
         assert n_out * n_in in casts
     assert graph.meta["model_info"]["module_class"].endswith("(8/9 Linear)")
+
+
+def test_for_a_cuda_target_a_float8_linear_sees_the_autocast_dtype():
+    """Capture autocasts on the CPU; Float8Linear reads CUDA's autocast state only, so for
+    a CUDA target each converted layer gets its input cast as `Float8Linear.forward` casts
+    it on CUDA (to the autocast dtype), and not for a CPU target."""
+    seen: list[torch.dtype] = []
+    for target in ("cuda", "cpu"):
+        model = nn.Sequential(nn.Linear(D, H))
+        apply_float8(
+            model,
+            TrainSpec.of(float8="tensorwise", float8_filter_fqns=""),
+            device=torch.device("cpu"),
+            target=target,
+        )
+        model[0].register_forward_pre_hook(lambda m, args: seen.append(args[0].dtype))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(torch.randn(B, D))
+    assert seen == [torch.bfloat16, torch.float32]
