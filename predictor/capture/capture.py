@@ -31,6 +31,7 @@ from memgnn.predictor.capture.step import TrainingStep, step_plan
 from memgnn.predictor.emulate.attention import check_attention, unpacked_positions
 from memgnn.predictor.emulate.cuda_kernels import cuda_dropout, cuda_kernel_hooks
 from memgnn.predictor.emulate.flash_attn import flash_scratch, hf_flash_kernels
+from memgnn.predictor.emulate.float8 import check_float8
 from memgnn.predictor.emulate.kernels import (
     cpu_kernel_hooks,
     cuda_scratch,
@@ -292,6 +293,7 @@ def capture(
     user's own step function) inside the capture's fake mode; it is captured in full."""
     cfg = config or CaptureConfig()
     check_attention(train, cfg.target, cfg.sm)
+    check_float8(train, cfg.target, cfg.sm)
     sizes = bundle.sizes(cfg.sizes)
     why = "asked for (mode full)"
     if make_step is not None:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from memgnn.predictor.emulate.float8 import float8_label
 from memgnn.predictor.emulate.peft import adapter_label
 from memgnn.predictor.emulate.quant import QUANTIZED_TYPES, Linear4bitSim, compute_dtype
 from memgnn.predictor.spec.bundle import ModelBundle, default_blocks
@@ -94,7 +95,7 @@ def _class_name(model: nn.Module, train: TrainSpec) -> str:
     `LlamaForCausalLM + LoRA r=16`, `... + prefix tuning tokens=20` (not peft's PeftModel)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     quant = f" on {train.quant.base}" if train.quant.base != "none" else ""
-    return f"{type(base).__name__}{adapter_label(model, train)}{quant}"
+    return f"{type(base).__name__}{adapter_label(model, train)}{quant}{float8_label(model, train)}"
 
 
 def _adapted(model: nn.Module) -> dict[str, int]:

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import torch
 from memgnn.predictor.emulate.attention import apply_attention, check_attention
+from memgnn.predictor.emulate.float8 import apply_float8, check_float8
 from memgnn.predictor.emulate.offload import apply_activation_offload
 from memgnn.predictor.emulate.offload_optim import CPUOffloadOptimizer
 from memgnn.predictor.emulate.optim8bit import AdamW8bit
@@ -244,12 +245,14 @@ class TrainingStep:
         check_cuda_only(train, target)
         self.bundle, self.train, self.device, self.target = bundle, train, device, target
         check_attention(train, target)
+        check_float8(train, target)
         with torch.device(device), _default_dtype(train.numerics.param_dtype):
             model = bundle.build()
         model.train()
         self.model = model
         self.attention = apply_attention(model, train, fake=fake)
         self.quantized = quantize_model(model, train)
+        self.float8 = apply_float8(model, train, device=device, target=target)
         self.checkpointed = 0
         blocks = (bundle.blocks or default_blocks)(model)
         if train.activations.checkpointing == "hf":

@@ -25,11 +25,15 @@ Key (default) -> memgnn:
   --checkpointing full; selective N -> blocks:(layers // N) (as many blocks checkpointed);
   none
 - optimizer.name (AdamW) / implementation (fused) -> --optimizer / --optimizer-impl
+- model.converters ["float8"] / ["quantize.linear.float8"] with [float8] / [quantize.linear.
+  float8] recipe_name (None: tensorwise) and filter_fqns ([]; torchtitan's names mapped to
+  transformers' q_proj ... ; `output` the head) -> --float8 RECIPE --float8-filter-fqns
 Not modelled (warnings): tensor / pipeline / context / expert parallel degrees > 1,
 op-level selective and memory-budget activation checkpointing (the answer checkpoints
-nothing), compile, float8 / MX converters, CPU offload, the optimizer in backward,
-FSDP's MixedPrecisionPolicy (modelled as autocast over fp32 parameters). torchtitan's own
-model code is captured as transformers' class of the same shapes.
+nothing), compile, MX converters, float8's FSDP float8 all-gather, CPU offload, the
+optimizer in backward, FSDP's MixedPrecisionPolicy (modelled as autocast over fp32
+parameters). torchtitan's own model code is captured as transformers' class of the same
+shapes.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Any
 from memgnn.predictor.frameworks.base import Builder, ConfigReading, is_off
 from memgnn.predictor.frameworks.files import flatten
 from memgnn.predictor.frameworks.naming import Catalog, hub_model
+from memgnn.predictor.spec.choices import FLOAT8_RECIPES
 
 __all__ = ["FLAVORS", "read_torchtitan"]
 
@@ -384,26 +389,99 @@ def _optimizer(b: Builder) -> None:
         b.default(impl_key, "fused", f"{became} (torchtitan's default)")
 
 
+# torchtitan's model converter names for float8 Linear training (the older `float8`, and
+# `quantize.linear.float8` since the quantize.* sections) and their config sections
+FLOAT8_CONVERTERS = {"float8": "float8", "quantize.linear.float8": "quantize.linear.float8"}
+# torchtitan's llama/qwen module names -> the transformers class memgnn captures instead
+_TITAN_TO_HF = {
+    "attention.wq": "self_attn.q_proj", "attention.wk": "self_attn.k_proj",
+    "attention.wv": "self_attn.v_proj", "attention.wo": "self_attn.o_proj",
+    "feed_forward.w1": "mlp.gate_proj", "feed_forward.w2": "mlp.down_proj",
+    "feed_forward.w3": "mlp.up_proj", "output": "output",
+}  # fmt: skip
+
+
+def _float8_filter(b: Builder, key: str) -> str:
+    """torchtitan's filter_fqns (default: none) as --float8-filter-fqns: its module names
+    in the transformers class's spelling; `output` is the output head either way."""
+    value = b.get(key) or []
+    names = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    names = [n.strip() for n in names if n.strip()]
+    if "auto_filter_small_kn" in names:
+        names.remove("auto_filter_small_kn")
+        b.warn(
+            f"{key}: auto_filter_small_kn (torchao's size heuristics) is not modelled; the "
+            "answer converts every Linear with dims divisible by 16",
+        )
+    return ",".join(_TITAN_TO_HF.get(n, n) for n in names)
+
+
+def _float8(b: Builder, section: str, source: str) -> str:
+    """The float8 converter's section: recipe (None: torchao's default config, tensorwise)
+    and filter as --float8 / --float8-filter-fqns; the FSDP float8 all-gather and emulation
+    are not modelled (warned)."""
+    recipe_key, filter_key = f"{section}.recipe_name", f"{section}.filter_fqns"
+    recipe = b.get(recipe_key) or "tensorwise"
+    if recipe not in FLOAT8_RECIPES[1:]:
+        raise ValueError(f"{recipe_key}: {recipe!r}; expected one of {FLOAT8_RECIPES[1:]}")
+    became = b.option("float8", recipe, source)
+    if b.has(recipe_key):
+        b.read(recipe_key, became)
+    else:
+        b.default(recipe_key, None, f"{became} (torchao's default Float8LinearConfig)")
+    fqns = _float8_filter(b, filter_key)
+    became_filter = b.option("float8_filter_fqns", fqns, f"{filter_key}: {b.get(filter_key)}")
+    if b.has(filter_key):
+        b.read(filter_key, became_filter)
+    else:
+        b.default(filter_key, [], f"{became_filter} (none filtered)")
+    for name, what, assumes in (
+        ("enable_fsdp_float8_all_gather", "FSDP's float8 all-gather of the weights",
+         "bf16 all-gathers"),
+        ("precompute_float8_dynamic_scale_for_fsdp", "one all-reduce of the weights' scales",
+         "no precomputed scales"),
+        ("emulate", "torchao's emulated float8 gemm", "the _scaled_mm path"),
+        ("force_recompute_fp8_weight_in_bwd", "recomputing the float8 weight in backward",
+         "eager torchao 0.18 (high-precision weight saved, recast in backward)"),
+    ):  # fmt: skip
+        key = f"{section}.{name}"
+        if b.has(key):
+            b.feature(key, what, assumes)
+    return became
+
+
 def _converters(b: Builder) -> None:
     key = "model.converters"
     converters = b.get(key) or []
     converters = converters.split(",") if isinstance(converters, str) else list(converters)
+    converters = [str(c).strip() for c in converters if str(c).strip()]
+    float8 = [c for c in converters if c in FLOAT8_CONVERTERS]
+    other = [c for c in converters if c not in FLOAT8_CONVERTERS]
+    section = None
+    if float8:  # the section the file writes (torchtitan moved [float8] to quantize.*)
+        written = [
+            s for s in FLOAT8_CONVERTERS.values() if any(k.startswith(f"{s}.") for k in b.flat)
+        ]
+        section = written[0] if written else FLOAT8_CONVERTERS[float8[0]]
+        became = _float8(b, section, f"{key}: {float8[0]}")
     if b.has(key):
-        if converters:
+        if other:
             b.warn(
-                f"{key}: {converters}: float8 / MX training (low-precision Linear layers) is "
-                "not modelled yet; the answer runs bf16/fp32 Linear layers",
+                f"{key}: {other}: MX / other quantised training (low-precision Linear layers) "
+                "is not modelled yet; the answer runs bf16/fp32 Linear layers",
                 key=key,
             )
         else:
-            b.read(key, "none")
+            b.read(key, became if float8 else "none")
     for k in [k for k in b.unhandled() if k.startswith(("float8.", "mx.", "quantize."))]:
-        if converters and not is_off(b.get(k)):
-            b.warn(f"{k}: {b.get(k)}: a setting of the float8/MX converters (not modelled)", key=k)
+        if section is not None and k.startswith(f"{section}."):
+            b.warn(f"{k}: {b.get(k)}: a setting of the float8 converter (not modelled)", key=k)
+        elif other and not is_off(b.get(k)) and not k.startswith(tuple(FLOAT8_CONVERTERS)):
+            b.warn(f"{k}: {b.get(k)}: a setting of the MX converters (not modelled)", key=k)
         else:
             b.no_effect(
                 k,
                 "no converter is enabled (model.converters)"
                 if not converters
-                else "the converters' default",
+                else "not a section of the enabled converters",
             )

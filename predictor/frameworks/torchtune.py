@@ -21,6 +21,9 @@ Key (default) -> memgnn:
 - dtype (bf16 / fp32) -> --precision bf16 / fp32: parameters, gradients, optimizer states
   and activations all in it; LoRA adapters too (--lora-dtype model)
 - enable_activation_checkpointing (default false) -> --checkpointing full
+- enable_fp8_training (default false) + fp8_recipe_name (null: torchao's default config,
+  tensorwise, with its FSDP float8 all-gather: not modelled, warned) -> --float8 RECIPE;
+  torchtune converts every Linear but `output` (--float8-filter-fqns output)
 - optimizer._component_, optimizer.fused / foreach -> --optimizer, --optimizer-impl
 - distributed keys (fsdp_cpu_offload, fsdp_reshard_after_forward, data_parallel_shard_dim,
   ...) -> --sharding fsdp (FSDP2 on every layer; the GPU count is tune run's
@@ -42,6 +45,7 @@ from memgnn.predictor.frameworks.base import Builder, ConfigReading, is_off
 from memgnn.predictor.frameworks.ecosystem import ADAMW_ASSUMED
 from memgnn.predictor.frameworks.files import flatten
 from memgnn.predictor.frameworks.naming import Catalog, hub_model, lora_targets
+from memgnn.predictor.spec.choices import FLOAT8_RECIPES
 
 __all__ = ["BUILDERS", "read_torchtune"]
 
@@ -231,7 +235,36 @@ def read_torchtune(
     _optimizer(b)
     _loss(b)
     _distributed(b, path)
+    _fp8(b)
     return b.finish(_NO_EFFECT, _FEATURES)
+
+
+def _fp8(b: Builder) -> None:
+    """torchtune's `enable_fp8_training` (full_finetune_distributed): torchao's
+    convert_to_float8_training with `Float8LinearConfig.from_recipe_name(fp8_recipe_name)`,
+    or without a recipe its default (tensorwise) with the FSDP float8 all-gather; every
+    Linear but the one named `output`."""
+    key, recipe_key = "enable_fp8_training", "fp8_recipe_name"
+    if not b.get(key):
+        if b.has(key):
+            b.read(key, "off")
+        if b.has(recipe_key):
+            b.no_effect(recipe_key, "enable_fp8_training is off")
+        return
+    recipe = b.get(recipe_key) or "tensorwise"
+    if recipe not in FLOAT8_RECIPES[1:]:
+        raise ValueError(f"{recipe_key}: {recipe!r}; expected one of {FLOAT8_RECIPES[1:]}")
+    became = b.option("float8", recipe, f"{key}: true, {recipe_key}: {b.get(recipe_key)}")
+    became += " " + b.option("float8_filter_fqns", "output", f"{key}: true (all but output)")
+    b.read(key, became)
+    if b.given(recipe_key):
+        b.read(recipe_key, became)
+    else:
+        b.default(recipe_key, None, f"{became} (torchao's default Float8LinearConfig)")
+        b.warn(
+            f"{key}: true without {recipe_key}: torchtune enables FSDP's float8 all-gather, "
+            "which is not modelled; the answer all-gathers the weights in their own dtype"
+        )
 
 
 def _model(b: Builder, catalog: Catalog | None) -> dict | None:

@@ -10,6 +10,7 @@ __all__ = [
     "BNB_FIRST_4BIT",
     "BNB_INT8_REWRITE",
     "BNB_VERSION",
+    "FLOAT8_RECIPES",
     "FSDP1_BACKWARD_PREFETCHES",
     "FSDP1_STRATEGIES",
     "FSDP1_WRAPS",
@@ -93,6 +94,9 @@ OFFLOAD_ACTIVATIONS = ("none", "save_on_cpu", "torchtune")
 OFFLOAD_OPTIMIZERS = ("none", "torchao")
 # LoRA adapters' dtype: fp32 = peft's default upcast, model = the base model's dtype
 LORA_DTYPES = ("fp32", "model")
+# torchao's float8 training (`convert_to_float8_training`, predictor/emulate/float8.py): its
+# Float8LinearRecipeName values; none keeps the Linear layers in the training dtype
+FLOAT8_RECIPES = ("none", "tensorwise", "rowwise", "rowwise_with_gw_hp")
 # bitsandbytes-quantised frozen base (QLoRA): see predictor/emulate/quant.py
 QUANTIZE_BASES = ("none", "nf4", "nf4-dq", "int8")
 # bnb_4bit_quant_storage: the dtype the packed 4-bit codes are stored in (float storage lets

@@ -1,7 +1,7 @@
 """How one training step runs: the training spec, nested by concern (torchtitan's style).
 
     TrainSpec
-      numerics     NumericsSpec(precision)
+      numerics     NumericsSpec(precision, float8, float8_filter_fqns)
       optim        OptimSpec(name, impl, lr, set_to_none)
       activations  ActivationSpec(checkpointing)
       kernels      KernelSpec(attention)
@@ -37,6 +37,7 @@ from memgnn.predictor.spec.choices import (
     BNB_FIRST_4BIT,
     BNB_INT8_REWRITE,
     BNB_VERSION,
+    FLOAT8_RECIPES,
     FSDP1_BACKWARD_PREFETCHES,
     FSDP1_STRATEGIES,
     FSDP1_WRAPS,
@@ -76,6 +77,8 @@ __all__ = [
 # none | full | blocks:N (memgnn's wrapper around the first N blocks) | hf (transformers'
 # own gradient checkpointing of every decoder layer, non-reentrant)
 _CKPT_RE = re.compile(r"^(none|full|hf|blocks:(\d+))$")
+# --float8-filter-fqns: comma-separated module-name substrings (may be empty)
+_FQNS_PATTERN = r"^([A-Za-z0-9_.]+(,[A-Za-z0-9_.]+)*)?$"
 
 
 def _choice(value: Any, choices: tuple, what: str) -> None:
@@ -93,8 +96,40 @@ class NumericsSpec:
         "fp32 master copy; amp-bf16/amp-fp16: fp32 master weights, autocast compute",
     )  # fmt: skip
 
+    # torchao's float8 training (`emulate.float8`): Linear layers swapped for Float8Linear
+    # with the recipe's casts (torchtitan's float8 converter)
+    float8: str = opt(
+        "none", name="float8", choices=FLOAT8_RECIPES,
+        help="torchao float8 training: Linear layers become Float8Linear with this recipe "
+        "(convert_to_float8_training; skips the output head and Linears with a dim not "
+        "divisible by 16, as torchtitan does)",
+    )  # fmt: skip
+    float8_filter_fqns: str = opt(
+        "output", name="float8_filter_fqns", pattern=_FQNS_PATTERN, max_length=400,
+        help="--float8: comma-separated module-name substrings to keep out of float8 "
+        "(torchtitan's filter_fqns); 'output' means the output head (lm_head / output)",
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         _choice(self.precision, PRECISIONS, "precision")
+        _choice(self.float8, FLOAT8_RECIPES, "--float8")
+        if not re.fullmatch(_FQNS_PATTERN, self.float8_filter_fqns):
+            raise ValueError(
+                f"--float8-filter-fqns {self.float8_filter_fqns!r}: comma-separated module "
+                "names (letters, digits, _ and .)"
+            )
+        if self.float8 == "none" and self.float8_filter_fqns != "output":
+            raise ValueError("--float8-filter-fqns applies to --float8 tensorwise|rowwise|...")
+        if self.float8 != "none" and self.precision in ("fp16", "amp-fp16"):
+            raise ValueError(
+                f"--float8 {self.float8} with --precision {self.precision} is not modelled: "
+                "torchao's float8 training runs from bf16 or fp32 (torchtitan: bf16 compute)"
+            )
+
+    @property
+    def float8_filters(self) -> tuple[str, ...]:
+        """--float8-filter-fqns as a tuple of substrings."""
+        return tuple(f for f in self.float8_filter_fqns.split(",") if f)
 
     @property
     def param_dtype(self) -> torch.dtype:
@@ -672,6 +707,7 @@ class TrainSpec:
             if not isinstance(getattr(self, f.name), _GROUPS[f.name]):
                 raise ValueError(f"TrainSpec.{f.name} must be a {_GROUPS[f.name].__name__}")
         base, sharding = self.quant.base, self.parallel.sharding
+        _check_float8(self)
         if base == "int8" and sharding != "none":
             raise ValueError(
                 f"--quantize-base int8 with --sharding {sharding} is not modelled (LLM.int8's "
@@ -745,6 +781,28 @@ class TrainSpec:
     def changed(self) -> dict[str, Any]:
         """The options that differ from their defaults (what a user set)."""
         return {n: v for n, v in self.flat().items() if v != BY_NAME[n].default}
+
+
+def _check_float8(train: TrainSpec) -> None:
+    """--float8 with the options that swap or wrap the same Linear layers."""
+    recipe = train.numerics.float8
+    if recipe == "none":
+        return
+    if train.quant.base != "none":
+        raise ValueError(
+            f"--float8 {recipe} with --quantize-base {train.quant.base}: both replace the "
+            "Linear layers; pick one"
+        )
+    if train.adapter.method != "none":
+        raise ValueError(
+            f"--float8 {recipe} with --peft {train.adapter.method} is not modelled (float8 "
+            "training converts the trained Linear layers of a full fine-tune or pre-training)"
+        )
+    if train.parallel.sharding not in ("none", "ddp", "fsdp", "hsdp"):
+        raise ValueError(
+            f"--float8 {recipe} with --sharding {train.parallel.sharding} is not modelled; "
+            "float8 training is modelled on one GPU, with ddp, fsdp or hsdp"
+        )
 
 
 def _check_offload(train: TrainSpec) -> None:

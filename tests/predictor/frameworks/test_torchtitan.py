@@ -152,12 +152,14 @@ selective_ac_option = "op"
     assert r.sizes == {"B": 1, "S": 4096}
     assert r.options["gpus"] == 16 and r.options["sharding"] == "fsdp"
     assert "checkpointing" not in r.options
+    # the float8 converter is torchao's default config (tensorwise), nothing filtered
+    assert r.options["float8"] == "tensorwise" and r.options["float8_filter_fqns"] == ""
+    assert not any(w.startswith("model.converters") for w in r.warnings)
     starts = (
         "training.compile: true: torch.compile",
         "training.tensor_parallel_degree: 2",
         "experimental.context_parallel_degree: 2",
-        "model.converters: ['float8']",
-        "float8.enable_fsdp_float8_all_gather: True",
+        "float8.enable_fsdp_float8_all_gather: true: FSDP's float8 all-gather",
         "activation_checkpoint.mode: selective (activation_checkpoint.selective_ac_option:"
         " op): op-level selective",
     )
@@ -314,3 +316,32 @@ def test_every_key_of_the_job_config_is_known():
     r = read_torchtitan(Path("all.toml"), data)
     assert [w for w in r.warnings if w.startswith("unknown key")] == []
     assert len(JOB_CONFIG_KEYS) == 171
+
+
+def test_the_float8_converter_becomes_float8_training(write, became):
+    text = """\
+[model]
+name = "llama3"
+flavor = "8B"
+converters = ["quantize.linear.float8"]
+
+[quantize.linear.float8]
+recipe_name = "rowwise"
+filter_fqns = ["output", "attention.wq", "auto_filter_small_kn"]
+precompute_float8_dynamic_scale_for_fsdp = false
+
+[quantize.linear.mx]
+filter_fqns = ["output"]
+"""
+    r = read_config(write("f8.toml", text))
+    assert r.options["float8"] == "rowwise"
+    # torchtitan's module names in the transformers class's spelling; the heuristic dropped
+    assert r.options["float8_filter_fqns"] == "output,self_attn.q_proj"
+    assert any(w.startswith("quantize.linear.float8.filter_fqns: auto_filter") for w in r.warnings)
+    b = became(r)
+    assert b["model.converters"].startswith("--float8 rowwise")
+    assert b["quantize.linear.mx.filter_fqns"].startswith("no memory effect")
+    assert b["quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"].startswith("off")
+    bad = text.replace('"rowwise"', '"mxfp8"')
+    with pytest.raises(ValueError, match="recipe_name"):
+        read_config(write("bad.toml", bad))

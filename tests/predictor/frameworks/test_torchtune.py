@@ -241,3 +241,28 @@ def test_every_key_the_recipes_read_is_known(write):
     )  # fmt: skip
     r = read_config(write("all.yaml", yaml.safe_dump(data)))
     assert [w for w in r.warnings if w.startswith("unknown key")] == []
+
+
+def test_fp8_training_becomes_float8(write, became, valid_spec):
+    text = """\
+model:
+  _component_: torchtune.models.llama3_2.llama3_2_1b
+dtype: bf16
+batch_size: 2
+gradient_accumulation_steps: 1
+enable_fp8_training: true
+fp8_recipe_name: rowwise
+"""
+    r = read_config(write("fp8.yaml", text))
+    assert r.options["float8"] == "rowwise" and r.options["float8_filter_fqns"] == "output"
+    assert became(r)["enable_fp8_training"] == "--float8 rowwise --float8-filter-fqns output"
+    spec = valid_spec(r)
+    assert (spec.numerics.float8, spec.numerics.float8_filters) == ("rowwise", ("output",))
+    default = read_config(write("fp8d.yaml", text.replace("fp8_recipe_name: rowwise\n", "")))
+    assert default.options["float8"] == "tensorwise"
+    assert any("float8 all-gather" in w for w in default.warnings)
+    off = read_config(
+        write("off.yaml", text.replace("enable_fp8_training: true", "enable_fp8_training: false"))
+    )
+    assert "float8" not in off.options
+    assert became(off)["fp8_recipe_name"].startswith("no memory effect")
