@@ -12,7 +12,7 @@ benchmarks/configs/) or `why_not`, the named reasons it is not expressible yet, 
 
 from __future__ import annotations
 
-from public_rows import BY_ID2, Row, _lora, row
+from public_rows import AAI, AAI_NOTE, AAI_QLORA, BY_ID2, Row, _lora, row
 
 # the reasons a row is not expressible yet, by key (the summary counts them)
 REASONS = {
@@ -27,7 +27,7 @@ REASONS = {
     "chunked_ce": "chunked cross entropy (CEWithChunkedOutputLoss) not modelled",
     "torchao_nf4": "torchao NF4Tensor base weights (memgnn models bitsandbytes' nf4)",
     "cpu_offload": "CPU offload of params (FSDP) not modelled",
-    "timm": "timm model (not in the catalog)",
+    "timm": "timm model (not in the catalog; eager rows run as transformers' Dinov2)",
     "lpmm": "lpmm 4-bit optimizer not modelled",
     "deepspeed": "DeepSpeed ZeRO-Offload not modelled",
     "varlen": "data-dependent length: unpacked alpaca batches, the longest not stated",
@@ -84,6 +84,29 @@ def _unsloth(id: str, model: str, seq: int, device: str) -> Row:
 
 
 L8 = "hf:meta-llama/Llama-3.1-8B"
+DINO = "hf:benchmarks/configs/hf/dinov2-giant/config.json"
+TORCHAO = "pytorch/ao@03cf0ade benchmarks/benchmark_low_bit_adam.py + torchao/optim/README.md"
+DINO_NOTE = (
+    "timm vit_giant_patch14_dinov2.lvd142m (num_classes=45) as transformers' Dinov2 of the "
+    "same shapes (facebook/dinov2-giant's config.json, benchmarks/configs/hf/: 1,134,909,485 "
+    "parameters with HF's head on [CLS, mean patch]; timm's head reads [CLS] only: 69,120 "
+    "fewer); images 224 x 224 (the script's RandomResizedCrop(224), not the CSV's 518: "
+    "257 tokens); --full_bf16 = model.bfloat16(); timm set_grad_checkpointing = every block "
+    "checkpointed; torch AdamW(fused=True); the RTX 4070 Ti SUPER 16GB has no profile: "
+    "rtx4090-24gb (sm 8.9 too; allocated bytes do not depend on the card's size)"
+)
+
+
+def _dino(id: str, **kw) -> Row:
+    kw.setdefault("precision", "bf16")
+    return row(
+        id=id, model=DINO, task="image-cls", model_args={"image_size": "224", "num_labels": "45"},
+        batch=32, device="rtx4090-24gb", metric="allocated", unit="GB(1e9)", method="replay",
+        source=TORCHAO, notes=DINO_NOTE, optimizer="adamw", optimizer_impl="fused",
+        checkpointing="full", **kw,
+    )  # fmt: skip
+
+
 AOF8 = ("compile", "selective_ac", "fsdp2_mp")
 AOF8_NOTE = (
     "the same nominal config logs 47.65 / 39.09 / 33.71 GiB on H100 / MI300X / B200 (versions)"
@@ -153,19 +176,24 @@ ROWS_2: list[Row] = [
         "8 A100s",
         precision="bf16", optimizer="bnb.PagedAdamW", checkpointing="full", gpus=8,
         sharding="fsdp1", fsdp1_wrap="blocks"),
-    *[BY_ID2[f"aai{k}"] for k in range(1, 22)],
+    *[BY_ID2[f"aai{k}"] for k in range(1, 11)],
+    row(id="aai11", model="hf:benchmarks/configs/hf/yi-34b/config.json", batch=2, seq=2048,
+        device="rtx3090-24gb", metric="reserved", unit="GiB", method="replay", source=AAI,
+        notes=AAI_NOTE + "; 01-ai/Yi-34B from its published config.json (benchmarks/configs/"
+        "hf/yi-34b/)", model_args={"use_cache": "false"}, **AAI_QLORA),
+    *[BY_ID2[f"aai{k}"] for k in range(12, 22)],
     *[not_row(f"aoopt{k}", "compile", "timm") for k in (1, 2, 3, 4, 6)],
     not_row("aoopt5", "compile", "timm", "lpmm"),
     not_row("aoopt7", "compile", "timm", "lpmm"),
     *[not_row(f"aoopt{k}", "varlen", extra="batch per torchtune 52d1b838's config, not "
               "restated") for k in (8, 9, 10, 11)],
-    not_row("aoopt12", "timm"),
-    not_row("aoopt13", "timm", "deepspeed"),
-    not_row("aoopt14", "timm"),
-    not_row("aoopt15", "timm"),
+    _dino("aoopt12"),
+    not_row("aoopt13", "deepspeed"),
+    _dino("aoopt14", offload_optimizer="torchao"),
+    _dino("aoopt15", offload_optimizer="torchao", offload_gradients=True),
     not_row("aoopt16", "compile", "timm"),
     not_row("aoopt17", "compile", "timm"),
-    not_row("aoopt18", "timm"),
+    _dino("aoopt18", precision="amp-bf16", offload_optimizer="torchao"),
     not_row("aof81", *AOF8, extra=AOF8_NOTE),
     not_row("aof82", *AOF8, "float8", extra=AOF8_NOTE),
     not_row("aof83", *AOF8, "float8", extra=AOF8_NOTE),
