@@ -179,6 +179,7 @@ def write_md(results: dict[str, dict], order: list[str], total: int) -> None:
         if r["status"] == "done":
             pred, err = _g(r["predicted_bytes"]), f"{100 * r['rel_error']:+.1f}%"
             flags = [f for f in ("approximate", "suspect") if st.get(f)]
+            flags += ["boundary (the card's memory)"] if "boundary row" in st["notes"] else []
             why = f"done ({r['method']}, {r['seconds']} s)" + (
                 f"; {', '.join(flags)} figure" if flags else ""
             )
