@@ -45,7 +45,7 @@ COMMAND = (
     "benchmarks/public_measurements_2.py"
 )
 # one row per source / technique first, so a run cut short covers the most kinds
-RUN_FIRST = "ttune20 ttune10 aai2 ttune21 unsloth3 ttune22 aai3 ttune23".split()
+RUN_FIRST = "ttune20 ttune10 aai2 ttune21 unsloth3 ttune22 aai3 ttune23 aoopt12 aai11".split()
 
 
 def args_of(row: Row) -> list[str]:
