@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from public_measurements import MEMGNN, OUT, ROOT, measured_bytes, predict_args
+from public_measurements import MEMGNN, OUT, ROOT, UNITS, measured_bytes, predict_args
 from public_rows import Row
 from public_rows2 import BY_ID_2, REASONS, reason_keys
 
@@ -120,6 +120,7 @@ def summary(results: dict[str, dict], total: int) -> dict[str, Any]:
         "done": len(done),
         "not_run": [r["id"] for r in expressible if r["status"] == "not run"],
         "failed": {r["id"]: r["why"] for r in expressible if r["status"] in ("error", "timeout")},
+        "fitted": len(fitted),
         "median_abs_rel_error": med(fitted),
         "median_abs_rel_error_with_suspect": med(done),
         "median_abs_rel_error_exact_figures": med(exact),
@@ -137,8 +138,11 @@ def _num(rid: str) -> tuple[str, int]:
     return head, int(rid[len(head) :] or 0)
 
 
-def _g(n: int | None) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+def _g(n: int | None, unit: str = "GiB") -> str:
+    """Bytes in the row's own unit (GiB, or GB = 1e9 bytes)."""
+    if n is None:
+        return "-"
+    return f"{n / UNITS[unit]:.2f} {'GB' if unit == 'GB(1e9)' else unit}"
 
 
 def write_md(results: dict[str, dict], order: list[str], total: int) -> None:
@@ -148,16 +152,17 @@ def write_md(results: dict[str, dict], order: list[str], total: int) -> None:
         "# memgnn vs published GPU measurements, set 2 (public-gpu-measurements-2.csv)",
         "",
         f"`{COMMAND}` (settings and sources per row: benchmarks/public_rows2.py; config files: "
-        "benchmarks/configs/). Bytes shown in GiB (2^30); the measured figure is converted "
-        "from the row's own unit. Error = (predicted - measured) / measured, in the row's "
-        "own metric.",
+        "benchmarks/configs/). Error = (predicted - measured) / measured, in the row's "
+        "own metric. Measured and predicted are shown in the row's own unit (GiB = 2^30 "
+        "bytes, GB = 1e9 bytes, as the source reports it; not-expressible rows: the CSV's "
+        "figure as written).",
         "",
         f"- rows: {s['rows']}; expressible by memgnn: {s['expressible']} "
         f"({pct(s['expressible_share'])}); predicted: {s['done']}; not run yet (rerun the "
         f"script, it resumes): {len(s['not_run'])} {' '.join(s['not_run'])}; failed: "
         f"{len(s['failed'])} {' '.join(s['failed'])}",
-        f"- median |error| over the {s['done']} predicted rows, the suspect ones (figure "
-        f"contradicted by its own setup) left out: {pct(s['median_abs_rel_error'])}; with "
+        f"- median |error| over the {s['fitted']} predicted rows that are not suspect (a "
+        f"figure contradicted by its own setup): {pct(s['median_abs_rel_error'])}; with "
         f"them: {pct(s['median_abs_rel_error_with_suspect'])}; exact figures only (not "
         f"approximate, not suspect): {pct(s['median_abs_rel_error_exact_figures'])}",
         "- under-predicted by more than 10%: "
@@ -177,7 +182,7 @@ def write_md(results: dict[str, dict], order: list[str], total: int) -> None:
             continue
         c, st = r["csv"], r["settings"]
         if r["status"] == "done":
-            pred, err = _g(r["predicted_bytes"]), f"{100 * r['rel_error']:+.1f}%"
+            pred, err = _g(r["predicted_bytes"], st["unit"]), f"{100 * r['rel_error']:+.1f}%"
             flags = [f for f in ("approximate", "suspect") if st.get(f)]
             flags += ["boundary (the card's memory)"] if "boundary row" in st["notes"] else []
             why = f"done ({r['method']}, {r['seconds']} s)" + (
@@ -186,7 +191,7 @@ def write_md(results: dict[str, dict], order: list[str], total: int) -> None:
         else:
             pred, err, why = "-", "-", f"{r['status']}: {r['why']}"
         metric = st["metric"] if r["status"] != "not expressible" else "-"
-        meas = _g(r["measured_bytes"]) if r["measured_bytes"] else f"{c['measured_gb']} (csv)"
+        meas = _g(r["measured_bytes"], st["unit"]) if r["measured_bytes"] else c["measured_gb"]
         lines.append(
             f"| {rid} | {st['model'] or c['model']} | {c['gpu']} | {metric} | {meas} | {pred} "
             f"| {err} | {why} |"
@@ -279,6 +284,10 @@ def main() -> int:
             and not BY_ID_2[rid].why_not
         ):
             results[rid] = run_row(BY_ID_2[rid], csv_rows[rid], args.timeout, dry=True)
+        else:  # descriptions may have been edited since the run
+            row = BY_ID_2[rid]
+            keys = ("notes", "source", "approximate", "suspect")
+            results[rid]["settings"] |= {k: getattr(row, k) for k in keys}
     save(results, order, total)
     todo = [] if args.report_only else run_order(order)
     for k, rid in enumerate(todo, 1):

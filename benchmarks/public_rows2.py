@@ -62,6 +62,11 @@ TORCHTUNE_NOTE = (
     "torchtune's own model code (memgnn captures transformers' class of the same shapes); "
     "the README's 'peak memory' does not say which statistic"
 )
+TT_MAY_NOTE = (
+    "; an earlier version of the same README table (Mar 2024) states 'Peak memory per GPU "
+    "is as reported by torch.cuda.max_memory_reserved()', from A100s capped with "
+    "torch.cuda.set_per_process_memory_fraction: read as reserved"
+)
 UNSLOTH = "unsloth.ai/docs/basics/unsloth-benchmarks ('Hugging Face + FA2' column)"
 UNSLOTH_NOTE = (
     "a boundary row: the longest padded sequence that fits the card, so the measured figure "
@@ -147,7 +152,7 @@ ROWS_2: list[Row] = [
         config=CONFIGS + "llama2_7B_lora_single_device.yaml",
         device="rtx4090-24gb", metric="reserved", unit="GiB", approximate=True,
         method="replay", source=TT_MAY + " + recipes/configs/llama2/7B_lora_single_device.yaml",
-        notes=TORCHTUNE_NOTE + " (read as reserved); unit GB read as GiB; gradient "
+        notes=TORCHTUNE_NOTE + TT_MAY_NOTE + "; unit GB read as GiB; gradient "
         "accumulation 1 (LoRA gradients only)"),
     BY_ID2["ttune21"],
     row(id="ttune22", model="hf:meta-llama/Llama-2-7b-hf", batch=4, seq=2048,
@@ -155,7 +160,7 @@ ROWS_2: list[Row] = [
         optimizer="bnb.PagedAdamW", optimizer_in_bwd=True,
         device="rtx4090-24gb", metric="reserved", unit="GiB", approximate=True,
         method="replay", source=TT_MAY + " + recipes/configs/llama2/7B_full_low_memory.yaml",
-        notes=TORCHTUNE_NOTE + " (read as reserved); unit GB read as GiB; the config's "
+        notes=TORCHTUNE_NOTE + TT_MAY_NOTE + "; unit GB read as GiB; the config's "
         "optimizer_in_bwd assumed as of May 2024; --optimizer bnb.PagedAdamW and "
         "--optimizer-in-bwd given as flags (memgnn's torchtune reader maps PagedAdamW to "
         "torch's adamw and only warns on optimizer_in_bwd): the paged states live in "
@@ -163,7 +168,7 @@ ROWS_2: list[Row] = [
     row(id="ttune23", model="hf:meta-llama/Llama-2-7b-hf", batch=4, seq=2048,
         device="rtx4090-24gb", metric="reserved", unit="GiB", approximate=True,
         method="replay", source=TT_MAY + " + recipes/configs/llama2/7B_full.yaml",
-        notes=TORCHTUNE_NOTE + " (read as reserved); unit GB read as GiB; "
+        notes=TORCHTUNE_NOTE + TT_MAY_NOTE + "; unit GB read as GiB; "
         "full_finetune_distributed of May 2024 = FSDP1 FULL_SHARD, every decoder layer "
         "wrapped and checkpointed; the CSV's PagedAdamW (bnb)",
         precision="bf16", optimizer="bnb.PagedAdamW", checkpointing="full", gpus=4,
@@ -172,7 +177,7 @@ ROWS_2: list[Row] = [
     row(id="ttune25", model="hf:meta-llama/Llama-2-70b-hf", batch=4, seq=4096,
         device="a100-80gb", metric="reserved", unit="GiB", approximate=True,
         method="replay", source=TT_MAY + " + recipes/configs/llama2/70B full",
-        notes=TORCHTUNE_NOTE + " (read as reserved); unit GB read as GiB; as ttune23 on "
+        notes=TORCHTUNE_NOTE + TT_MAY_NOTE + "; unit GB read as GiB; as ttune23 on "
         "8 A100s",
         precision="bf16", optimizer="bnb.PagedAdamW", checkpointing="full", gpus=8,
         sharding="fsdp1", fsdp1_wrap="blocks"),
