@@ -127,6 +127,7 @@ class Row:
     approximate: bool = False
     suspect: bool = False  # the figure contradicts its own setup by hand (see notes)
     method: str = "analytic"
+    config: str = ""  # a framework config file (repository-relative) read by --config
     source: str = ""
     notes: str = ""
     why_not: str = ""

@@ -1,0 +1,229 @@
+"""The settings behind every row of public-gpu-measurements-2.csv, as memgnn expresses them.
+
+97 published real-GPU rows: torchtune's README tables (May 2024 resource table, Sep 2024
+memory table, Nov 2024 optimization-flags table), Answer.AI fsdp_qlora's benchmarks, torchao's
+low-bit optimizer and float8 training tables, torchtitan's Llama 3.1 H100 benchmarks and
+Unsloth's context-length table. One `Row` per CSV id: either the row's settings in memgnn's
+terms (read from a config file in the row's own framework format where the source used one:
+benchmarks/configs/) or `why_not`, the named reasons it is not expressible yet, joined by
+"; " from `REASONS` (the first is the row's primary reason). The FSDP1 / FSDP-QLoRA rows
+(aai*, ttune21, ttune24) are public_rows.ROWS2's, unchanged.
+"""
+
+from __future__ import annotations
+
+from public_rows import AAI, AAI_NOTE, AAI_QLORA, BY_ID2, Row, _lora, row
+
+# the reasons a row is not expressible yet, by key (the summary counts them)
+REASONS = {
+    "contradicts": "the source contradicts itself (reported, not fitted)",
+    "compile": "torch.compile not modelled",
+    "float8": "float8 training not modelled",
+    "tp": "tensor parallel",
+    "cp": "context parallel",
+    "pp": "pipeline parallel",
+    "fsdp2_mp": "FSDP2 MixedPrecisionPolicy (fp32 sharded params, bf16 compute) not modelled",
+    "selective_ac": "per-op selective activation checkpointing not modelled",
+    "chunked_ce": "chunked cross entropy (CEWithChunkedOutputLoss) not modelled",
+    "torchao_nf4": "torchao NF4Tensor base weights (memgnn models bitsandbytes' nf4)",
+    "cpu_offload": "CPU offload of params (FSDP) not modelled",
+    "timm": "timm model (not in the catalog)",
+    "lpmm": "lpmm 4-bit optimizer not modelled",
+    "deepspeed": "DeepSpeed ZeRO-Offload not modelled",
+    "varlen": "data-dependent length: unpacked alpaca batches, the longest not stated",
+    "catalog": "model not in the catalog",
+}
+
+
+def why(*keys: str, extra: str = "") -> str:
+    return "; ".join([REASONS[k] for k in keys] + ([extra] if extra else []))
+
+
+def reason_keys(text: str) -> list[str]:
+    """The REASONS keys a why_not names, in order (ROWS2's own wordings mapped too)."""
+    found = [k for k, v in REASONS.items() if v in text]
+    if "CPUOffload" in text and "cpu_offload" not in found:
+        found.append("cpu_offload")
+    if "is not in" in text and "catalog" in text and "catalog" not in found:
+        found.append("catalog")
+    found.sort(key=lambda k: text.find(REASONS[k]) if REASONS[k] in text else len(text))
+    return found or ["other"]
+
+
+def not_row(id: str, *keys: str, extra: str = "") -> Row:
+    return row(id=id, why_not=why(*keys, extra=extra))
+
+
+TT_SEP = "pytorch/torchtune@30b8519e8 README.md (memory table, Sep 2024)"
+TT_NOV = "pytorch/torchtune@1814feb17 README.md (optimization flags table, Nov 2024)"
+TT_MAY = "pytorch/torchtune@0217d44c2 README.md (resource table, May 2024)"
+CONFIGS = "benchmarks/configs/torchtune/"
+TORCHTUNE_NOTE = (
+    "torchtune's own model code (memgnn captures transformers' class of the same shapes); "
+    "the README's 'peak memory' does not say which statistic"
+)
+TT_MAY_NOTE = (
+    "; an earlier version of the same README table (Mar 2024) states 'Peak memory per GPU "
+    "is as reported by torch.cuda.max_memory_reserved()', from A100s capped with "
+    "torch.cuda.set_per_process_memory_fraction: read as reserved"
+)
+UNSLOTH = "unsloth.ai/docs/basics/unsloth-benchmarks ('Hugging Face + FA2' column)"
+UNSLOTH_NOTE = (
+    "a boundary row: the longest padded sequence that fits the card, so the measured figure "
+    "is the card's memory and memgnn's device_total should sit just under it; the setup is "
+    "not stated beyond QLoRA r32 on every linear with FA2: assumed HF Trainer with "
+    "transformers' gradient checkpointing, bitsandbytes nf4 with double quantisation "
+    "(Unsloth's -bnb-4bit checkpoints), adamw_8bit (Unsloth's notebooks), lora_alpha 32, "
+    "adapters in fp32 (peft's default); the Instruct model has the base model's shapes"
+)
+UNSLOTH_LORA = _lora(32, 32.0, 0.0, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
+
+
+def _unsloth(id: str, model: str, seq: int, device: str) -> Row:
+    return row(
+        id=id, model=model, batch=1, seq=seq, device=device, metric="device_total",
+        unit="GiB", approximate=True, method="replay", source=UNSLOTH, notes=UNSLOTH_NOTE,
+        precision="bf16", quantize_base="nf4-dq", attention="flash", checkpointing="hf",
+        optimizer="adamw8bit", model_args={"use_cache": "false"}, **UNSLOTH_LORA,
+    )  # fmt: skip
+
+
+L8 = "hf:meta-llama/Llama-3.1-8B"
+DINO = "hf:benchmarks/configs/hf/dinov2-giant/config.json"
+TORCHAO = "pytorch/ao@03cf0ade benchmarks/benchmark_low_bit_adam.py + torchao/optim/README.md"
+DINO_NOTE = (
+    "timm vit_giant_patch14_dinov2.lvd142m (num_classes=45) as transformers' Dinov2 of the "
+    "same shapes (facebook/dinov2-giant's config.json, benchmarks/configs/hf/: 1,134,909,485 "
+    "parameters with HF's head on [CLS, mean patch]; timm's head reads [CLS] only: 69,120 "
+    "fewer); images 224 x 224 (the script's RandomResizedCrop(224), not the CSV's 518: "
+    "257 tokens); --full_bf16 = model.bfloat16(); timm set_grad_checkpointing = every block "
+    "checkpointed; torch AdamW(fused=True); the RTX 4070 Ti SUPER 16GB has no profile: "
+    "rtx4090-24gb (sm 8.9 too; allocated bytes do not depend on the card's size)"
+)
+
+
+def _dino(id: str, **kw) -> Row:
+    kw.setdefault("precision", "bf16")
+    return row(
+        id=id, model=DINO, task="image-cls", model_args={"image_size": "224", "num_labels": "45"},
+        batch=32, device="rtx4090-24gb", metric="allocated", unit="GB(1e9)", method="replay",
+        source=TORCHAO, notes=DINO_NOTE, optimizer="adamw", optimizer_impl="fused",
+        checkpointing="full", **kw,
+    )  # fmt: skip
+
+
+AOF8 = ("compile", "selective_ac", "fsdp2_mp")
+AOF8_NOTE = (
+    "the same nominal config logs 47.65 / 39.09 / 33.71 GiB on H100 / MI300X / B200 (versions)"
+)
+TITAN = ("compile", "float8")
+
+# fmt: off
+ROWS_2: list[Row] = [
+    not_row("ttune1", "compile"),
+    not_row("ttune2", "contradicts", "compile",
+            extra="the same config as ttune1 on a 48 GB card logs 2x the memory"),
+    not_row("ttune3", "compile"),
+    not_row("ttune4", "contradicts", "compile",
+            extra="the same config as ttune3 on a 48 GB card logs ~2x the memory"),
+    not_row("ttune5", "compile", "torchao_nf4"),
+    not_row("ttune6", "compile", "cpu_offload"),
+    not_row("ttune7", "compile"),
+    not_row("ttune8", "contradicts", "compile", "torchao_nf4",
+            extra="README batch 2 vs the config's batch 1 x accumulation 16"),
+    not_row("ttune9", "varlen"),
+    row(id="ttune10", model="hf:meta-llama/Llama-3.2-3B", batch=2, seq=4096,
+        config=CONFIGS + "llama3_2_3B_full_single_device_baseline.yaml",
+        device="a100-80gb", metric="allocated", unit="GiB", approximate=True,
+        method="replay", source=TT_NOV,
+        notes=TORCHTUNE_NOTE + "; the table logs peak active bytes, read as allocated (the "
+        "same bytes outside pending cross-stream frees); the cumulative table's '+ Packed "
+        "Dataset' step: every later flag off (see the config file); A100 80GB assumed"),
+    not_row("ttune11", "compile"),
+    not_row("ttune12", "compile", "chunked_ce"),
+    not_row("ttune13", "compile", "chunked_ce"),
+    not_row("ttune14", "compile", "chunked_ce"),
+    not_row("ttune15", "compile", "chunked_ce"),
+    not_row("ttune16", "compile", "chunked_ce"),
+    not_row("ttune17", "compile", "chunked_ce"),
+    not_row("ttune18", "compile", "chunked_ce", "torchao_nf4"),
+    not_row("ttune19", "compile", "torchao_nf4"),
+    row(id="ttune20", model="hf:meta-llama/Llama-2-7b-hf", batch=4, seq=2048,
+        config=CONFIGS + "llama2_7B_lora_single_device.yaml",
+        device="rtx4090-24gb", metric="reserved", unit="GiB", approximate=True,
+        method="replay", source=TT_MAY + " + recipes/configs/llama2/7B_lora_single_device.yaml",
+        notes=TORCHTUNE_NOTE + TT_MAY_NOTE + "; unit GB read as GiB; gradient "
+        "accumulation 1 (LoRA gradients only)"),
+    BY_ID2["ttune21"],
+    row(id="ttune22", model="hf:meta-llama/Llama-2-7b-hf", batch=4, seq=2048,
+        config=CONFIGS + "llama2_7B_full_low_memory.yaml",
+        optimizer="bnb.PagedAdamW", optimizer_in_bwd=True,
+        device="rtx4090-24gb", metric="reserved", unit="GiB", approximate=True,
+        method="replay", source=TT_MAY + " + recipes/configs/llama2/7B_full_low_memory.yaml",
+        notes=TORCHTUNE_NOTE + TT_MAY_NOTE + "; unit GB read as GiB; the config's "
+        "optimizer_in_bwd assumed as of May 2024; --optimizer bnb.PagedAdamW and "
+        "--optimizer-in-bwd given as flags (memgnn's torchtune reader maps PagedAdamW to "
+        "torch's adamw and only warns on optimizer_in_bwd): the paged states live in "
+        "unified memory, outside the allocator's counts"),
+    row(id="ttune23", model="hf:meta-llama/Llama-2-7b-hf", batch=4, seq=2048,
+        device="rtx4090-24gb", metric="reserved", unit="GiB", approximate=True,
+        method="replay", source=TT_MAY + " + recipes/configs/llama2/7B_full.yaml",
+        notes=TORCHTUNE_NOTE + TT_MAY_NOTE + "; unit GB read as GiB; "
+        "full_finetune_distributed of May 2024 = FSDP1 FULL_SHARD, every decoder layer "
+        "wrapped and checkpointed; the CSV's PagedAdamW (bnb)",
+        precision="bf16", optimizer="bnb.PagedAdamW", checkpointing="full", gpus=4,
+        sharding="fsdp1", fsdp1_wrap="blocks"),
+    BY_ID2["ttune24"],
+    row(id="ttune25", model="hf:meta-llama/Llama-2-70b-hf", batch=4, seq=4096,
+        device="a100-80gb", metric="reserved", unit="GiB", approximate=True,
+        method="replay", source=TT_MAY + " + recipes/configs/llama2/70B full",
+        notes=TORCHTUNE_NOTE + TT_MAY_NOTE + "; unit GB read as GiB; as ttune23 on "
+        "8 A100s",
+        precision="bf16", optimizer="bnb.PagedAdamW", checkpointing="full", gpus=8,
+        sharding="fsdp1", fsdp1_wrap="blocks"),
+    *[BY_ID2[f"aai{k}"] for k in range(1, 11)],
+    row(id="aai11", model="hf:benchmarks/configs/hf/yi-34b/config.json", batch=2, seq=2048,
+        device="rtx3090-24gb", metric="reserved", unit="GiB", method="replay", source=AAI,
+        notes=AAI_NOTE + "; 01-ai/Yi-34B from its published config.json (benchmarks/configs/"
+        "hf/yi-34b/)", model_args={"use_cache": "false"}, **AAI_QLORA),
+    not_row("aai12", "cpu_offload", extra="Yi-34B itself is expressible (aai11)"),
+    *[BY_ID2[f"aai{k}"] for k in range(13, 22)],
+    *[not_row(f"aoopt{k}", "compile", "timm") for k in (1, 2, 3, 4, 6)],
+    not_row("aoopt5", "compile", "timm", "lpmm"),
+    not_row("aoopt7", "compile", "timm", "lpmm"),
+    *[not_row(f"aoopt{k}", "varlen", extra="batch per torchtune 52d1b838's config, not "
+              "restated") for k in (8, 9, 10, 11)],
+    _dino("aoopt12"),
+    not_row("aoopt13", "deepspeed"),
+    _dino("aoopt14", offload_optimizer="torchao"),
+    _dino("aoopt15", offload_optimizer="torchao", offload_gradients=True),
+    not_row("aoopt16", "compile", "timm"),
+    not_row("aoopt17", "compile", "timm"),
+    _dino("aoopt18", precision="amp-bf16", offload_optimizer="torchao"),
+    not_row("aof81", *AOF8, extra=AOF8_NOTE),
+    not_row("aof82", *AOF8, "float8", extra=AOF8_NOTE),
+    not_row("aof83", *AOF8, "float8", extra=AOF8_NOTE),
+    not_row("aof84", *AOF8, extra=AOF8_NOTE),
+    *[not_row(f"aof8{k}", *AOF8, "float8", extra=AOF8_NOTE) for k in (5, 6, 7, 9, 10, 11, 12)],
+    not_row("aof88", *AOF8, extra=AOF8_NOTE),
+    not_row("ttitan1", *TITAN, "selective_ac", "fsdp2_mp"),
+    not_row("ttitan2", *TITAN, "fsdp2_mp"),
+    *[not_row(f"ttitan{k}", *TITAN, "cp", "fsdp2_mp") for k in (3, 4, 5)],
+    not_row("ttitan6", *TITAN, "selective_ac", "fsdp2_mp"),
+    not_row("ttitan7", *TITAN, "tp", "fsdp2_mp"),
+    not_row("ttitan8", *TITAN, "tp", "fsdp2_mp"),
+    not_row("ttitan9", *TITAN, "tp", "pp", "fsdp2_mp"),
+    not_row("ttitan10", *TITAN, "tp", "pp", "fsdp2_mp"),
+    not_row("ttitan11", "float8", "tp", "pp", "fsdp2_mp"),
+    *[not_row(f"ttitan{k}", "float8", "tp", "pp", "cp", "fsdp2_mp") for k in (12, 13, 14)],
+    _unsloth("unsloth1", L8, 932, "rtx4090-24gb"),
+    _unsloth("unsloth2", L8, 2551, "rtx4090-24gb"),
+    _unsloth("unsloth3", L8, 5789, "rtx4090-24gb"),
+    _unsloth("unsloth4", L8, 12264, "a100-40gb"),
+    _unsloth("unsloth5", L8, 15502, "rtxa6000-48gb"),
+    _unsloth("unsloth6", L8, 28454, "a100-80gb"),
+    _unsloth("unsloth7", "hf:meta-llama/Llama-3.3-70B-Instruct", 6916, "a100-80gb"),
+]
+# fmt: on
+BY_ID_2 = {r.id: r for r in ROWS_2}
+assert len(BY_ID_2) == len(ROWS_2), "duplicate row ids"
