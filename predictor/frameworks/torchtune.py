@@ -25,13 +25,15 @@ Key (default) -> memgnn:
   tensorwise, with its FSDP float8 all-gather: not modelled, warned) -> --float8 RECIPE;
   torchtune converts every Linear but `output` (--float8-filter-fqns output)
 - optimizer._component_, optimizer.fused / foreach -> --optimizer, --optimizer-impl
+  (bitsandbytes.optim.X -> bnb.X, torchao.optim.X -> torchao.X: the library's own class)
+- optimizer_in_bwd -> --optimizer-in-bwd; enable_activation_offloading ->
+  --offload-activations torchtune
 - distributed keys (fsdp_cpu_offload, fsdp_reshard_after_forward, data_parallel_shard_dim,
   ...) -> --sharding fsdp (FSDP2 on every layer; the GPU count is tune run's
   --nproc_per_node)
-Not modelled (warnings): compile, enable_activation_offloading, optimizer_in_bwd,
-ac_mode/ac_option (selective), chunked losses (CEWithChunkedOutputLoss,
-LinearCrossEntropyLoss), fsdp_cpu_offload, tensor/context parallel dims, torchao low-bit
-optimizers. torchtune runs its own model code (TransformerDecoder): the answer captures
+Not modelled (warnings): compile, ac_mode/ac_option (selective), chunked losses
+(CEWithChunkedOutputLoss, LinearCrossEntropyLoss), fsdp_cpu_offload, tensor/context
+parallel dims. torchtune runs its own model code (TransformerDecoder): the answer captures
 transformers' class of the same shapes.
 """
 
@@ -46,6 +48,7 @@ from memgnn.predictor.frameworks.ecosystem import ADAMW_ASSUMED
 from memgnn.predictor.frameworks.files import flatten
 from memgnn.predictor.frameworks.naming import Catalog, hub_model, lora_targets
 from memgnn.predictor.spec.choices import FLOAT8_RECIPES
+from memgnn.predictor.spec.optimizer_names import LIBRARY_OPTIMIZERS
 
 __all__ = ["BUILDERS", "read_torchtune"]
 
@@ -155,16 +158,9 @@ _NO_EFFECT = {
     ),
     "device": "the device is --device",
 }
+_BWD_ASSUMED = "backward, then the optimizer step (modelled on one GPU only)"
 _FEATURES = {
     "compile": ("torch.compile of the model and loss", "the answer is the eager step's"),
-    "enable_activation_offloading": (
-        "activation offloading to the CPU",
-        "saved activations stay on the GPU",
-    ),
-    "optimizer_in_bwd": (
-        "the optimizer step inside backward (each gradient freed at once)",
-        "backward, then the optimizer step",
-    ),
     "ac_mode": ("selective activation checkpointing", "every layer or none, as enabled"),
     "ac_option": ("selective activation checkpointing", "every layer or none, as enabled"),
     "fsdp_cpu_offload": ("FSDP's CPU offload", "every state on the GPU"),
@@ -235,6 +231,17 @@ def read_torchtune(
     _optimizer(b)
     _loss(b)
     _distributed(b, path)
+    for key, dest, value in (
+        ("optimizer_in_bwd", "optimizer_in_bwd", True),  # each gradient freed at once
+        ("enable_activation_offloading", "offload_activations", "torchtune"),
+    ):
+        sharded = b.reading.options.get("sharding", "none") != "none"
+        if b.get(key) and dest == "optimizer_in_bwd" and sharded:
+            b.feature(key, "the optimizer step inside backward under FSDP", _BWD_ASSUMED)
+        elif b.get(key):
+            b.read(key, b.option(dest, value, f"{key}: true"))
+        elif b.has(key):
+            b.read(key, "off")
     _fp8(b)
     return b.finish(_NO_EFFECT, _FEATURES)
 
@@ -400,14 +407,15 @@ def _optimizer(b: Builder) -> None:
         "Adam": "adam",
         "SGD": "sgd",
         "Adafactor": "adafactor",
-        "AdamW8bit": "adamw8bit",
-        "PagedAdamW8bit": "adamw8bit",
-        "PagedAdamW": "adamw",
-        "PagedAdamW32bit": "adamw",
         "AdamW32bit": "adamw",
     }
-    optimizer = table.get(name)
-    if component.startswith("torchao") or optimizer is None:
+    # bitsandbytes' and torchao's own classes run under capture by their names
+    # (predictor.spec.optimizer_names): their states as the library keeps them
+    library = {"bitsandbytes": "bnb", "torchao": "torchao"}.get(component.partition(".")[0])
+    optimizer = table.get(name) if library is None else f"{library}.{name}"
+    if optimizer is not None and library is not None and optimizer not in LIBRARY_OPTIMIZERS:
+        optimizer = {"bnb.AdamW": "adamw", "bnb.AdamW32bit": "adamw"}.get(optimizer)
+    if optimizer is None:
         if component:
             b.warn(
                 f"{key}: {component}: this optimizer is not modelled yet; {ADAMW_ASSUMED}", key=key
@@ -427,7 +435,8 @@ def _optimizer(b: Builder) -> None:
     if paged:
         b.warn(
             f"{key}: {component}: bitsandbytes' paged states live in CUDA unified memory, "
-            "outside torch's allocator counts; the answer counts them as device memory"
+            "outside torch's allocator counts; the answer reports them apart from the "
+            "device peak (predictor.emulate.optimizers)"
         )
     if optimizer == "sgd" and not b.get("optimizer.momentum"):
         b.warn(

@@ -147,11 +147,11 @@ def test_a_full_distributed_recipe_warns_what_is_not_modelled(write, catalog, be
     assert r.model == "hf:Qwen/Qwen3-8B"  # the base checkpoint's shapes: the catalog's Qwen3-8B
     assert r.sizes == {"B": 2}
     assert r.options["sharding"] == "fsdp" and "peft" not in r.options
+    assert r.options["offload_activations"] == "torchtune"  # read, no longer only warned
     starts = (
-        "optimizer_in_bwd: true: the optimizer step inside backward",
+        "optimizer_in_bwd: true: the optimizer step inside backward under FSDP is not",
         "loss._component_: torchtune.modules.loss.LinearCrossEntropyLoss: a chunked",
         "compile: true: torch.compile",
-        "enable_activation_offloading: true",
         "tokenizer.max_seq_len is not set",
         "a distributed recipe: the GPU count",
     )
@@ -193,11 +193,33 @@ optimizer:
     assert any(
         w.startswith("model.tie_word_embeddings: False: a builder argument") for w in r.warnings
     )
-    assert any(
-        w.startswith("optimizer._component_: torchao.optim.AdamW8bit: this optimizer")
-        for w in r.warnings
-    )
-    assert "optimizer" not in r.options and r.options["precision"] == "fp32"
+    assert r.options["optimizer"] == "torchao.AdamW8bit"  # torchao's own class, run
+    assert r.options["precision"] == "fp32"
+
+
+@pytest.mark.parametrize(
+    ("component", "optimizer"),
+    [
+        ("bitsandbytes.optim.PagedAdamW8bit", "bnb.PagedAdamW8bit"),
+        ("bitsandbytes.optim.PagedAdamW", "bnb.PagedAdamW"),
+        ("bitsandbytes.optim.AdamW8bit", "bnb.AdamW8bit"),
+        ("torchao.optim.AdamW4bit", "torchao.AdamW4bit"),
+        ("torch.optim.AdamW", "adamw"),
+    ],
+)
+def test_library_optimizers_are_read_as_the_library_runs_them(
+    write, valid_spec, component, optimizer
+):
+    """PagedAdamW was read as plain adamw (fp32 states on the device) and torchao's
+    optimizers only warned; memgnn runs both libraries' own classes under capture."""
+    text = "model:\n  _component_: torchtune.models.llama3_2.llama3_2_1b\nbatch_size: 2\n"
+    text += f"dtype: bf16\noptimizer:\n  _component_: {component}\n  lr: 1e-5\n"
+    text += "optimizer_in_bwd: true\n"
+    r = read_config(write("t.yaml", text))
+    assert r.options["optimizer"] == optimizer
+    assert r.options["optimizer_in_bwd"] is True  # one GPU: the step in backward, modelled
+    assert not any("not modelled yet" in w for w in r.warnings)
+    assert valid_spec(r).optim.in_backward
 
 
 def test_an_unknown_builder_and_key_are_reported(write):
