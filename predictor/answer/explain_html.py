@@ -21,7 +21,14 @@ __all__ = ["render_html"]
 
 _W, _H = 1120, 380  # the timeline's drawing box (px)
 _PAD_L, _PAD_R, _PAD_T, _PAD_B = 70, 16, 30, 40
-_PHASE_FILL = {"forward": "#e3f0ff", "backward": "#ffeede", "optimizer": "#e4f5e4"}
+_PHASE_FILL = {
+    "setup": "#f1f1f1",
+    "input": "#efe6f7",
+    "forward": "#e3f0ff",
+    "backward": "#ffeede",
+    "optimizer": "#e4f5e4",
+    "zero_grad": "#fff6c8",
+}
 _CAT_COLOUR = {
     "parameter": "#4c72b0",
     "gradient": "#dd8452",
@@ -186,6 +193,7 @@ def _timeline_svg(tl: dict[str, Any], peak: dict[str, Any]) -> str:
                   for s in tl["phases"]]}  # fmt: skip
     # JSON inside <script>: "</" cannot close the element once escaped.
     blob = json.dumps(data).replace("</", "<\\/")
+    present = {s["phase"] for s in tl["phases"]}
     legend = (
         '<div><span class="swatch" style="background:#1f77b4"></span>reserved '
         '<span class="swatch" style="background:#222;margin-left:14px"></span>allocated '
@@ -193,7 +201,8 @@ def _timeline_svg(tl: dict[str, Any], peak: dict[str, Any]) -> str:
             f'<span class="swatch" style="background:{c};margin-left:14px;'
             f'border:1px solid #ccc"></span>{p}'
             for p, c in _PHASE_FILL.items()
-        )  # fmt: skip
+            if p in present
+        )
         + '</div><div id="tip"> </div>'
     )
     return (
