@@ -49,12 +49,12 @@ padding-bottom:3px}.sub{color:#555;margin:0 0 10px}
 .card b{display:block;font-size:19px}.card span{color:#666;font-size:12px}
 table{border-collapse:collapse;width:100%;margin:4px 0 8px}
 th,td{text-align:left;padding:3px 8px;border-bottom:1px solid #eee;vertical-align:top}
-th{background:#f4f4f4;font-weight:600}td.n{text-align:right;white-space:nowrap;
+th{background:#f4f4f4;font-weight:600}th.n{text-align:right}td.n{text-align:right;white-space:nowrap;
 font-variant-numeric:tabular-nums}
 code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;font-size:12.5px;
-word-break:break-all}.why{color:#555;font-size:12.5px}
+overflow-wrap:anywhere}.nw{white-space:nowrap}.why{color:#555;font-size:12.5px}
 .bar{height:11px;background:#4c72b0;border-radius:2px;display:inline-block;vertical-align:middle}
-.barcell{width:190px}.neg{color:#b22}.pos{color:#161}
+.barcell{width:240px;white-space:nowrap}.neg{color:#b22}.pos{color:#161}
 svg text{font:11px system-ui,sans-serif}#tip{font:12px ui-monospace,monospace;color:#333;
 min-height:1.5em}ul.assume{color:#555;font-size:13px}
 .swatch{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:5px}
@@ -221,8 +221,8 @@ def _share_bar(value: int, total: int, colour: str = "#4c72b0") -> str:
 def _group_table(rows: list[dict[str, Any]], total: int, head: str, colours: bool = False) -> str:
     if not rows:
         return "<p>(none)</p>"
-    out = [f"<table><tr><th>{_e(head)}</th><th>bytes</th><th>share of the tensors</th>"
-           "<th>blocks</th></tr>"]  # fmt: skip
+    out = [f'<table><tr><th>{_e(head)}</th><th class="n">bytes</th><th>share of the tensors'
+           '</th><th class="n">blocks</th></tr>']  # fmt: skip
     for r in rows:
         colour = _CAT_COLOUR.get(r["name"], "#999") if colours else "#4c72b0"
         swatch = f'<span class="swatch" style="background:{colour}"></span>' if colours else ""
@@ -248,7 +248,7 @@ def _largest(rows: list[dict[str, Any]]) -> str:
         where = " ".join(x for x in (b.get("module") or "",
                                      b.get("source") and f"({b['source']})") if x)  # fmt: skip
         out.append(f'<tr><td class="n">{_e(_bytes(b["bytes"]))}</td>'
-                   f'<td class="mono">{_e(_shape(b))}</td><td>{_e(b.get("dtype") or "")}</td>'
+                   f'<td class="mono nw">{_e(_shape(b))}</td><td>{_e(b.get("dtype") or "")}</td>'
                    f'<td>{_e(b.get("category") or "")}</td><td><div class="mono">{_e(where)}'
                    f'</div><div class="why">{_e(b.get("why") or "")}</div></td></tr>')  # fmt: skip
     return "".join(out) + "</table>"
@@ -258,19 +258,24 @@ def _whatifs(doc: dict[str, Any]) -> str:
     rows, base = doc.get("whatifs") or [], doc["prediction"]["predicted_peak_bytes"]
     out = []
     if rows:
-        out.append("<table><tr><th>#</th><th>what-if</th><th>peak</th><th>saves</th>"
-                   "<th>peak vs now</th><th>step cost</th><th>how</th></tr>")  # fmt: skip
+        out.append('<table><tr><th class="n">#</th><th>what-if, and how</th>'
+                   '<th class="n">peak</th><th class="n">saves</th><th>peak vs now</th>'
+                   '<th class="n">step cost</th></tr>')  # fmt: skip
         for k, w in enumerate(rows, 1):
             cls = "pos" if w["saved_bytes"] > 0 else ("neg" if w["saved_bytes"] < 0 else "")
-            cost = f"x{w['cost']:g}" if w.get("cost") is not None else "-"
+            cost = f"x{w['cost']:.3g}" if w.get("cost") is not None else "-"
             how = w.get("command") or _how(w)
-            out.append(f'<tr><td class="n">{k}</td><td>{_e(w["label"])}</td>'
+            how_div = f"<div><code>{_e(how)}</code></div>" if how != w["label"] else ""
+            frac = w["predicted_peak_bytes"] / base if base else 0.0
+            colour = "#c44e52" if frac > 1 else "#55a868"
+            bar = (f'<td class="barcell"><span class="bar" style="width:{180 * min(frac, 1):.0f}px;'
+                   f'background:{colour}"></span> {100 * frac:.1f}%</td>')  # fmt: skip
+            out.append(f'<tr><td class="n">{k}</td><td>{_e(w["label"])}'
+                       f"{how_div}</td>"
                        f'<td class="n">{_e(_bytes(w["predicted_peak_bytes"]))}</td>'
                        f'<td class="n {cls}">{_e(_bytes(w["saved_bytes"]))} '
-                       f'({100 * w["saved_fraction"]:.1f}%)</td>'
-                       f'{_share_bar(w["predicted_peak_bytes"], max(base, 1), "#55a868")}'
-                       f'<td class="n">{_e(cost)}</td>'
-                       f'<td><code>{_e(how)}</code></td></tr>')  # fmt: skip
+                       f'({100 * w["saved_fraction"]:.1f}%)</td>{bar}'
+                       f'<td class="n">{_e(cost)}</td></tr>')  # fmt: skip
         out.append("</table>")
     for s in doc.get("not_applicable") or []:
         out.append(f"<p class='why'>not applicable: {_e(s['name'])}: {_e(s['why'])}</p>")
