@@ -40,14 +40,14 @@ def test_explain_text_shows_every_table(capsys):
 
 def test_explain_html_writes_one_offline_page(capsys, tmp_path):
     out = tmp_path / "sub" / "r.html"
-    code, text, err = run_cli(capsys, *ARGV, "--whatif", "expandable_segments", "--html", str(out))
+    code, text, err = run_cli(capsys, *ARGV, "--whatif", "accumulation", "--html", str(out))
     assert code == 0, err
     assert f"wrote {out}" in err and "by category:" in text  # the text answer still prints
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and "<svg" in page
     assert "http://" not in page and "https://" not in page
     # the what-if's command is the flags `memgnn explain` prints
-    assert "<code>PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True</code>" in page
+    assert "<code>--grad-accum 2 --batch 4</code>" in page
 
 
 def test_whatif_command_gives_the_flags_of_the_change():
