@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 from memgnn.cli.options import (
@@ -27,13 +29,17 @@ from memgnn.cli.options import (
 from memgnn.cli.render import fmt_bytes, loop_line, model_line
 from memgnn.predictor.answer.backend import LocalBackend
 from memgnn.predictor.answer.explain import ExplainRequest, explain
+from memgnn.predictor.answer.explain_html import render_html
 from memgnn.predictor.answer.types import QueryConfig
 from memgnn.predictor.answer.whatif import WHATIFS
+from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.vocab import METRICS, SCENARIOS
 from memgnn.predictor.spec.devices import get_profile
 from memgnn.predictor.spec.train import TrainSpec
 
-__all__ = ["add_arguments", "explain_lines", "explain_request", "run", "whatif_command"]
+__all__ = [
+    "add_arguments", "explain_lines", "explain_request", "run", "whatif_command", "write_html",
+]  # fmt: skip
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -55,6 +61,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=None, help="ask a running `memgnn serve` instead")
     p.add_argument("--token", default=None, help="bearer token for --url")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--html", default=None, metavar="OUT.html",
+        help="also write the answer as one self-contained HTML page (timeline, tables, what-ifs)",
+    )  # fmt: skip
     add_cache_args(p)
     p.set_defaults(func=run)
 
@@ -86,12 +96,29 @@ def run(args: argparse.Namespace) -> int:
     else:
         backend = LocalBackend(use_cache=not args.no_cache, capture_mode=args.capture)
         out = explain(req, backend).to_dict()
+    if args.html:
+        write_html(out, args.html)
     if args.json:
         print(json.dumps(out, indent=2, default=str))
         return 0
     for line in explain_lines(out):
         print(line)
     return 0
+
+
+def write_html(out: dict[str, Any], path: str) -> Path:
+    """The page of `predictor.answer.explain_html` for the document, each what-if with the
+    flags `whatif_command` gives it."""
+    doc = dict(out)
+    doc["whatifs"] = [w | {"command": whatif_command(w, out["prediction"])} for w in out["whatifs"]]
+    dest = Path(path)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(render_html(doc), encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"cannot write {path}: {e}") from None
+    print(f"wrote {dest}", file=sys.stderr)
+    return dest
 
 
 def whatif_command(w: dict[str, Any], base: dict[str, Any]) -> str:

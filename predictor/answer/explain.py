@@ -9,7 +9,9 @@ made it, by aten op, by category (parameters, gradients, optimizer state, saved
 activations, temporaries, the cuBLAS workspaces, kernel scratch), by module across layers
 (`model.layers.*.mlp.down_proj`: one row for every block's), the largest with shape,
 dtype, bytes and why each is alive. The what-ifs (`predictor.answer.whatif`) are each a
-replay of the changed run, ranked by bytes saved.
+replay of the changed run, ranked by bytes saved. `timeline`: allocated and reserved
+bytes over the replayed path's events with its phase spans (`predictor.sim.live.step_timeline`;
+None on the CPU), what `memgnn explain --html` draws.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from memgnn.predictor.answer.types import Answer, ModelRef, PredictRequest, Quer
 from memgnn.predictor.answer.whatif import WHATIFS, run_whatifs
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.sources import node_sources
-from memgnn.predictor.sim.live import peak_moment
+from memgnn.predictor.sim.live import peak_moment, step_timeline
 from memgnn.predictor.spec.devices import get_profile
 from memgnn.predictor.spec.train import TrainSpec
 
@@ -81,6 +83,7 @@ class ExplainAnswer:
     whatifs: list[dict[str, Any]]
     not_applicable: list[dict[str, str]]
     assumptions: list[str]
+    timeline: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,6 +98,7 @@ class ExplainAnswer:
             "whatifs": self.whatifs,
             "not_applicable": self.not_applicable,
             "assumptions": self.assumptions,
+            "timeline": self.timeline,
         }
 
 
@@ -168,6 +172,7 @@ def explain(req: ExplainRequest, backend: Backend) -> ExplainAnswer:
         whatifs=[w.to_dict() for w in done],
         not_applicable=skipped + more,
         assumptions=_assumptions(base, moment, sources is not None),
+        timeline=step_timeline(graph, moment, device),
     )
 
 

@@ -23,7 +23,7 @@ from memgnn.predictor.sim.replay.events import OP_ALLOC, OP_MARK
 from memgnn.predictor.sim.simulate import trace_arrays
 from memgnn.predictor.spec.devices import DeviceProfile
 
-__all__ = ["CUBLAS_KEYS", "PeakMoment", "peak_moment"]
+__all__ = ["CUBLAS_KEYS", "PeakMoment", "peak_moment", "sample_points", "step_timeline"]
 
 CUBLAS_KEYS = ("cublas-main", "cublas-backward")
 
@@ -151,6 +151,71 @@ def _live_at(
         capacity_bytes=capacity,
         resolved=resolved,
     )
+
+
+def sample_points(allocated: list[int], reserved: list[int], most: int) -> list[int]:
+    """Event indices to draw: all of them up to `most`; beyond, per bucket of events the
+    ones with the highest allocated and reserved bytes (peaks stay visible)."""
+    n = len(allocated)
+    if n <= most:
+        return list(range(n))
+    step = -(-n // max(most // 2, 1))
+    keep = set()
+    for lo in range(0, n, step):
+        hi = min(lo + step, n)
+        keep.add(max(range(lo, hi), key=allocated.__getitem__))
+        keep.add(max(range(lo, hi), key=reserved.__getitem__))
+    return sorted(keep | {0, n - 1})
+
+
+def step_timeline(
+    graph: StepGraph, moment: PeakMoment, device: DeviceProfile, *, most: int = 1500
+) -> dict[str, object] | None:
+    """The memory timeline of the moment's path (None on the CPU: no caching allocator):
+    allocated and reserved bytes after each alloc/free event of the same replay as
+    `peak_moment`'s (its capacity), sampled to about `most` points (`sample_points`:
+    bucket maxima), the (phase, step) spans in events ("setup": what is allocated before
+    the first node), and the event of the peak."""
+    if not device.is_gpu:
+        return None
+    ev = trace_arrays(graph, moment.path, moment.resolved, device)
+    ops, keys, nbytes = ev.op.tolist(), ev.key.tolist(), ev.nbytes.tolist()
+    sim = CachingAllocatorSim(AllocatorConfig(capacity_bytes=moment.capacity_bytes))
+    handles: dict[int, int] = {}
+    allocated: list[int] = []
+    reserved: list[int] = []
+    # before the first node: what the step starts with (parameters, optimizer state)
+    spans: list[dict[str, object]] = [{"phase": "setup", "step": STEP_NAMES[0], "start": 0,
+                                       "end": 0}]  # fmt: skip
+    for op, k, nb in zip(ops, keys, nbytes):
+        if op == OP_MARK:
+            phase, step = ev.marks[k]
+            if spans and spans[-1]["start"] == len(allocated):  # an empty span: replaced
+                spans.pop()
+            if spans and (spans[-1]["phase"], spans[-1]["step"]) == (phase, STEP_NAMES[step]):
+                continue
+            spans.append({"phase": phase, "step": STEP_NAMES[step], "start": len(allocated),
+                          "end": len(allocated)})  # fmt: skip
+            continue
+        if op == OP_ALLOC:
+            handles[k] = sim.malloc(nb)
+        else:
+            sim.free(handles.pop(k))
+        allocated.append(sim.allocated)
+        reserved.append(sim.reserved)
+        spans[-1]["end"] = len(allocated)
+    series = reserved if moment.metric != "allocated" else allocated
+    peak_event = max(range(len(series)), key=series.__getitem__) if series else -1
+    x = sample_points(allocated, reserved, most)
+    return {
+        "events": len(allocated),
+        "event": x,
+        "allocated": [allocated[i] for i in x],
+        "reserved": [reserved[i] for i in x],
+        "phases": spans,
+        "peak_event": peak_event,
+        "capacity_bytes": moment.capacity_bytes,
+    }
 
 
 def _extra_name(k: int, n_storages: int) -> str:

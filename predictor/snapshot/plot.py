@@ -21,6 +21,7 @@ from typing import Any
 
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.sim.allocator import AllocatorConfig, format_size
+from memgnn.predictor.sim.live import sample_points
 from memgnn.predictor.snapshot.loader import Snapshot
 from memgnn.predictor.snapshot.replay import recorded_timeline, simulate_snapshot
 from memgnn.predictor.snapshot.state import initial_state
@@ -118,18 +119,8 @@ def _category_stacks(snap: Snapshot) -> dict[str, list[int]]:
 
 
 def _sample_points(allocated: list[int], reserved: list[int], most: int = MAX_POINTS) -> list[int]:
-    """Event indices to draw: all of them up to ``most``; beyond, per bucket of events the
-    ones with the highest allocated and reserved bytes (peaks stay visible)."""
-    n = len(allocated)
-    if n <= most:
-        return list(range(n))
-    step = -(-n // (most // 2))
-    keep = set()
-    for lo in range(0, n, step):
-        hi = min(lo + step, n)
-        keep.add(max(range(lo, hi), key=allocated.__getitem__))
-        keep.add(max(range(lo, hi), key=reserved.__getitem__))
-    return sorted(keep | {0, n - 1})
+    """Event indices to draw (`predictor.sim.live.sample_points`: peaks stay visible)."""
+    return sample_points(allocated, reserved, most)
 
 
 def _unit(peak: int) -> tuple[float, str]:

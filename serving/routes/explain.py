@@ -21,7 +21,9 @@ async def explain(
 ) -> Any:
     """The document `memgnn explain --json` prints: `prediction` (the replayed answer),
     `peak`, `by_category`, `by_module`, `by_source`, `by_op`, `largest`, `whatifs` (each a
-    replay of the changed run, by bytes saved) and `not_applicable`. A captured `model` is
+    replay of the changed run, by bytes saved), `not_applicable`, `assumptions` and
+    `timeline` (allocated and reserved bytes over the replayed step's events, with its
+    phase spans; null on the CPU). A captured `model` is
     stored as /predict stores it (in the database only for a caller who may write)."""
     route = Route(method="replay", budget_ms=config.replay_budget_ms,
                   warmup=request.app.state.replay, wait_s=config.replay_wait_s)  # fmt: skip

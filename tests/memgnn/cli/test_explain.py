@@ -38,6 +38,18 @@ def test_explain_text_shows_every_table(capsys):
     assert "what-ifs" not in text
 
 
+def test_explain_html_writes_one_offline_page(capsys, tmp_path):
+    out = tmp_path / "sub" / "r.html"
+    code, text, err = run_cli(capsys, *ARGV, "--whatif", "accumulation", "--html", str(out))
+    assert code == 0, err
+    assert f"wrote {out}" in err and "by category:" in text  # the text answer still prints
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<svg" in page
+    assert "http://" not in page and "https://" not in page
+    # the what-if's command is the flags `memgnn explain` prints
+    assert "<code>--grad-accum 2 --batch 4</code>" in page
+
+
 def test_whatif_command_gives_the_flags_of_the_change():
     base = {"train": None, "sizes": {"B": 8, "S": 512}}
     w = {"options": {"grad_accum": 2}, "sizes": {"B": 4, "S": 512}, "alloc_conf": None}

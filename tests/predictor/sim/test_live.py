@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from memgnn.predictor.memory.analytic import sweep
-from memgnn.predictor.sim.live import peak_moment
+from memgnn.predictor.sim.live import peak_moment, sample_points, step_timeline
 from memgnn.predictor.sim.simulate import simulate
 from memgnn.predictor.spec.devices import get_profile
 
@@ -55,3 +55,31 @@ def test_on_the_cpu_the_moment_is_the_sweep_peak(gpt_graph):
     s = sweep(gpt_graph, SIZES, scenario="worst")
     assert m.allocated_bytes == m.requested_bytes == s.peak_bytes
     assert m.node == s.best.peak_node and m.reserved_bytes is None
+
+
+@pytest.mark.parametrize("metric", ["reserved", "allocated"])
+def test_the_timeline_reaches_the_peak_at_its_event(gpt_graph, metric):
+    dev = get_profile("h100-80gb")
+    m = peak_moment(gpt_graph, SIZES, dev, metric=metric)
+    tl = step_timeline(gpt_graph, m, dev, most=200)
+    assert tl is not None and len(tl["event"]) <= 200 < tl["events"]
+    assert max(tl["reserved"]) == m.peak_reserved_bytes
+    assert max(tl["allocated"]) == m.peak_allocated_bytes
+    assert tl["peak_event"] in tl["event"]  # sampling keeps the peaks
+    at = tl["event"].index(tl["peak_event"])
+    assert tl["reserved"][at] == m.reserved_bytes and tl["allocated"][at] == m.allocated_bytes
+    # the spans tile the events in order; the peak lies in a span of its phase
+    spans = tl["phases"]
+    assert spans[0]["start"] == 0 and spans[-1]["end"] == tl["events"]
+    assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:]))
+    assert {s["phase"] for s in spans} >= {"forward", "backward", "optimizer"}
+    (span,) = [s for s in spans if s["start"] <= tl["peak_event"] < s["end"]]
+    assert (span["phase"], span["step"]) == (m.phase, m.step)
+
+
+def test_the_cpu_has_no_timeline_and_sampling_keeps_everything_short(gpt_graph):
+    cpu = get_profile("cpu")
+    assert step_timeline(gpt_graph, peak_moment(gpt_graph, SIZES, cpu), cpu) is None
+    assert sample_points([1, 5, 2], [1, 5, 2], most=10) == [0, 1, 2]
+    pts = sample_points(list(range(100)) + [0], [0] * 101, most=10)
+    assert 99 in pts and len(pts) <= 12
