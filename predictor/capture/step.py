@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import torch
 from memgnn.predictor.emulate.attention import apply_attention, check_attention
+from memgnn.predictor.emulate.compile import apply_compile, check_compile
 from memgnn.predictor.emulate.offload import apply_activation_offload
 from memgnn.predictor.emulate.offload_optim import CPUOffloadOptimizer
 from memgnn.predictor.emulate.optim8bit import AdamW8bit
@@ -244,6 +245,7 @@ class TrainingStep:
         check_cuda_only(train, target)
         self.bundle, self.train, self.device, self.target = bundle, train, device, target
         check_attention(train, target)
+        check_compile(train)
         with torch.device(device), _default_dtype(train.numerics.param_dtype):
             model = bundle.build()
         model.train()
@@ -264,6 +266,11 @@ class TrainingStep:
         if train.adapter.method != "none":
             with torch.device(device):
                 model = self.model = apply_peft(model, train)
+        # torch.compile: the whole model or each block (emulate.compile); a compiled
+        # transformers model runs without its KV cache (training does not read it)
+        self.compiled = apply_compile(model, blocks, train.kernels.compile, fake=fake)
+        if self.compiled:
+            _no_kv_cache(model)
         if world is not None:
             hold_quant_state(model)  # bitsandbytes' quant state is no module state
             model = self.model = parallelize(model, blocks, train, world)

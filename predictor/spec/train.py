@@ -37,6 +37,7 @@ from memgnn.predictor.spec.choices import (
     BNB_FIRST_4BIT,
     BNB_INT8_REWRITE,
     BNB_VERSION,
+    COMPILES,
     FSDP1_BACKWARD_PREFETCHES,
     FSDP1_STRATEGIES,
     FSDP1_WRAPS,
@@ -180,9 +181,15 @@ class KernelSpec:
         help="HF attn_implementation: eager | sdpa | flash (flash_attention_2, CUDA sm80+); "
         "auto: the model class's default",
     )  # fmt: skip
+    compile: str = opt(
+        "none", name="compile", choices=COMPILES,
+        help="torch.compile (inductor): none | full (the whole model) | blocks (each repeated "
+        "block, regional compilation as torchtune/torchtitan apply it)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _choice(self.attention, ATTENTIONS, "--attention")
+        _choice(self.compile, COMPILES, "--compile")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -1,0 +1,318 @@
+"""`torch.compile` of the model (`--compile full`) or of each repeated block (`--compile
+blocks`, the regional compilation torchtune and torchtitan apply), run under capture.
+
+What a compiled region holds for backward is decided by AOTAutograd: it traces the joint
+forward + backward graph (with inductor's decompositions) and splits it with the min-cut
+partitioner (`min_cut_rematerialization_partition`, as inductor calls it), which saves some
+activations and recomputes cheap (pointwise) ones in backward. Capture runs exactly that:
+`aot_function` with the same decompositions and partitioner on the capture's fake
+tensors, so the forward really saves only the partitioner's choice and the backward really
+recomputes the rest (`Region`).
+
+What inductor then allocates is approximated (`run_fused`): each partitioned graph runs op
+by op, but the output of a fusible op (pointwise, view, reduction inlined into its
+consumer) is not materialised unless it leaves the graph (a saved tensor, an output) or an
+extern kernel (matmul, convolution, attention, any op inductor does not generate code for)
+reads it; extern kernels and reductions write real buffers. Not modelled: inductor's own
+buffer reuse (`inplace` / `reuse` of dead buffers of the same size, which only lowers the
+peak), its in-kernel scratch, the joint-graph pattern passes, and CUDA-vs-CPU differences
+of code generation. The real step (not fake) runs `torch.compile` itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+log = logging.getLogger(__name__)
+
+# ops inductor generates code for and fuses into their consumers (besides `Tag.pointwise`
+# and views); their outputs are not buffers unless something outside the kernel reads them
+_FUSIBLE_NAMES = {
+    "clone", "_to_copy", "expand", "where", "full", "full_like", "zeros", "zeros_like",
+    "ones", "ones_like", "empty", "empty_like", "scalar_tensor", "arange", "iota",
+    "embedding", "index", "gather", "index_select", "rand", "rand_like", "randn_like",
+    "convert_element_type", "lift_fresh_copy", "alias", "copy", "slice_scatter",
+    "select_scatter", "constant_pad_nd", "repeat", "masked_fill", "fill", "tril", "triu",
+}  # fmt: skip
+# reductions: realized buffers (small: the reduced dims), consumers fuse around them
+_REDUCTIONS = {
+    "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "prod", "argmax",
+    "argmin", "any", "all", "logsumexp", "std", "cumsum",
+}  # fmt: skip
+
+
+def _name(target: Any) -> str:
+    packet = getattr(target, "overloadpacket", None)
+    return getattr(packet, "__name__", "") or getattr(target, "__name__", "")
+
+
+def fusible(target: Any) -> bool:
+    """An op inductor generates into a fused kernel (its output need not be a buffer)."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return target is getattr  # `operator.getitem` on a tuple is handled by the caller
+    if target._schema.is_mutable:
+        return False
+    if target.is_view or torch.Tag.pointwise in target.tags:
+        return True
+    return _name(target) in _FUSIBLE_NAMES
+
+
+def materialised(gm: fx.GraphModule) -> set[fx.Node]:
+    """The nodes of a partitioned graph whose outputs inductor writes to a buffer: graph
+    outputs, extern (non-fusible) ops and reductions, and what extern ops read (through
+    views, the viewed buffer)."""
+    import operator
+
+    out: set[fx.Node] = set()
+
+    def root(n: Any) -> Any:
+        while (
+            isinstance(n, fx.Node)
+            and isinstance(n.target, torch._ops.OpOverload)
+            and n.target.is_view
+            and n.args
+            and isinstance(n.args[0], fx.Node)
+        ):
+            n = n.args[0]
+        return n
+
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            for a in node.all_input_nodes:
+                out.add(root(a))
+            continue
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:
+            if root(node.args[0]) in out:
+                out.add(node)
+            continue
+        if _name(node.target) in _REDUCTIONS or not fusible(node.target):
+            out.add(node)
+            if not fusible(node.target):
+                for a in node.all_input_nodes:
+                    r = root(a)
+                    if isinstance(r, fx.Node) and r.op == "call_function":
+                        out.add(r)
+    return out
+
+
+def _recorder() -> Any:
+    """The innermost StepRecorder on the dispatch mode stack, if any."""
+    from memgnn.predictor.ir.recorder import StepRecorder
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    for mode in reversed(_get_current_dispatch_mode_stack()):
+        if isinstance(mode, StepRecorder):
+            return mode
+    return None
+
+
+def run_fused(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any]) -> Any:
+    """Run a partitioned graph as its fused kernels allocate: nodes in `kept` are recorded
+    (their outputs are buffers), the others run unrecorded (their outputs are values
+    inside a fused kernel and never reach the allocator). Each value is dropped after its
+    last use and the argument list is cleared (inductor's boxed calling convention), so
+    saved activations die inside the backward as soon as it has read them."""
+    from memgnn.predictor.ir.recorder import recorded
+
+    with recorded():
+        return _run(gm, kept, args)
+
+
+def _run(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any]) -> Any:
+    import operator
+
+    from memgnn.predictor.ir.recorder import unrecorded
+
+    rec = _recorder()
+    nodes = list(gm.graph.nodes)
+    last: dict[fx.Node, fx.Node] = {}
+    for node in nodes:
+        for a in node.all_input_nodes:
+            last[a] = node
+    dying: dict[fx.Node, list[fx.Node]] = {}
+    for value, user in last.items():
+        dying.setdefault(user, []).append(value)
+    env: dict[fx.Node, Any] = {}
+    inputs = list(args)
+    args.clear()  # the graph owns its inputs now: each dies after its last use
+    inputs.reverse()
+    result = None
+    for node in nodes:
+        if node.op == "placeholder":
+            value = inputs.pop()
+            if node.users:
+                env[node] = value
+            del value
+        elif node.op == "output":
+            result = fx.node.map_arg(node.args[0], env.__getitem__)
+        elif node.op == "get_attr":
+            env[node] = getattr(gm, node.target)
+        else:
+            a, kw = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
+            if (
+                rec is None
+                or node.target is operator.getitem
+                or (node in kept and not fusible(node.target))
+            ):
+                env[node] = node.target(*a, **kw)
+            else:
+                with unrecorded():
+                    value = node.target(*a, **kw)
+                if node in kept:  # a fused kernel's output buffer, read from what it reads
+                    inputs = [
+                        t
+                        for t in tree_flatten((a, kw))[0]
+                        if isinstance(t, torch.Tensor) and rec.uid_of(t) is not None
+                    ]
+                    rec.record_op(f"inductor.fused.{_name(node.target)}", inputs, value)
+                env[node] = value
+        for value in dying.get(node, ()):
+            env.pop(value, None)
+    return result
+
+
+def _compiler(gm: fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
+    kept = materialised(gm)
+
+    def call(args: list[Any]) -> Any:
+        return run_fused(gm, kept, args)
+
+    call._boxed_call = True  # type: ignore[attr-defined]
+    return call
+
+
+class Region:
+    """One compiled region: `module`'s forward (`inner`) through AOTAutograd with
+    inductor's decompositions and min-cut partitioner, compiled once per input signature
+    (as dynamo would, with dynamic sizes) and run with `run_fused`."""
+
+    def __init__(self, module: nn.Module, inner: Callable[..., Any]):
+        self.module, self.inner = module, inner
+        self.cache: dict[Any, Any] = {}
+        self.broken = False  # a graph break: run eagerly, children compiled
+        self.traced = True
+
+    def _fn(self, spec: Any, leaves: list[Any], where: list[int], names: list[str]):
+        from torch.nn.utils.stateless import _reparametrize_module
+
+        module, inner, n = self.module, self.inner, len(names)
+
+        def fn(*tensors: torch.Tensor) -> Any:
+            values = list(leaves)
+            for i, t in zip(where, tensors[n:], strict=True):
+                values[i] = t
+            args, kwargs = tree_unflatten(values, spec)
+            with _reparametrize_module(module, dict(zip(names, tensors[:n], strict=True))):
+                return inner(*args, **kwargs)
+
+        return fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from memgnn.predictor.ir.recorder import unrecorded
+        from torch._functorch.aot_autograd import aot_function
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+        from torch._inductor.decomposition import select_decomp_table
+
+        state = dict(self.module.named_parameters()) | dict(self.module.named_buffers())
+        leaves, spec = tree_flatten((args, kwargs))
+        where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
+        tensors = [leaves[i] for i in where]
+        key = (
+            spec,
+            tuple((str(t.shape), t.dtype, t.requires_grad) for t in (*state.values(), *tensors)),
+            tuple(None if i in where else repr(x) for i, x in enumerate(leaves)),
+            torch.is_grad_enabled(),
+            torch.is_autocast_enabled("cpu"),
+        )
+        if self.broken:
+            return self.inner(*args, **kwargs)
+        compiled = self.cache.get(key)
+        if compiled is None:
+            compiled = aot_function(
+                self._fn(spec, leaves, where, list(state)),
+                fw_compiler=self._compiler,
+                bw_compiler=self._compiler,
+                partition_fn=functools.partial(
+                    min_cut_rematerialization_partition, compiler="inductor"
+                ),
+                decompositions=select_decomp_table(),
+                num_params_buffers=len(state),
+                dynamic=True,
+            )
+            self.cache[key] = compiled
+            self.traced = False
+        # AOTAutograd traces on the first call: those trace-time ops are not the step's
+        # (`run_fused` records the compiled graphs' own ops)
+        try:
+            with unrecorded():
+                return compiled(*state.values(), *tensors)
+        except Exception as exc:
+            if self.traced:
+                raise
+            del self.cache[key]
+            self._graph_break(exc)
+            return self.inner(*args, **kwargs)
+
+    def _compiler(self, gm: fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
+        self.traced = True
+        return _compiler(gm, example_inputs)
+
+    def _graph_break(self, exc: Exception) -> None:
+        """What AOTAutograd cannot trace (data-dependent control flow, e.g. a mask built
+        from tensor values) dynamo would split into graphs around it: the region runs
+        eagerly and each child module with parameters becomes a region of its own."""
+        text = str(exc).strip()
+        first = text.splitlines()[0][:200] if text else type(exc).__name__
+        log.info("compile: graph break in %s (%s)", type(self.module).__name__, first)
+        self.broken = True
+        todo = list(self.module.children())
+        while todo:
+            child = todo.pop(0)
+            if isinstance(child, (nn.ModuleList, nn.ModuleDict)):  # containers: not called
+                todo[:0] = list(child.children())
+            elif not isinstance(child.forward, Region) and any(True for _ in child.parameters()):
+                child.forward = Region(child, child.forward)
+
+
+def check_compile(train: Any) -> None:
+    """The combinations `--compile` is modelled with."""
+    mode = train.kernels.compile
+    if mode == "none":
+        return
+    why = []
+    if train.activations.checkpointing != "none":
+        why.append("--checkpointing (checkpointing inside a compiled region)")
+    if train.parallel.sharding != "none":
+        why.append(f"--sharding {train.parallel.sharding}")
+    if train.quant.base != "none":
+        why.append("--quantize-base")
+    if train.offload.activations != "none":
+        why.append("--offload-activations")
+    if why:
+        raise ValueError(f"--compile {mode} with {', '.join(why)} is not modelled yet")
+
+
+def apply_compile(model: nn.Module, blocks: list[nn.Module], mode: str, *, fake: bool) -> int:
+    """Compile the model (`full`) or each block (`blocks`); returns the regions compiled.
+    A real step runs `torch.compile` (inductor); a fake one (capture) runs `Region`."""
+    if mode == "none":
+        return 0
+    if mode == "blocks" and not blocks:
+        raise ValueError("--compile blocks: the model has no repeated blocks; use --compile full")
+    regions = blocks if mode == "blocks" else [model]
+    for module in regions:
+        inner = module.forward
+        if fake:
+            module.forward = Region(module, inner)
+        else:
+            module.forward = torch.compile(inner, dynamic=False)
+    return len(regions)
