@@ -21,10 +21,12 @@ of code generation. The real step (not fake) runs `torch.compile` itself.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import fx, nn
@@ -41,11 +43,17 @@ _FUSIBLE_NAMES = {
     "convert_element_type", "lift_fresh_copy", "alias", "copy", "slice_scatter",
     "select_scatter", "constant_pad_nd", "repeat", "masked_fill", "fill", "tril", "triu",
 }  # fmt: skip
-# reductions: realized buffers (small: the reduced dims), consumers fuse around them
-_REDUCTIONS = {
+# ops that write a buffer of their own but whose inputs inductor computes inside the same
+# kernel: reductions (small outputs, the reduced dims), concatenation (producers write into
+# the slices), scatter / index_put (a buffer filled, then written at indices)
+_BUFFERED = {
     "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "prod", "argmax",
-    "argmin", "any", "all", "logsumexp", "std", "cumsum",
+    "argmin", "any", "all", "logsumexp", "std", "cumsum", "cat", "scatter", "scatter_add",
+    "index_put", "_unsafe_index_put", "_unsafe_masked_index_put_accumulate",
+    "index_add", "scatter_reduce",
 }  # fmt: skip
+# metadata: no kernel at all
+_NEUTRAL = {"sym_size", "sym_stride", "sym_numel", "sym_storage_offset"}
 
 
 def _name(target: Any) -> str:
@@ -53,21 +61,27 @@ def _name(target: Any) -> str:
     return getattr(packet, "__name__", "") or getattr(target, "__name__", "")
 
 
-def fusible(target: Any) -> bool:
-    """An op inductor generates into a fused kernel (its output need not be a buffer)."""
-    if not isinstance(target, torch._ops.OpOverload):
-        return target is getattr  # `operator.getitem` on a tuple is handled by the caller
+def kind(target: Any) -> str:
+    """How inductor runs an op of a partitioned graph: ``neutral`` (no kernel: Python
+    arithmetic on sizes, `getitem`, size queries), ``fused`` (generated into its
+    consumers' kernel; its output is a buffer only if something outside reads it),
+    ``buffered`` (generated code writing a buffer of its own, its inputs fused into it),
+    ``extern`` (a library kernel, e.g. matmul or attention: inputs and output are buffers;
+    also any op inductor falls back to, and every mutating op)."""
+    if not isinstance(target, torch._ops.OpOverload) or _name(target) in _NEUTRAL:
+        return "neutral"
     if target._schema.is_mutable:
-        return False
-    if target.is_view or torch.Tag.pointwise in target.tags:
-        return True
-    return _name(target) in _FUSIBLE_NAMES
+        return "extern"
+    name = _name(target)
+    if target.is_view or torch.Tag.pointwise in target.tags or name in _FUSIBLE_NAMES:
+        return "fused"
+    return "buffered" if name in _BUFFERED else "extern"
 
 
 def materialised(gm: fx.GraphModule) -> set[fx.Node]:
     """The nodes of a partitioned graph whose outputs inductor writes to a buffer: graph
-    outputs, extern (non-fusible) ops and reductions, and what extern ops read (through
-    views, the viewed buffer)."""
+    outputs (saved tensors, gradients), buffered and extern ops, and what extern ops read
+    (through views, the viewed buffer)."""
     import operator
 
     out: set[fx.Node] = set()
@@ -86,7 +100,9 @@ def materialised(gm: fx.GraphModule) -> set[fx.Node]:
     for node in gm.graph.nodes:
         if node.op == "output":
             for a in node.all_input_nodes:
-                out.add(root(a))
+                r = root(a)
+                if r.op == "call_function":
+                    out.add(r)
             continue
         if node.op != "call_function":
             continue
@@ -94,13 +110,14 @@ def materialised(gm: fx.GraphModule) -> set[fx.Node]:
             if root(node.args[0]) in out:
                 out.add(node)
             continue
-        if _name(node.target) in _REDUCTIONS or not fusible(node.target):
+        k = kind(node.target)
+        if k in ("buffered", "extern"):
             out.add(node)
-            if not fusible(node.target):
-                for a in node.all_input_nodes:
-                    r = root(a)
-                    if isinstance(r, fx.Node) and r.op == "call_function":
-                        out.add(r)
+        if k == "extern":
+            for a in node.all_input_nodes:
+                r = root(a)
+                if isinstance(r, fx.Node) and r.op == "call_function":
+                    out.add(r)
     return out
 
 
@@ -128,8 +145,6 @@ def run_fused(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any]) -> Any:
 
 
 def _run(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any]) -> Any:
-    import operator
-
     from memgnn.predictor.ir.recorder import unrecorded
 
     rec = _recorder()
@@ -158,25 +173,23 @@ def _run(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any]) -> Any:
             env[node] = getattr(gm, node.target)
         else:
             a, kw = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
-            if (
-                rec is None
-                or node.target is operator.getitem
-                or (node in kept and not fusible(node.target))
-            ):
+            k = kind(node.target)
+            if rec is None or k == "neutral" or (node in kept and k == "extern"):
                 env[node] = node.target(*a, **kw)
             else:
                 with unrecorded():
-                    value = node.target(*a, **kw)
+                    env[node] = node.target(*a, **kw)
                 if node in kept:  # a fused kernel's output buffer, read from what it reads
-                    inputs = [
+                    reads = [
                         t
                         for t in tree_flatten((a, kw))[0]
                         if isinstance(t, torch.Tensor) and rec.uid_of(t) is not None
                     ]
-                    rec.record_op(f"inductor.fused.{_name(node.target)}", inputs, value)
-                env[node] = value
-        for value in dying.get(node, ()):
-            env.pop(value, None)
+                    rec.record_op(f"inductor.fused.{_name(node.target)}", reads, env[node])
+                    del reads
+            del a, kw
+        for dead in dying.get(node, ()):
+            env.pop(dead, None)
     return result
 
 
@@ -253,7 +266,7 @@ class Region:
         # AOTAutograd traces on the first call: those trace-time ops are not the step's
         # (`run_fused` records the compiled graphs' own ops)
         try:
-            with unrecorded():
+            with unrecorded(), _dynamo_view(not self.traced):
                 return compiled(*state.values(), *tensors)
         except Exception as exc:
             if self.traced:
@@ -281,6 +294,18 @@ class Region:
                 todo[:0] = list(child.children())
             elif not isinstance(child.forward, Region) and any(True for _ in child.parameters()):
                 child.forward = Region(child, child.forward)
+
+
+@contextlib.contextmanager
+def _dynamo_view(tracing: bool) -> Iterator[None]:
+    """While a region is traced, `torch.compiler.is_compiling()` is True, as under dynamo:
+    code that branches on it (transformers' mask creation skips its data-dependent
+    shortcuts) takes the path the compiled graph holds."""
+    if not tracing:
+        yield
+        return
+    with mock.patch.object(torch.compiler, "is_compiling", lambda: True):
+        yield
 
 
 def check_compile(train: Any) -> None:
