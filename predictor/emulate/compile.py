@@ -141,13 +141,12 @@ def run_fused(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any]) -> Any:
     from memgnn.predictor.ir.recorder import recorded
 
     with recorded():
-        return _run(gm, kept, args)
+        return _run(gm, kept, args, _recorder())
 
 
-def _run(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any]) -> Any:
+def _run(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any], rec: Any) -> Any:
     from memgnn.predictor.ir.recorder import unrecorded
 
-    rec = _recorder()
     nodes = list(gm.graph.nodes)
     last: dict[fx.Node, fx.Node] = {}
     for node in nodes:
@@ -193,16 +192,6 @@ def _run(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any]) -> Any:
     return result
 
 
-def _compiler(gm: fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-    kept = materialised(gm)
-
-    def call(args: list[Any]) -> Any:
-        return run_fused(gm, kept, args)
-
-    call._boxed_call = True  # type: ignore[attr-defined]
-    return call
-
-
 class Region:
     """One compiled region: `module`'s forward (`inner`) through AOTAutograd with
     inductor's decompositions and min-cut partitioner, compiled once per input signature
@@ -212,12 +201,14 @@ class Region:
         self.module, self.inner = module, inner
         self.cache: dict[Any, Any] = {}
         self.broken = False  # a graph break: run eagerly, children compiled
-        self.traced = True
+        self.tracing = False
 
     def _fn(self, spec: Any, leaves: list[Any], where: list[int], names: list[str]):
         from torch.nn.utils.stateless import _reparametrize_module
 
         module, inner, n = self.module, self.inner, len(names)
+        # the first call's tensors are the trace's inputs, not held by the compiled region
+        leaves = [None if isinstance(x, torch.Tensor) else x for x in leaves]
 
         def fn(*tensors: torch.Tensor) -> Any:
             values = list(leaves)
@@ -262,22 +253,38 @@ class Region:
                 dynamic=True,
             )
             self.cache[key] = compiled
-            self.traced = False
-        # AOTAutograd traces on the first call: those trace-time ops are not the step's
-        # (`run_fused` records the compiled graphs' own ops)
+            try:  # AOTAutograd traces on a first call: on fresh inputs, unrecorded
+                self._trace(compiled, [*state.values()], tensors)
+            except Exception as exc:
+                del self.cache[key]
+                self._graph_break(exc)
+                return self.inner(*args, **kwargs)
+        with unrecorded():  # AOTAutograd's runtime; `run_fused` records the kernels
+            return compiled(*state.values(), *tensors)
+
+    def _trace(self, compiled: Any, state: list[torch.Tensor], tensors: list[Any]) -> None:
+        """The first call traces; its inputs are fresh tensors like the real ones, so that
+        what AOTAutograd keeps of its trace holds none of the step's tensors."""
+        from memgnn.predictor.ir.recorder import unrecorded
+
+        self.tracing = True
         try:
-            with unrecorded(), _dynamo_view(not self.traced):
-                return compiled(*state.values(), *tensors)
-        except Exception as exc:
-            if self.traced:
-                raise
-            del self.cache[key]
-            self._graph_break(exc)
-            return self.inner(*args, **kwargs)
+            with unrecorded(), _dynamo_view(True):
+                fresh = [_like(t) for t in tensors]
+                compiled(*state, *fresh)
+        finally:
+            self.tracing = False
 
     def _compiler(self, gm: fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-        self.traced = True
-        return _compiler(gm, example_inputs)
+        kept = materialised(gm)
+
+        def call(args: list[Any]) -> Any:
+            if self.tracing:  # the tracing call's own run: not the step's
+                return _run(gm, kept, args, None)
+            return run_fused(gm, kept, args)
+
+        call._boxed_call = True  # type: ignore[attr-defined]
+        return call
 
     def _graph_break(self, exc: Exception) -> None:
         """What AOTAutograd cannot trace (data-dependent control flow, e.g. a mask built
@@ -294,6 +301,11 @@ class Region:
                 todo[:0] = list(child.children())
             elif not isinstance(child.forward, Region) and any(True for _ in child.parameters()):
                 child.forward = Region(child, child.forward)
+
+
+def _like(t: torch.Tensor) -> torch.Tensor:
+    fresh = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return fresh.requires_grad_(t.requires_grad)
 
 
 @contextlib.contextmanager
