@@ -86,7 +86,8 @@ def run() -> dict:
                 "real_seconds": round(t2 - t1, 1),
             }
             rows.append(row)
-            print(f"{name} {mode}: pred {pred} real {real} err {row['rel_error']:+.2%}", file=sys.stderr)
+            err = row["rel_error"]
+            print(f"{name} {mode}: pred {pred} real {real} err {err:+.2%}", file=sys.stderr)
     return {"torch_version": torch.__version__, "rows": rows}
 
 

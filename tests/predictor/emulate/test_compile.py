@@ -134,7 +134,6 @@ def test_a_region_saves_what_aotautograds_min_cut_partition_saves():
 
 
 def test_fused_intermediates_are_not_buffers():
-    gm = torch.fx.symbolic_trace(lambda a, w: torch.mm(torch.tanh(a * 2 + 1), w).sum())
     from torch.fx.experimental.proxy_tensor import make_fx
 
     gm = make_fx(lambda a, w: torch.mm(torch.tanh(a * 2 + 1), w).relu().sum())(
@@ -211,19 +210,16 @@ def test_a_graph_break_compiles_the_children():
 def test_compiled_blocks_step_equals_a_real_compiled_cpu_step():
     """A real `torch.compile` (inductor, CPU) steady step: torch.profiler's allocator peak
     plus the state alive before it, against the capture's peak."""
-    from torch.profiler import ProfilerActivity, profile
-
     from memgnn.dataset.cpu_backend import _profiler_peak
     from memgnn.predictor.capture.step import TrainingStep
+    from torch.profiler import ProfilerActivity, profile
 
     train = TrainSpec.of(compile="blocks", steps="steady")
     torch._dynamo.reset()
     torch.manual_seed(0)
     step = TrainingStep(_stack(), train, device=torch.device("cpu"), target="cpu")
     step.run({"B": B}, steps=(0,))
-    before = sum(
-        t.untyped_storage().nbytes() for ts in step.state_tensors().values() for t in ts
-    )
+    before = sum(t.untyped_storage().nbytes() for ts in step.state_tensors().values() for t in ts)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step.run({"B": B}, steps=(1,))
     real = before + _profiler_peak(prof)
