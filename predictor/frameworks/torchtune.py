@@ -25,7 +25,10 @@ Key (default) -> memgnn:
 - distributed keys (fsdp_cpu_offload, fsdp_reshard_after_forward, data_parallel_shard_dim,
   ...) -> --sharding fsdp (FSDP2 on every layer; the GPU count is tune run's
   --nproc_per_node)
-Not modelled (warnings): compile, enable_activation_offloading, optimizer_in_bwd,
+- compile -> --compile blocks (training.compile_model compiles each layer; the loss's own
+  compile is not modelled: it runs eager), unless read with an option --compile is not
+  modelled with (checkpointing, sharding): then a warning, the eager step
+Not modelled (warnings): enable_activation_offloading, optimizer_in_bwd,
 ac_mode/ac_option (selective), chunked losses (CEWithChunkedOutputLoss,
 LinearCrossEntropyLoss), fsdp_cpu_offload, tensor/context parallel dims, torchao low-bit
 optimizers. torchtune runs its own model code (TransformerDecoder): the answer captures
@@ -152,7 +155,6 @@ _NO_EFFECT = {
     "device": "the device is --device",
 }
 _FEATURES = {
-    "compile": ("torch.compile of the model and loss", "the answer is the eager step's"),
     "enable_activation_offloading": (
         "activation offloading to the CPU",
         "saved activations stay on the GPU",
@@ -231,6 +233,8 @@ def read_torchtune(
     _optimizer(b)
     _loss(b)
     _distributed(b, path)
+    if b.has("compile"):  # training.compile_model: torch.compile on each decoder layer
+        b.compile_switch("compile", "blocks", "each transformer layer, as training.compile_model")
     return b.finish(_NO_EFFECT, _FEATURES)
 
 

@@ -241,3 +241,11 @@ def test_every_key_the_recipes_read_is_known(write):
     )  # fmt: skip
     r = read_config(write("all.yaml", yaml.safe_dump(data)))
     assert [w for w in r.warnings if w.startswith("unknown key")] == []
+
+
+def test_compile_reads_as_each_layer_compiled(write, catalog):
+    text = "model:\n  _component_: torchtune.models.qwen2_5.qwen2_5_7b_base\n"
+    text += "batch_size: 1\ndtype: bf16\ncompile: True\n"
+    r = read_config(write("t.yaml", text), catalog=catalog)
+    assert r.options["compile"] == "blocks"
+    assert not any("torch.compile" in w for w in r.warnings)
