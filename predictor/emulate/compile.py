@@ -320,6 +320,20 @@ def _dynamo_view(tracing: bool) -> Iterator[None]:
         yield
 
 
+def assumption(mode: str) -> str | None:
+    """What an answer under `--compile` assumed (None: eager)."""
+    if mode == "none":
+        return None
+    where = "the whole model" if mode == "full" else "each repeated block"
+    return (
+        f"compile: torch.compile (inductor) of {where}; modelled: what AOTAutograd's min-cut "
+        "partitioner saves for backward and recomputes (run on the capture); approximate: "
+        "inductor's buffers (fused pointwise intermediates not allocated; its buffer reuse "
+        "and in-kernel scratch not modelled; CUDA and CPU code generation assumed alike); "
+        "a region AOTAutograd cannot trace compiles its child modules (a graph break)"
+    )
+
+
 def check_compile(train: Any) -> None:
     """The combinations `--compile` is modelled with."""
     mode = train.kernels.compile
