@@ -310,14 +310,24 @@ def _like(t: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def _dynamo_view(tracing: bool) -> Iterator[None]:
-    """While a region is traced, `torch.compiler.is_compiling()` is True, as under dynamo:
-    code that branches on it (transformers' mask creation skips its data-dependent
-    shortcuts) takes the path the compiled graph holds."""
+    """While a region is traced, `torch.compiler.is_compiling()` is True, as under dynamo,
+    and so is `torch.compiler.is_exporting()` before torch 2.14 (dynamo folded it to a
+    constant True until pytorch#176499): code that branches on them takes the path the
+    compiled graph holds (transformers' mask creation keeps an explicit causal mask and
+    skips its data-dependent shortcuts; SDPA then runs on repeated GQA keys and values)."""
     if not tracing:
         yield
         return
-    with mock.patch.object(torch.compiler, "is_compiling", lambda: True):
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.object(torch.compiler, "is_compiling", lambda: True))
+        if _torch_before(2, 14):
+            stack.enter_context(mock.patch.object(torch.compiler, "is_exporting", lambda: True))
         yield
+
+
+def _torch_before(major: int, minor: int) -> bool:
+    parts = torch.__version__.split("+")[0].split(".")
+    return (int(parts[0]), int(parts[1])) < (major, minor)
 
 
 def assumption(mode: str) -> str | None:
