@@ -111,6 +111,19 @@ def markdown(result: dict) -> str:
             f"| {r['model']} | {r['sizes']} | {r['compile']} | {r['predicted_bytes']:,} | "
             f"{r['real_bytes']:,} | {r['rel_error']:+.2%} | {vs:+.2%} |"
         )
+    lines += [
+        "",
+        "`blocks`: the peak falls outside the compiled blocks (the eager head and loss in "
+        "backward), with every block's saved tensors alive: it checks the min-cut "
+        "partitioner's saved set, which the capture runs itself. `full` on llama (one dynamo "
+        "graph) checks the fused-buffer approximation too (the peak is inside the compiled "
+        "backward). `full` on gpt2 over-predicts: dynamo breaks the graph at transformers' "
+        "`logger.warning_once` about `loss_type=None` (the zoo config's), so the real loss "
+        "is a graph of its own, while AOTAutograd traces through a logging call and the "
+        "capture compiles model and loss as one region. Dynamo's graph breaks on Python "
+        "side effects are not modelled (only untraceable, data-dependent code breaks a "
+        "region, into its children).",
+    ]
     return "\n".join(lines) + "\n"
 
 
