@@ -133,6 +133,7 @@ def _apply_checkpointing(model: nn.Module, blocks: list[nn.Module], n: int) -> i
         def forward(*args, _inner=inner, **kwargs):
             return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
 
+        forward.checkpointed = inner  # what a compiled region traces (emulate.compile)
         block.forward = forward
     return len(chosen)
 
@@ -268,7 +269,11 @@ class TrainingStep:
                 model = self.model = apply_peft(model, train)
         # torch.compile: the whole model or each block (emulate.compile); a compiled
         # transformers model runs without its KV cache (training does not read it)
-        self.compiled = apply_compile(model, blocks, train.kernels.compile, fake=fake)
+        ckpt = train.activations.checkpoint_blocks
+        wrapped = [] if ckpt is None else blocks if ckpt < 0 else blocks[:ckpt]
+        self.compiled = apply_compile(
+            model, blocks, train.kernels.compile, fake=fake, checkpointed=wrapped
+        )
         if self.compiled:
             _no_kv_cache(model)
         if world is not None:

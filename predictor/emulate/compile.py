@@ -121,6 +121,54 @@ def materialised(gm: fx.GraphModule) -> set[fx.Node]:
     return out
 
 
+def _partition(checkpointed: bool) -> Callable[..., Any]:
+    """Inductor's partitioner; for a checkpointed region, with every forward node of the
+    joint graph tagged must-recompute, as dynamo tags the ops of a `checkpoint` region
+    for it: the forward then saves only what recomputing needs (the region's inputs)."""
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    base = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
+    if not checkpointed:
+        return base
+
+    def partition(joint: fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
+        from torch.utils.checkpoint import CheckpointPolicy
+
+        backward: set[fx.Node] = set()
+        for node in joint.graph.nodes:
+            tangent = node.op == "placeholder" and node.name.startswith("tangents")
+            if tangent or any(a in backward for a in node.all_input_nodes):
+                backward.add(node)
+        for node in joint.graph.nodes:
+            if node.op == "call_function" and node not in backward:
+                node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
+                node.meta["ac_graph_id"] = 0
+        return base(joint, inputs, **kwargs)
+
+    return partition
+
+
+def _rng_op(target: Any) -> Callable[..., Any] | None:
+    """`run_and_save_rng_state(op, ...)` / `run_with_rng_state(state, op, ...)`, which the
+    partitioner puts around a random op it recomputes: the op itself (recorded), with an
+    empty stand-in for the generator state (a host tensor, not device memory)."""
+    if not isinstance(target, torch._ops.HigherOrderOperator):
+        return None
+    if target.name() == "run_and_save_rng_state":
+
+        def save(op: Any, *args: Any, **kwargs: Any) -> Any:
+            from memgnn.predictor.ir.recorder import unrecorded
+
+            with unrecorded():
+                state = torch.empty(0, dtype=torch.uint8)
+            return state, op(*args, **kwargs)
+
+        return save
+    if target.name() == "run_with_rng_state":
+        return lambda state, op, *args, **kwargs: op(*args, **kwargs)
+    return None
+
+
 def _recorder() -> Any:
     """The innermost StepRecorder on the dispatch mode stack, if any."""
     from memgnn.predictor.ir.recorder import StepRecorder
@@ -173,7 +221,10 @@ def _run(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any], rec: Any) -> A
         else:
             a, kw = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
             k = kind(node.target)
-            if rec is None or k == "neutral" or (node in kept and k == "extern"):
+            rng = _rng_op(node.target)
+            if rng is not None:  # the partitioner's RNG-state wrappers of a recomputed op
+                env[node] = rng(*a, **kw)
+            elif rec is None or k == "neutral" or (node in kept and k == "extern"):
                 env[node] = node.target(*a, **kw)
             else:
                 with unrecorded():
@@ -197,8 +248,9 @@ class Region:
     inductor's decompositions and min-cut partitioner, compiled once per input signature
     (as dynamo would, with dynamic sizes) and run with `run_fused`."""
 
-    def __init__(self, module: nn.Module, inner: Callable[..., Any]):
+    def __init__(self, module: nn.Module, inner: Callable[..., Any], *, checkpointed: bool = False):
         self.module, self.inner = module, inner
+        self.checkpointed = checkpointed  # its forward wrapped in activation checkpointing
         self.cache: dict[Any, Any] = {}
         self.broken = False  # a graph break: run eagerly, children compiled
         self.tracing = False
@@ -223,7 +275,6 @@ class Region:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from memgnn.predictor.ir.recorder import unrecorded
         from torch._functorch.aot_autograd import aot_function
-        from torch._functorch.partitioners import min_cut_rematerialization_partition
         from torch._inductor.decomposition import select_decomp_table
 
         state = dict(self.module.named_parameters()) | dict(self.module.named_buffers())
@@ -245,9 +296,7 @@ class Region:
                 self._fn(spec, leaves, where, list(state)),
                 fw_compiler=self._compiler,
                 bw_compiler=self._compiler,
-                partition_fn=functools.partial(
-                    min_cut_rematerialization_partition, compiler="inductor"
-                ),
+                partition_fn=_partition(self.checkpointed),
                 decompositions=select_decomp_table(),
                 num_params_buffers=len(state),
                 dynamic=True,
@@ -340,7 +389,8 @@ def assumption(mode: str) -> str | None:
         "partitioner saves for backward and recomputes (run on the capture); approximate: "
         "inductor's buffers (fused pointwise intermediates not allocated; its buffer reuse "
         "and in-kernel scratch not modelled; CUDA and CPU code generation assumed alike); "
-        "a region AOTAutograd cannot trace compiles its child modules (a graph break)"
+        "a region AOTAutograd cannot trace compiles its child modules (a graph break); "
+        "a checkpointed block compiled recomputes its whole forward in backward"
     )
 
 
@@ -350,8 +400,8 @@ def check_compile(train: Any) -> None:
     if mode == "none":
         return
     why = []
-    if train.activations.checkpointing != "none":
-        why.append("--checkpointing (checkpointing inside a compiled region)")
+    if train.activations.checkpointing == "hf":
+        why.append("--checkpointing hf")
     if train.parallel.sharding != "none":
         why.append(f"--sharding {train.parallel.sharding}")
     if train.quant.base != "none":
@@ -362,18 +412,34 @@ def check_compile(train: Any) -> None:
         raise ValueError(f"--compile {mode} with {', '.join(why)} is not modelled yet")
 
 
-def apply_compile(model: nn.Module, blocks: list[nn.Module], mode: str, *, fake: bool) -> int:
-    """Compile the model (`full`) or each block (`blocks`); returns the regions compiled.
-    A real step runs `torch.compile` (inductor); a fake one (capture) runs `Region`."""
+def apply_compile(
+    model: nn.Module,
+    blocks: list[nn.Module],
+    mode: str,
+    *,
+    fake: bool,
+    checkpointed: list[nn.Module] = (),  # type: ignore[assignment]
+) -> int:
+    """Compile the model (`full`) or each block (`blocks`, over the checkpoint wrapper of
+    those in `checkpointed`, as torchtitan applies AC then compile); returns the regions
+    compiled. A real step runs `torch.compile` (inductor); a fake one (capture) `Region`."""
     if mode == "none":
         return 0
     if mode == "blocks" and not blocks:
         raise ValueError("--compile blocks: the model has no repeated blocks; use --compile full")
+    if mode == "full" and checkpointed:
+        raise ValueError(
+            "--compile full with --checkpointing is not modelled yet; use --compile blocks "
+            "(each block compiled over its checkpoint, as torchtune and torchtitan do)"
+        )
     regions = blocks if mode == "blocks" else [model]
+    wrapped = {id(b) for b in checkpointed}
     for module in regions:
         inner = module.forward
-        if fake:
-            module.forward = Region(module, inner)
+        if fake:  # a checkpointed block: its own forward, recomputed by the partitioner
+            ckpt = id(module) in wrapped
+            traced = getattr(inner, "checkpointed", inner) if ckpt else inner
+            module.forward = Region(module, traced, checkpointed=ckpt)
         else:
             module.forward = torch.compile(inner, dynamic=False)
     return len(regions)

@@ -25,9 +25,10 @@ Key (default) -> memgnn:
 - distributed keys (fsdp_cpu_offload, fsdp_reshard_after_forward, data_parallel_shard_dim,
   ...) -> --sharding fsdp (FSDP2 on every layer; the GPU count is tune run's
   --nproc_per_node)
-- compile -> --compile blocks (training.compile_model compiles each layer; the loss's own
-  compile is not modelled: it runs eager), unless read with an option --compile is not
-  modelled with (checkpointing, sharding): then a warning, the eager step
+- compile -> --compile blocks (training.compile_model compiles each layer, over its
+  activation checkpoint where enabled; the loss's own compile is not modelled: it runs
+  eager), unless read with an option --compile is not modelled with (sharding, activation
+  offloading): then a warning, the eager step
 Not modelled (warnings): enable_activation_offloading, optimizer_in_bwd,
 ac_mode/ac_option (selective), chunked losses (CEWithChunkedOutputLoss,
 LinearCrossEntropyLoss), fsdp_cpu_offload, tensor/context parallel dims, torchao low-bit
