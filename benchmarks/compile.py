@@ -32,6 +32,7 @@ from results_io import write_results
 MODELS = [
     ("gpt2", {"dropout": 0.0}, {"B": 4, "S": 128}),
     ("llama", {}, {"B": 4, "S": 128}),
+    ("gpt2", {"dropout": 0.1}, {"B": 4, "S": 128}),  # random ops in the compiled regions
 ]
 # (compile, checkpointing)
 MODES = (
@@ -83,6 +84,7 @@ def run() -> dict:
             t2 = time.perf_counter()
             row = {
                 "model": name,
+                "hparams": hp,
                 "sizes": sizes,
                 "compile": mode,
                 "checkpointing": ckpt,
@@ -116,16 +118,20 @@ def markdown(result: dict) -> str:
         "vs eager, same checkpointing (real) |",
         "|---|---|---|---|---:|---:|---:|---:|",
     ]
+
+    def who(r: dict) -> str:
+        return r["model"] + "".join(f" {k}={v}" for k, v in r.get("hparams", {}).items())
+
     eager = {
-        (r["model"], r["checkpointing"]): r["real_bytes"]
+        (who(r), r["checkpointing"]): r["real_bytes"]
         for r in result["rows"]
         if r["compile"] == "none"
     }
     for r in result["rows"]:
-        base = eager[(r["model"], r["checkpointing"])]
+        base = eager[(who(r), r["checkpointing"])]
         vs = (r["real_bytes"] - base) / base
         lines.append(
-            f"| {r['model']} | {r['sizes']} | {r['compile']} | {r['checkpointing']} | "
+            f"| {who(r)} | {r['sizes']} | {r['compile']} | {r['checkpointing']} | "
             f"{r['predicted_bytes']:,} | {r['real_bytes']:,} | {r['rel_error']:+.2%} | "
             f"{vs:+.2%} |"
         )

@@ -9,14 +9,9 @@ activations and recomputes cheap (pointwise) ones in backward. Capture runs exac
 tensors, so the forward really saves only the partitioner's choice and the backward really
 recomputes the rest (`Region`).
 
-What inductor then allocates is approximated (`run_fused`): each partitioned graph runs op
-by op, but the output of a fusible op (pointwise, view, reduction inlined into its
-consumer) is not materialised unless it leaves the graph (a saved tensor, an output) or an
-extern kernel (matmul, convolution, attention, any op inductor does not generate code for)
-reads it; extern kernels and reductions write real buffers. Not modelled: inductor's own
-buffer reuse (`inplace` / `reuse` of dead buffers of the same size, which only lowers the
-peak), its in-kernel scratch, the joint-graph pattern passes, and CUDA-vs-CPU differences
-of code generation. The real step (not fake) runs `torch.compile` itself.
+What inductor then allocates is approximated (`predictor.emulate.inductor.run_fused`:
+fused intermediates are no allocations). The real step (not fake) runs `torch.compile`
+itself.
 """
 
 from __future__ import annotations
@@ -29,96 +24,11 @@ from typing import Any
 from unittest import mock
 
 import torch
+from memgnn.predictor.emulate.inductor import materialised, run_fused, run_graph
 from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 log = logging.getLogger(__name__)
-
-# ops inductor generates code for and fuses into their consumers (besides `Tag.pointwise`
-# and views); their outputs are not buffers unless something outside the kernel reads them
-_FUSIBLE_NAMES = {
-    "clone", "_to_copy", "expand", "where", "full", "full_like", "zeros", "zeros_like",
-    "ones", "ones_like", "empty", "empty_like", "scalar_tensor", "arange", "iota",
-    "embedding", "index", "gather", "index_select", "rand", "rand_like", "randn_like",
-    "convert_element_type", "lift_fresh_copy", "alias", "copy", "slice_scatter",
-    "select_scatter", "constant_pad_nd", "repeat", "masked_fill", "fill", "tril", "triu",
-}  # fmt: skip
-# ops that write a buffer of their own but whose inputs inductor computes inside the same
-# kernel: reductions (small outputs, the reduced dims), concatenation (producers write into
-# the slices), scatter / index_put (a buffer filled, then written at indices)
-_BUFFERED = {
-    "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "prod", "argmax",
-    "argmin", "any", "all", "logsumexp", "std", "cumsum", "cat", "scatter", "scatter_add",
-    "index_put", "_unsafe_index_put", "_unsafe_masked_index_put_accumulate",
-    "index_add", "scatter_reduce",
-}  # fmt: skip
-# metadata: no kernel at all
-_NEUTRAL = {"sym_size", "sym_stride", "sym_numel", "sym_storage_offset"}
-
-
-def _name(target: Any) -> str:
-    packet = getattr(target, "overloadpacket", None)
-    return getattr(packet, "__name__", "") or getattr(target, "__name__", "")
-
-
-def kind(target: Any) -> str:
-    """How inductor runs an op of a partitioned graph: ``neutral`` (no kernel: Python
-    arithmetic on sizes, `getitem`, size queries), ``fused`` (generated into its
-    consumers' kernel; its output is a buffer only if something outside reads it),
-    ``buffered`` (generated code writing a buffer of its own, its inputs fused into it),
-    ``extern`` (a library kernel, e.g. matmul or attention: inputs and output are buffers;
-    also any op inductor falls back to, and every mutating op)."""
-    if not isinstance(target, torch._ops.OpOverload) or _name(target) in _NEUTRAL:
-        return "neutral"
-    if target._schema.is_mutable:
-        return "extern"
-    name = _name(target)
-    if target.is_view or torch.Tag.pointwise in target.tags or name in _FUSIBLE_NAMES:
-        return "fused"
-    return "buffered" if name in _BUFFERED else "extern"
-
-
-def materialised(gm: fx.GraphModule) -> set[fx.Node]:
-    """The nodes of a partitioned graph whose outputs inductor writes to a buffer: graph
-    outputs (saved tensors, gradients), buffered and extern ops, and what extern ops read
-    (through views, the viewed buffer)."""
-    import operator
-
-    out: set[fx.Node] = set()
-
-    def root(n: Any) -> Any:
-        while (
-            isinstance(n, fx.Node)
-            and isinstance(n.target, torch._ops.OpOverload)
-            and n.target.is_view
-            and n.args
-            and isinstance(n.args[0], fx.Node)
-        ):
-            n = n.args[0]
-        return n
-
-    for node in gm.graph.nodes:
-        if node.op == "output":
-            for a in node.all_input_nodes:
-                r = root(a)
-                if r.op == "call_function":
-                    out.add(r)
-            continue
-        if node.op != "call_function":
-            continue
-        if node.target is operator.getitem:
-            if root(node.args[0]) in out:
-                out.add(node)
-            continue
-        k = kind(node.target)
-        if k in ("buffered", "extern"):
-            out.add(node)
-        if k == "extern":
-            for a in node.all_input_nodes:
-                r = root(a)
-                if isinstance(r, fx.Node) and r.op == "call_function":
-                    out.add(r)
-    return out
 
 
 def _partition(checkpointed: bool) -> Callable[..., Any]:
@@ -146,101 +56,6 @@ def _partition(checkpointed: bool) -> Callable[..., Any]:
         return base(joint, inputs, **kwargs)
 
     return partition
-
-
-def _rng_op(target: Any) -> Callable[..., Any] | None:
-    """`run_and_save_rng_state(op, ...)` / `run_with_rng_state(state, op, ...)`, which the
-    partitioner puts around a random op it recomputes: the op itself (recorded), with an
-    empty stand-in for the generator state (a host tensor, not device memory)."""
-    if not isinstance(target, torch._ops.HigherOrderOperator):
-        return None
-    if target.name() == "run_and_save_rng_state":
-
-        def save(op: Any, *args: Any, **kwargs: Any) -> Any:
-            from memgnn.predictor.ir.recorder import unrecorded
-
-            with unrecorded():
-                state = torch.empty(0, dtype=torch.uint8)
-            return state, op(*args, **kwargs)
-
-        return save
-    if target.name() == "run_with_rng_state":
-        return lambda state, op, *args, **kwargs: op(*args, **kwargs)
-    return None
-
-
-def _recorder() -> Any:
-    """The innermost StepRecorder on the dispatch mode stack, if any."""
-    from memgnn.predictor.ir.recorder import StepRecorder
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    for mode in reversed(_get_current_dispatch_mode_stack()):
-        if isinstance(mode, StepRecorder):
-            return mode
-    return None
-
-
-def run_fused(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any]) -> Any:
-    """Run a partitioned graph as its fused kernels allocate: nodes in `kept` are recorded
-    (their outputs are buffers), the others run unrecorded (their outputs are values
-    inside a fused kernel and never reach the allocator). Each value is dropped after its
-    last use and the argument list is cleared (inductor's boxed calling convention), so
-    saved activations die inside the backward as soon as it has read them."""
-    from memgnn.predictor.ir.recorder import recorded
-
-    with recorded():
-        return _run(gm, kept, args, _recorder())
-
-
-def _run(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any], rec: Any) -> Any:
-    from memgnn.predictor.ir.recorder import unrecorded
-
-    nodes = list(gm.graph.nodes)
-    last: dict[fx.Node, fx.Node] = {}
-    for node in nodes:
-        for a in node.all_input_nodes:
-            last[a] = node
-    dying: dict[fx.Node, list[fx.Node]] = {}
-    for value, user in last.items():
-        dying.setdefault(user, []).append(value)
-    env: dict[fx.Node, Any] = {}
-    inputs = list(args)
-    args.clear()  # the graph owns its inputs now: each dies after its last use
-    inputs.reverse()
-    result = None
-    for node in nodes:
-        if node.op == "placeholder":
-            value = inputs.pop()
-            if node.users:
-                env[node] = value
-            del value
-        elif node.op == "output":
-            result = fx.node.map_arg(node.args[0], env.__getitem__)
-        elif node.op == "get_attr":
-            env[node] = getattr(gm, node.target)
-        else:
-            a, kw = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
-            k = kind(node.target)
-            rng = _rng_op(node.target)
-            if rng is not None:  # the partitioner's RNG-state wrappers of a recomputed op
-                env[node] = rng(*a, **kw)
-            elif rec is None or k == "neutral" or (node in kept and k == "extern"):
-                env[node] = node.target(*a, **kw)
-            else:
-                with unrecorded():
-                    env[node] = node.target(*a, **kw)
-                if node in kept:  # a fused kernel's output buffer, read from what it reads
-                    reads = [
-                        t
-                        for t in tree_flatten((a, kw))[0]
-                        if isinstance(t, torch.Tensor) and rec.uid_of(t) is not None
-                    ]
-                    rec.record_op(f"inductor.fused.{_name(node.target)}", reads, env[node])
-                    del reads
-            del a, kw
-        for dead in dying.get(node, ()):
-            env.pop(dead, None)
-    return result
 
 
 class Region:
@@ -329,7 +144,7 @@ class Region:
 
         def call(args: list[Any]) -> Any:
             if self.tracing:  # the tracing call's own run: not the step's
-                return _run(gm, kept, args, None)
+                return run_graph(gm, kept, args, None)
             return run_fused(gm, kept, args)
 
         call._boxed_call = True  # type: ignore[attr-defined]
@@ -341,7 +156,7 @@ class Region:
         eagerly and each child module with parameters becomes a region of its own."""
         text = str(exc).strip()
         first = text.splitlines()[0][:200] if text else type(exc).__name__
-        log.info("compile: graph break in %s (%s)", type(self.module).__name__, first)
+        log.warning("compile: graph break in %s (%s)", type(self.module).__name__, first)
         self.broken = True
         todo = list(self.module.children())
         while todo:
