@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 import torch
 from memgnn.predictor.emulate.attention import apply_attention, check_attention
-from memgnn.predictor.emulate.compile import apply_compile, check_compile
+from memgnn.predictor.emulate.compile import apply_compile
 from memgnn.predictor.emulate.offload import apply_activation_offload
 from memgnn.predictor.emulate.offload_optim import CPUOffloadOptimizer
 from memgnn.predictor.emulate.optim8bit import AdamW8bit
@@ -246,7 +246,6 @@ class TrainingStep:
         check_cuda_only(train, target)
         self.bundle, self.train, self.device, self.target = bundle, train, device, target
         check_attention(train, target)
-        check_compile(train)
         with torch.device(device), _default_dtype(train.numerics.param_dtype):
             model = bundle.build()
         model.train()

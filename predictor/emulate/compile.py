@@ -209,24 +209,6 @@ def assumption(mode: str) -> str | None:
     )
 
 
-def check_compile(train: Any) -> None:
-    """The combinations `--compile` is modelled with."""
-    mode = train.kernels.compile
-    if mode == "none":
-        return
-    why = []
-    if train.activations.checkpointing == "hf":
-        why.append("--checkpointing hf")
-    if train.parallel.sharding != "none":
-        why.append(f"--sharding {train.parallel.sharding}")
-    if train.quant.base != "none":
-        why.append("--quantize-base")
-    if train.offload.activations != "none":
-        why.append("--offload-activations")
-    if why:
-        raise ValueError(f"--compile {mode} with {', '.join(why)} is not modelled yet")
-
-
 def apply_compile(
     model: nn.Module,
     blocks: list[nn.Module],

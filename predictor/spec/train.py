@@ -709,6 +709,7 @@ class TrainSpec:
                 f"methods over a quantised base: {', '.join(PEFT_ON_QUANTIZED)}"
             )
         _check_offload(self)
+        _check_compile(self)
 
     @classmethod
     def of(cls, **options: Any) -> TrainSpec:
@@ -752,6 +753,26 @@ class TrainSpec:
     def changed(self) -> dict[str, Any]:
         """The options that differ from their defaults (what a user set)."""
         return {n: v for n, v in self.flat().items() if v != BY_NAME[n].default}
+
+
+def _check_compile(train: TrainSpec) -> None:
+    """The options `--compile` is modelled with (`predictor.emulate.compile`)."""
+    mode = train.kernels.compile
+    if mode == "none":
+        return
+    why = []
+    if train.activations.checkpointing == "hf":
+        why.append("--checkpointing hf")
+    elif mode == "full" and train.activations.checkpointing != "none":
+        why.append(f"--checkpointing {train.activations.checkpointing} (use --compile blocks)")
+    if train.parallel.sharding != "none":
+        why.append(f"--sharding {train.parallel.sharding}")
+    if train.quant.base != "none":
+        why.append(f"--quantize-base {train.quant.base}")
+    if train.offload.activations != "none":
+        why.append(f"--offload-activations {train.offload.activations}")
+    if why:
+        raise ValueError(f"--compile {mode} with {', '.join(why)} is not modelled yet")
 
 
 def _check_offload(train: TrainSpec) -> None:

@@ -172,15 +172,15 @@ def test_compiled_blocks_hold_less_than_eager():
 def test_compile_options_are_checked():
     with pytest.raises(ValueError, match="--compile"):
         TrainSpec.of(compile="max-autotune")
-    from memgnn.predictor.capture.step import TrainingStep
-
-    with pytest.raises(ValueError, match="checkpointing"):
-        TrainingStep(
-            _stack(),
-            TrainSpec.of(compile="full", checkpointing="full"),
-            device=torch.device("cpu"),
-            target="cpu",
-        )
+    for options in (
+        {"compile": "full", "checkpointing": "full"},
+        {"compile": "blocks", "checkpointing": "hf"},
+        {"compile": "blocks", "sharding": "fsdp", "gpus": 2},
+        {"compile": "blocks", "offload_activations": "save_on_cpu"},
+    ):
+        with pytest.raises(ValueError, match="is not modelled yet"):
+            TrainSpec.of(**options)
+    TrainSpec.of(compile="blocks", checkpointing="blocks:1")  # each block over its checkpoint
 
 
 class Branchy(nn.Module):
