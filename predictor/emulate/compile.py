@@ -31,6 +31,14 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 log = logging.getLogger(__name__)
 
 
+def _random(node: fx.Node) -> bool:
+    """A random op (dropout's mask): without functionalized RNG, inductor does not
+    recompute it, even in a checkpointed region; its output is saved."""
+    return isinstance(node.target, torch._ops.OpOverload) and (
+        torch.Tag.nondeterministic_seeded in node.target.tags
+    )
+
+
 def _partition(checkpointed: bool) -> Callable[..., Any]:
     """Inductor's partitioner; for a checkpointed region, with every forward node of the
     joint graph tagged must-recompute, as dynamo tags the ops of a `checkpoint` region
@@ -50,7 +58,7 @@ def _partition(checkpointed: bool) -> Callable[..., Any]:
             if tangent or any(a in backward for a in node.all_input_nodes):
                 backward.add(node)
         for node in joint.graph.nodes:
-            if node.op == "call_function" and node not in backward:
+            if node.op == "call_function" and node not in backward and not _random(node):
                 node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
                 node.meta["ac_graph_id"] = 0
         return base(joint, inputs, **kwargs)

@@ -169,6 +169,25 @@ def test_compiled_blocks_hold_less_than_eager():
     assert after["blocks"]["zero_grad"] == after["none"]["zero_grad"]
 
 
+class DropoutMlp(Mlp):
+    def forward(self, x):
+        return x + self.down(F.dropout(torch.tanh(self.up(x)), 0.1, training=True))
+
+
+def test_a_checkpointed_region_still_saves_its_random_values():
+    """Without functionalized RNG inductor does not recompute a random op: a compiled
+    checkpointed block saves what its dropout drew (one B x H tensor), nothing else."""
+    mlp = DropoutMlp()
+    x = torch.randn(B, D, requires_grad=True)
+    region = Region(mlp, mlp.forward, checkpointed=True)
+    rec = StepRecorder()
+    with rec:
+        out = region(x)
+    new = [u for u in rec._live.values() if rec.storages[u].alloc_node >= 0]
+    saved = [rec.storages[u].nbytes for u in new if u != rec.uid_of(out)]
+    assert len(saved) == 1 and saved[0] in (B * H, B * H * 4)
+
+
 def test_compile_options_are_checked():
     with pytest.raises(ValueError, match="--compile"):
         TrainSpec.of(compile="max-autotune")
