@@ -213,7 +213,8 @@ def assumption(mode: str) -> str | None:
         "inductor's buffers (fused pointwise intermediates not allocated; its buffer reuse "
         "and in-kernel scratch not modelled; CUDA and CPU code generation assumed alike); "
         "a region AOTAutograd cannot trace compiles its child modules (a graph break); "
-        "a checkpointed block compiled recomputes its whole forward in backward"
+        "a checkpointed block compiled recomputes its whole forward in backward but for "
+        "random ops (dropout), whose values it saves"
     )
 
 
