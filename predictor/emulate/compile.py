@@ -31,12 +31,18 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 log = logging.getLogger(__name__)
 
 
+# random ops (dropout's draws); attention kernels with a dropout_p argument are not here
+_RANDOM = {
+    "rand", "rand_like", "randn", "randn_like", "bernoulli", "native_dropout", "randint",
+    "randint_like", "normal", "uniform", "exponential", "multinomial",
+}  # fmt: skip
+
+
 def _random(node: fx.Node) -> bool:
     """A random op (dropout's mask): without functionalized RNG, inductor does not
     recompute it, even in a checkpointed region; its output is saved."""
-    return isinstance(node.target, torch._ops.OpOverload) and (
-        torch.Tag.nondeterministic_seeded in node.target.tags
-    )
+    packet = getattr(node.target, "overloadpacket", None)
+    return getattr(packet, "__name__", "") in _RANDOM
 
 
 def _partition(checkpointed: bool) -> Callable[..., Any]:
@@ -129,6 +135,8 @@ class Region:
                 self._trace(compiled, [*state.values()], tensors)
             except Exception as exc:
                 del self.cache[key]
+                if not _data_dependent(exc):
+                    raise
                 self._graph_break(exc)
                 return self.inner(*args, **kwargs)
         with unrecorded():  # AOTAutograd's runtime; `run_fused` records the kernels
@@ -173,6 +181,25 @@ class Region:
                 todo[:0] = list(child.children())
             elif not isinstance(child.forward, Region) and any(True for _ in child.parameters()):
                 child.forward = Region(child, child.forward)
+
+
+def _data_dependent(exc: BaseException | None) -> bool:
+    """Tracing failed on data-dependent code (where dynamo breaks the graph), anywhere in
+    the exception's chain; any other failure is an error, not a graph break."""
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+    )
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    kinds = (DataDependentOutputException, DynamicOutputShapeException)
+    kinds += (GuardOnDataDependentSymNode,)
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, kinds):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
 
 
 def _like(t: torch.Tensor) -> torch.Tensor:
