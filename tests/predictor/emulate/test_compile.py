@@ -246,3 +246,20 @@ def test_compiled_blocks_step_equals_a_real_compiled_cpu_step():
         step.run({"B": B}, steps=(1,))
     real = before + _profiler_peak(prof)
     assert _sweep(train).peak_bytes == pytest.approx(real, rel=0.02)
+
+
+class Failing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(D, D)
+
+    def forward(self, x):
+        raise RuntimeError("not a graph break")
+
+
+def test_a_failure_that_is_no_graph_break_is_an_error():
+    model = Failing()
+    region = Region(model, model.forward)
+    with pytest.raises(RuntimeError, match="not a graph break"):
+        region(torch.randn(B, D))
+    assert not region.broken
