@@ -31,7 +31,7 @@ from memgnn.cli.options import (
     run_config,
     train_spec,
 )
-from memgnn.cli.render import config_lines, fmt_bytes, loop_line, model_line
+from memgnn.cli.render import compile_lines, config_lines, fmt_bytes, loop_line, model_line
 from memgnn.predictor.answer.backend import LocalBackend
 from memgnn.predictor.answer.plan import PlanRequest, plan
 from memgnn.predictor.errors import UserError
@@ -145,6 +145,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
         print(line)
     print(model_line(out["model"]))
     print(loop_line(TrainSpec.from_dict(out["train"])))
+    for line in compile_lines(TrainSpec.from_dict(out["train"])):
+        print(line)
     if out["config"]:
         for line in config_lines(out["config"]):
             print(line)

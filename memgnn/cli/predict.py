@@ -25,7 +25,14 @@ from memgnn.cli.options import (
     run_config,
     train_spec,
 )
-from memgnn.cli.render import config_lines, fmt_bytes, loop_line, model_line, verdict_line
+from memgnn.cli.render import (
+    compile_lines,
+    config_lines,
+    fmt_bytes,
+    loop_line,
+    model_line,
+    verdict_line,
+)
 from memgnn.cli.snapshot import plot_prediction
 from memgnn.predictor.answer.backend import CLI_REPLAY_BUDGET_MS, LocalBackend
 from memgnn.predictor.answer.predict import predict
@@ -140,6 +147,7 @@ def predict_lines(out: dict[str, Any]) -> list[str]:
         lines.append(model_line(out["model"]))
     if out["train"]:
         lines.append(loop_line(TrainSpec.from_dict(out["train"])))
+        lines += compile_lines(TrainSpec.from_dict(out["train"]))
     if route := out["breakdown"].get("route"):
         lines.append(f"path: {route['method']} ({route['reason']})")
     if cfg := out.get("config"):

@@ -112,6 +112,14 @@ def loop_line(train: TrainSpec) -> str:
     )
 
 
+def compile_lines(train: TrainSpec) -> list[str]:
+    """What the answer assumed of `--compile` (nothing when the step is eager)."""
+    from memgnn.predictor.emulate.compile import assumption
+
+    text = assumption(train.kernels.compile)
+    return [] if text is None else [text]
+
+
 def verdict_line(verdict: dict[str, Any], what: str) -> str:
     """`fits: ...` / `does NOT fit: ...` for a `MemoryLimit.verdict`."""
     if verdict["source"] in ("threshold", "default"):

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import torch
 from memgnn.predictor.emulate.attention import apply_attention, check_attention
+from memgnn.predictor.emulate.compile import apply_compile
 from memgnn.predictor.emulate.float8 import apply_float8, check_float8
 from memgnn.predictor.emulate.offload import apply_activation_offload
 from memgnn.predictor.emulate.offload_optim import CPUOffloadOptimizer
@@ -133,6 +134,7 @@ def _apply_checkpointing(model: nn.Module, blocks: list[nn.Module], n: int) -> i
         def forward(*args, _inner=inner, **kwargs):
             return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
 
+        forward.checkpointed = inner  # what a compiled region traces (emulate.compile)
         block.forward = forward
     return len(chosen)
 
@@ -267,6 +269,15 @@ class TrainingStep:
         if train.adapter.method != "none":
             with torch.device(device):
                 model = self.model = apply_peft(model, train)
+        # torch.compile: the whole model or each block (emulate.compile); a compiled
+        # transformers model runs without its KV cache (training does not read it)
+        ckpt = train.activations.checkpoint_blocks
+        wrapped = [] if ckpt is None else blocks if ckpt < 0 else blocks[:ckpt]
+        self.compiled = apply_compile(
+            model, blocks, train.kernels.compile, fake=fake, checkpointed=wrapped
+        )
+        if self.compiled:
+            _no_kv_cache(model)
         if world is not None:
             hold_quant_state(model)  # bitsandbytes' quant state is no module state
             model = self.model = parallelize(model, blocks, train, world)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from memgnn.predictor.frameworks.axolotl_keys import FEATURES, NO_EFFECT, PLUGINS
-from memgnn.predictor.frameworks.base import Builder, ConfigReading
+from memgnn.predictor.frameworks.base import Builder, ConfigReading, is_off
 from memgnn.predictor.frameworks.distributed import read_deepspeed, read_fsdp
 from memgnn.predictor.frameworks.ecosystem import read_attention, read_optimizer
 from memgnn.predictor.frameworks.files import flatten
@@ -70,6 +70,14 @@ def read_axolotl(
     read_deepspeed(b, "deepspeed", path.parent)
     read_fsdp(b, "fsdp", "fsdp_config.", config_enables=True, version_key="fsdp_version")
     _world(b)
+    if b.has("torch_compile"):  # Trainer: torch.compile(model), the whole model
+        b.compile_switch("torch_compile", "full", "the whole model, as transformers' Trainer")
+        cudagraphs = str(b.get("torch_compile_mode") or "") in ("reduce-overhead", "max-autotune")
+        if cudagraphs and not is_off(b.get("torch_compile")):
+            b.warn(
+                f"torch_compile_mode: {b.get('torch_compile_mode')}: CUDA graphs (their static "
+                "memory pool) are not modelled; the answer is inductor's step without them"
+            )
     for key in b.unhandled():
         if key.startswith(PLUGINS):
             b.feature(key, f"a plugin's kernel or loss ({key})", "transformers' own modules")

@@ -257,7 +257,6 @@ NO_EFFECT["fsdp_config"] = "null: no FSDP"
 
 # memory-relevant keys memgnn does not model: key -> (what it is, what the answer assumes)
 FEATURES: dict[str, tuple[str, str]] = {
-    "torch_compile": ("torch.compile", "the answer is the eager step's"),
     "activation_offloading": (
         "activation offloading to the CPU",
         "saved activations stay on the GPU",

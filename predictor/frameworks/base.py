@@ -246,6 +246,34 @@ class Builder:
         self.reading.sources[dest] = source
         return flag_text(dest, value)
 
+    def compile_switch(self, key: str, mode: str, what: str) -> None:
+        """The file's torch.compile switch `key`, which compiles the model or each block
+        (`mode`, `what`: how the framework does it): off, or `--compile MODE` where memgnn models
+        it with the other options read (`predictor.emulate.compile.check_compile`), else a
+        warning that the answer is the eager step's."""
+        value = self.flat[key]
+        if is_off(value):
+            self.read(key, "off")
+            return
+        blocking = {
+            "checkpointing": "activation checkpointing",
+            "sharding": "sharding",
+            "quantize_base": "a quantised base",
+            "offload_activations": "activation offloading",
+        }
+        opts = self.reading.options
+        if mode == "blocks" and opts.get("checkpointing") != "hf":
+            del blocking["checkpointing"]  # each block compiled over its checkpoint: modelled
+        with_ = [w for dest, w in blocking.items() if opts.get(dest, "none") != "none"]
+        if with_:
+            self.warn(
+                f"{key}: {_show(value)}: torch.compile with {', '.join(with_)} is not modelled "
+                "yet; the answer is the eager step's",
+                key=key,
+            )
+            return
+        self.read(key, self.option("compile", mode, f"{key}: {_show(value)}") + f" ({what})")
+
     def size(self, symbol: str, value: Any, source: str) -> str:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{self.reading.path}: {source}: a size must be an integer >= 1")

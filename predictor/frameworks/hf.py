@@ -105,6 +105,14 @@ def read_hf(
         name = key.removeprefix("model_init_kwargs.")
         if name in ("device_map", "low_cpu_mem_usage", "revision", "trust_remote_code"):
             b.no_effect(key, "how the weights load (one device)")
+    if b.has("torch_compile"):  # Trainer: torch.compile(model), the whole model
+        b.compile_switch("torch_compile", "full", "the whole model, as transformers' Trainer")
+        cudagraphs = str(b.get("torch_compile_mode") or "") in ("reduce-overhead", "max-autotune")
+        if cudagraphs and not is_off(b.get("torch_compile")):
+            b.warn(
+                f"torch_compile_mode: {b.get('torch_compile_mode')}: CUDA graphs (their static "
+                "memory pool) are not modelled; the answer is inductor's step without them"
+            )
     return b.finish(NO_EFFECT, FEATURES)
 
 

@@ -157,7 +157,6 @@ NO_EFFECT["packing_strategy"] = "which sequences share a row"
 
 # memory-relevant keys memgnn does not model: key -> (what it is, what the answer assumes)
 FEATURES: dict[str, tuple[str, str]] = {
-    "torch_compile": ("torch.compile", "the answer is the eager step's"),
     "torchdynamo": ("torch.compile (torchdynamo)", "the answer is the eager step's"),
     "use_liger_kernel": (
         "Liger's fused kernels (RMSNorm, RoPE, SwiGLU, fused linear cross entropy)",
@@ -281,6 +280,7 @@ HF_ONLY = frozenset(
         "deepspeed",
         "use_cache",
         "parallelism_config",
+        "torch_compile",
     }
 )
 

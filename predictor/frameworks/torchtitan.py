@@ -130,8 +130,6 @@ _NO_EFFECT = {
     ),
 }
 _FEATURES = {
-    "compile.enable": ("torch.compile", "the answer is the eager step's"),
-    "training.compile": ("torch.compile", "the answer is the eager step's"),
     "training.enable_cpu_offload": ("FSDP's CPU offload", "every state on the GPU"),
     "optimizer.early_step_in_backward": (
         "the optimizer step inside backward",
@@ -154,6 +152,9 @@ def read_torchtitan(
     _checkpointing(b, layers)
     _optimizer(b)
     _converters(b)
+    for key in ("compile.enable", "training.compile"):  # apply_compile: each block
+        if b.has(key):
+            b.compile_switch(key, "blocks", "each TransformerBlock, as torchtitan's apply_compile")
     for key in [k for k in b.unhandled() if k.startswith(("parallelism.", "fault_tolerance."))]:
         if key not in _FEATURES:
             b.no_effect(key, "a detail of the parallelism above")

@@ -31,7 +31,11 @@ Key (default) -> memgnn:
 - distributed keys (fsdp_cpu_offload, fsdp_reshard_after_forward, data_parallel_shard_dim,
   ...) -> --sharding fsdp (FSDP2 on every layer; the GPU count is tune run's
   --nproc_per_node)
-Not modelled (warnings): compile, ac_mode/ac_option (selective), chunked losses
+- compile -> --compile blocks (training.compile_model compiles each layer, over its
+  activation checkpoint where enabled; the loss's own compile is not modelled: it runs
+  eager), unless read with an option --compile is not modelled with (sharding, activation
+  offloading): then a warning, the eager step
+Not modelled (warnings): ac_mode/ac_option (selective), chunked losses
 (CEWithChunkedOutputLoss, LinearCrossEntropyLoss), fsdp_cpu_offload, tensor/context
 parallel dims. torchtune runs its own model code (TransformerDecoder): the answer captures
 transformers' class of the same shapes.
@@ -160,7 +164,6 @@ _NO_EFFECT = {
 }
 _BWD_ASSUMED = "backward, then the optimizer step (modelled on one GPU only)"
 _FEATURES = {
-    "compile": ("torch.compile of the model and loss", "the answer is the eager step's"),
     "ac_mode": ("selective activation checkpointing", "every layer or none, as enabled"),
     "ac_option": ("selective activation checkpointing", "every layer or none, as enabled"),
     "fsdp_cpu_offload": ("FSDP's CPU offload", "every state on the GPU"),
@@ -243,6 +246,8 @@ def read_torchtune(
         elif b.has(key):
             b.read(key, "off")
     _fp8(b)
+    if b.has("compile"):  # training.compile_model: torch.compile on each decoder layer
+        b.compile_switch("compile", "blocks", "each transformer layer, as training.compile_model")
     return b.finish(_NO_EFFECT, _FEATURES)
 
 

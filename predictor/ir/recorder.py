@@ -41,6 +41,17 @@ def unrecorded():
         _UNRECORDED[0] -= 1
 
 
+@contextlib.contextmanager
+def recorded():
+    """Ops run inside are recorded even within `unrecorded` (a compiled region's kernels,
+    run by AOTAutograd's runtime inside the call that traced them)."""
+    saved, _UNRECORDED[0] = _UNRECORDED[0], 0
+    try:
+        yield
+    finally:
+        _UNRECORDED[0] = saved
+
+
 # the place of storages created now (`placed`); the innermost context wins
 _PLACE = ["device"]
 # id(storage object) -> place, for storages made outside a recorder (`mark_place`)

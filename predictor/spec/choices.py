@@ -11,6 +11,7 @@ __all__ = [
     "BNB_INT8_REWRITE",
     "BNB_VERSION",
     "FLOAT8_RECIPES",
+    "COMPILES",
     "FSDP1_BACKWARD_PREFETCHES",
     "FSDP1_STRATEGIES",
     "FSDP1_WRAPS",
@@ -116,6 +117,8 @@ GRAD_SYNCS = ("every", "last")
 STEP_KINDS = ("first", "steady", "both")
 # HF's attn_implementation: auto = the model class's default (sdpa where it supports it)
 ATTENTIONS = ("auto", "eager", "sdpa", "flash")
+# torch.compile: none, the whole model, or each repeated block (`predictor.emulate.compile`)
+COMPILES = ("none", "full", "blocks")
 # bitsandbytes versions (`QuantSpec.bnb_version`): the one whose kernels
 # predictor/emulate/quant.py models by default, the first with 4-bit matmuls, the fix that
 # stopped 4-bit matmuls keeping their input (PR #1270), the LLM.int8 rewrite (PR #1401)

@@ -37,6 +37,7 @@ from memgnn.predictor.spec.choices import (
     BNB_FIRST_4BIT,
     BNB_INT8_REWRITE,
     BNB_VERSION,
+    COMPILES,
     FLOAT8_RECIPES,
     FSDP1_BACKWARD_PREFETCHES,
     FSDP1_STRATEGIES,
@@ -215,9 +216,15 @@ class KernelSpec:
         help="HF attn_implementation: eager | sdpa | flash (flash_attention_2, CUDA sm80+); "
         "auto: the model class's default",
     )  # fmt: skip
+    compile: str = opt(
+        "none", name="compile", choices=COMPILES,
+        help="torch.compile (inductor): none | full (the whole model) | blocks (each repeated "
+        "block, regional compilation as torchtune/torchtitan apply it)",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _choice(self.attention, ATTENTIONS, "--attention")
+        _choice(self.compile, COMPILES, "--compile")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -738,6 +745,7 @@ class TrainSpec:
                 f"methods over a quantised base: {', '.join(PEFT_ON_QUANTIZED)}"
             )
         _check_offload(self)
+        _check_compile(self)
 
     @classmethod
     def of(cls, **options: Any) -> TrainSpec:
@@ -803,6 +811,28 @@ def _check_float8(train: TrainSpec) -> None:
             f"--float8 {recipe} with --sharding {train.parallel.sharding} is not modelled; "
             "float8 training is modelled on one GPU, with ddp, fsdp or hsdp"
         )
+
+
+def _check_compile(train: TrainSpec) -> None:
+    """The options `--compile` is modelled with (`predictor.emulate.compile`)."""
+    mode = train.kernels.compile
+    if mode == "none":
+        return
+    why = []
+    if train.activations.checkpointing == "hf":
+        why.append("--checkpointing hf")
+    elif mode == "full" and train.activations.checkpointing != "none":
+        why.append(f"--checkpointing {train.activations.checkpointing} (use --compile blocks)")
+    if train.parallel.sharding != "none":
+        why.append(f"--sharding {train.parallel.sharding}")
+    if train.quant.base != "none":
+        why.append(f"--quantize-base {train.quant.base}")
+    if train.offload.activations != "none":
+        why.append(f"--offload-activations {train.offload.activations}")
+    if train.numerics.float8 != "none":
+        why.append(f"--float8 {train.numerics.float8}")
+    if why:
+        raise ValueError(f"--compile {mode} with {', '.join(why)} is not modelled yet")
 
 
 def _check_offload(train: TrainSpec) -> None:

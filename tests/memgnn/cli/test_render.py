@@ -12,3 +12,14 @@ def test_model_line_says_when_blocks_were_replicated():
         info | {"capture": how}
     )
     assert "repeated" not in model_line(info | {"capture": {"mode": "full", "why": "x"}})
+
+
+def test_a_compiled_step_says_what_was_modelled_and_what_approximated():
+    from memgnn.predictor.spec.train import TrainSpec
+
+    from memgnn.cli.render import compile_lines
+
+    assert compile_lines(TrainSpec.of()) == []
+    (line,) = compile_lines(TrainSpec.of(compile="blocks"))
+    assert "each repeated block" in line and "min-cut partitioner" in line
+    assert "approximate: inductor's buffers" in line

@@ -169,7 +169,6 @@ mystery_knob: 1
         "lora_modules_to_save: ['embed_tokens', 'lm_head']",
         "activation_offloading: true",
         "chunked_cross_entropy: true",
-        "torch_compile: true",
         "liger_fused_linear_cross_entropy: true",
         "rl: dpo: a preference/RL trainer",
         "unknown key mystery_knob",
@@ -177,6 +176,7 @@ mystery_knob: 1
     for start in starts:
         assert any(w.startswith(start) for w in r.warnings), start
     assert r.options["peft"] == "lora" and "lora_targets" not in r.options  # peft's default
+    assert r.options["compile"] == "full"  # transformers' Trainer compiles the whole model
 
 
 def test_load_in_4bit_without_qlora_is_not_quantised(write, became):

@@ -387,3 +387,20 @@ def test_a_4x_export_without_reentrant_kwargs_is_warned(write):
     args["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
     r = read_config(write("b.json", json.dumps(args)))
     assert not any("4.x export" in w for w in r.warnings)
+
+
+def test_torch_compile_reads_as_the_whole_model_compiled(write):
+    base = {"per_device_train_batch_size": 2, "optim": "adamw_torch"}
+    r = read_config(write("args.json", json.dumps(base | {"torch_compile": True})))
+    assert r.options["compile"] == "full"
+    assert not any("torch.compile" in w for w in r.warnings)
+    args = base | {"torch_compile": True, "torch_compile_mode": "reduce-overhead"}
+    r = read_config(write("args.json", json.dumps(args)))
+    assert any(w.startswith("torch_compile_mode: reduce-overhead: CUDA graphs") for w in r.warnings)
+    args = base | {"torch_compile": True, "gradient_checkpointing": True}
+    r = read_config(write("args.json", json.dumps(args)))
+    assert "compile" not in r.options
+    assert any(
+        w.startswith("torch_compile: true: torch.compile with activation checkpointing")
+        for w in r.warnings
+    )

@@ -288,3 +288,11 @@ fp8_recipe_name: rowwise
     )
     assert "float8" not in off.options
     assert became(off)["fp8_recipe_name"].startswith("no memory effect")
+
+
+def test_compile_reads_as_each_layer_compiled(write, catalog):
+    text = "model:\n  _component_: torchtune.models.qwen2_5.qwen2_5_7b_base\n"
+    text += "batch_size: 1\ndtype: bf16\ncompile: True\n"
+    r = read_config(write("t.yaml", text), catalog=catalog)
+    assert r.options["compile"] == "blocks"
+    assert not any("torch.compile" in w for w in r.warnings)

@@ -1,0 +1,265 @@
+"""`--compile` (`predictor.emulate.compile`): a compiled region saves for backward exactly
+what AOTAutograd's min-cut partitioner saves, its fused intermediates never reach the
+allocator, and a captured compiled step is what a real `torch.compile`d CPU step allocates."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from memgnn.predictor.capture.capture import CaptureConfig, capture
+from memgnn.predictor.emulate.compile import Region
+from memgnn.predictor.ir.recorder import StepRecorder
+from memgnn.predictor.memory.analytic import sweep
+from memgnn.predictor.spec.bundle import ModelBundle
+from memgnn.predictor.spec.train import TrainSpec
+from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+
+D, H, B = 32, 128, 16
+
+
+class Mlp(nn.Module):
+    """A block with a chain of pointwise ops between two matmuls: eager autograd saves
+    each op's inputs (tanh's output, sigmoid's output, the up projection), the min-cut
+    partitioner saves the up projection and the matmul's input and recomputes the rest."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(D, H), nn.Linear(H, D)
+
+    def forward(self, x):
+        h = self.up(x)
+        return x + self.down(torch.tanh(h) * torch.sigmoid(h) + h)
+
+
+class Stack(nn.Module):
+    def __init__(self, depth: int = 3):
+        super().__init__()
+        self.layers = nn.ModuleList(Mlp() for _ in range(depth))
+        self.head = nn.Linear(D, 10)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x)
+
+
+def _stack() -> ModelBundle:
+    return ModelBundle(
+        name="stack",
+        family="mlp",
+        build=Stack,
+        make_inputs=lambda s, d, t: {
+            "x": torch.randn(s["B"], D, device=d, dtype=t),
+            "y": torch.randint(0, 10, (s["B"],), device=d),
+        },
+        loss=lambda m, i: F.cross_entropy(m(i["x"]), i["y"]),
+        dims={"B": B},
+    )
+
+
+def _aot_saved_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the tensors AOTAutograd's forward returns for backward (its own run, with
+    inductor's decompositions and min-cut partitioner)."""
+    from torch._functorch.aot_autograd import aot_function
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    graphs = []
+
+    def keep(gm, _):
+        graphs.append(gm)
+        return gm
+
+    params = dict(module.named_parameters())
+
+    def fn(p, inp):
+        return torch.func.functional_call(module, p, (inp,))
+
+    compiled = aot_function(
+        fn,
+        fw_compiler=keep,
+        bw_compiler=keep,
+        partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
+        decompositions=select_decomp_table(),
+    )
+    compiled(params, x).sum().backward()
+    out = next(n for n in graphs[0].graph.nodes if n.op == "output")
+    saved = out.args[0][1:]  # the first output is the module's
+
+    def root(n):  # a view's base (a saved weight transpose is a view of the parameter)
+        while n.op == "call_function" and n.target.is_view:
+            n = n.args[0]
+        return n
+
+    bases = {root(n) for n in saved if isinstance(n.meta.get("val"), torch.Tensor)}
+    return sum(n.meta["val"].untyped_storage().nbytes() for n in bases if n.op != "placeholder")
+
+
+def _region_saved_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    """Bytes of the storages a Region's recorded forward leaves alive besides its output."""
+    region = Region(module, module.forward)
+    rec = StepRecorder()
+    with rec:
+        out = region(x)
+    out_uid = rec.uid_of(out)
+    alive = [u for u in rec._live.values() if rec.storages[u].alloc_node >= 0 and u != out_uid]
+    return sum(rec.storages[u].nbytes for u in alive)
+
+
+def _eager_saved_bytes(module: nn.Module, x: torch.Tensor) -> int:
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if not isinstance(t, nn.Parameter) and t is not x:
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with saved_tensors_hooks(pack, lambda t: t):
+        module(x)
+    return sum(seen.values())
+
+
+def test_a_region_saves_what_aotautograds_min_cut_partition_saves():
+    torch.manual_seed(0)
+    mlp = Mlp()
+    x = torch.randn(B, D, requires_grad=True)
+    expected = _aot_saved_bytes(mlp, x)
+    assert _region_saved_bytes(mlp, x) == expected
+    # the partitioner recomputes the GELU (and the scaling) in backward: less than eager
+    assert expected < _eager_saved_bytes(mlp, x)
+
+
+def test_a_checkpointed_region_saves_nothing_but_its_inputs():
+    """Compiled over activation checkpointing (torchtitan's AC, then compile): every
+    forward op is recomputed in backward, as dynamo's checkpoint tagging makes the
+    partitioner do; eager checkpointing saves the block's input only, too."""
+    torch.manual_seed(0)
+    mlp = Mlp()
+    x = torch.randn(B, D, requires_grad=True)
+    region = Region(mlp, mlp.forward, checkpointed=True)
+    rec = StepRecorder()
+    with rec:
+        out = region(x)
+    new = [u for u in rec._live.values() if rec.storages[u].alloc_node >= 0]
+    assert new == [rec.uid_of(out)]
+    with rec:
+        out.sum().backward()
+    assert x.grad is not None and mlp.up.weight.grad is not None
+    assert _region_saved_bytes(mlp, x) > 0  # the same block uncheckpointed saves some
+
+
+def _sweep(train: TrainSpec, batch: int = B):
+    graph = capture(_stack(), train, CaptureConfig(target="cpu", mode="full"))
+    return sweep(graph, {"B": batch})
+
+
+def test_compiled_blocks_hold_less_than_eager():
+    # a batch whose activations outweigh the weights, gradients and AdamW state
+    eager, blocks, full = (
+        _sweep(TrainSpec.of(compile=c), 512).peak_bytes for c in ("none", "blocks", "full")
+    )
+    assert blocks < eager and full < eager
+    # nothing of the forward outlives the backward: the optimizer's peak is eager's
+    after = {c: _sweep(TrainSpec.of(compile=c)).best.phase_peaks for c in ("none", "blocks")}
+    assert after["blocks"]["optimizer"] == after["none"]["optimizer"]
+    assert after["blocks"]["zero_grad"] == after["none"]["zero_grad"]
+
+
+class DropoutMlp(Mlp):
+    def forward(self, x):
+        return x + self.down(F.dropout(torch.tanh(self.up(x)), 0.1, training=True))
+
+
+def test_a_checkpointed_region_still_saves_its_random_values():
+    """Without functionalized RNG inductor does not recompute a random op: a compiled
+    checkpointed block saves what its dropout drew (one B x H tensor), nothing else."""
+    mlp = DropoutMlp()
+    x = torch.randn(B, D, requires_grad=True)
+    region = Region(mlp, mlp.forward, checkpointed=True)
+    rec = StepRecorder()
+    with rec:
+        out = region(x)
+    new = [u for u in rec._live.values() if rec.storages[u].alloc_node >= 0]
+    saved = [rec.storages[u].nbytes for u in new if u != rec.uid_of(out)]
+    assert len(saved) == 1 and saved[0] in (B * H, B * H * 4)
+
+
+def test_compile_options_are_checked():
+    with pytest.raises(ValueError, match="--compile"):
+        TrainSpec.of(compile="max-autotune")
+    for options in (
+        {"compile": "full", "checkpointing": "full"},
+        {"compile": "blocks", "checkpointing": "hf"},
+        {"compile": "blocks", "sharding": "fsdp", "gpus": 2},
+        {"compile": "blocks", "offload_activations": "save_on_cpu"},
+    ):
+        with pytest.raises(ValueError, match="is not modelled yet"):
+            TrainSpec.of(**options)
+    TrainSpec.of(compile="blocks", checkpointing="blocks:1")  # each block over its checkpoint
+
+
+class Branchy(nn.Module):
+    """A data-dependent branch in the root forward: AOTAutograd cannot trace it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = Mlp(), nn.Linear(D, 10)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:
+            h = h * 2
+        return self.b(h)
+
+
+def test_a_graph_break_compiles_the_children():
+    model = Branchy()
+    region = Region(model, model.forward)
+    model.forward = region
+    x = torch.randn(B, D)
+    with StepRecorder():
+        model(x).sum().backward()
+    assert region.broken
+    assert isinstance(model.a.forward, Region) and isinstance(model.b.forward, Region)
+    assert model.a.up.weight.grad is not None
+
+
+@pytest.mark.slow
+def test_compiled_blocks_step_equals_a_real_compiled_cpu_step():
+    """A real `torch.compile` (inductor, CPU) steady step: torch.profiler's allocator peak
+    plus the state alive before it, against the capture's peak."""
+    from memgnn.dataset.cpu_backend import _profiler_peak
+    from memgnn.predictor.capture.step import TrainingStep
+    from torch.profiler import ProfilerActivity, profile
+
+    train = TrainSpec.of(compile="blocks", steps="steady")
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    step = TrainingStep(_stack(), train, device=torch.device("cpu"), target="cpu")
+    step.run({"B": B}, steps=(0,))
+    before = sum(t.untyped_storage().nbytes() for ts in step.state_tensors().values() for t in ts)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step.run({"B": B}, steps=(1,))
+    real = before + _profiler_peak(prof)
+    assert _sweep(train).peak_bytes == pytest.approx(real, rel=0.02)
+
+
+class Failing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(D, D)
+
+    def forward(self, x):
+        raise RuntimeError("not a graph break")
+
+
+def test_a_failure_that_is_no_graph_break_is_an_error():
+    model = Failing()
+    region = Region(model, model.forward)
+    with pytest.raises(RuntimeError, match="not a graph break"):
+        region(torch.randn(B, D))
+    assert not region.broken
