@@ -233,12 +233,12 @@ class TrainingStep:
     ):
         if target not in ("cpu", "cuda"):
             raise ValueError(f"target must be cpu or cuda, got {target!r}")
-        if (train.parallel.sharding != "none") != (world is not None):
+        if train.parallel.distributed != (world is not None):
             raise ValueError(
-                f"--sharding {train.parallel.sharding} runs one rank inside a process group: "
+                f"--gpus {train.parallel.gpus} runs one rank inside a process group: "
                 "build the step inside predictor.emulate.parallel.fake_world(train) and pass world="
                 if world is None
-                else "world= is for a sharded TrainSpec (--sharding ddp|fsdp|...)"
+                else "world= is for a sharded or tensor-parallel TrainSpec (--sharding, --tp)"
             )
         self.world = world
         check_cuda_only(train, target)
