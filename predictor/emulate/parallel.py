@@ -81,6 +81,7 @@ __all__ = [
     "fake_world",
     "gradient_sync",
     "unsharded_gradients",
+    "unrecorded_propagation",
     "parallelize",
     "resident_tensors",
     "ShardedObserver",
@@ -120,15 +121,8 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
             "memgnn's sharded capture runs its own fake one"
         )
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=train.parallel.gpus)
-    propagator = ShardingPropagator._propagate_tensor_meta_non_cached
-
-    def shape_only(self: Any, op_schema: Any) -> Any:  # allocates nothing on a real job
-        with unrecorded():
-            return propagator(self, op_schema)
-
     addresses = fake_addresses() if train.parallel.sharding == "fsdp1" else contextlib.nullcontext()
     try:
-        ShardingPropagator._propagate_tensor_meta_non_cached = shape_only
         shard, tp, dp = train.parallel.shard_group_size, train.parallel.tp, train.parallel.dp
         if tp > 1:  # dp x tp (torchtitan's mesh order), or tp alone
             shape, names = ((dp, tp), ("dp", "tp")) if dp > 1 else ((tp,), ("tp",))
@@ -142,14 +136,32 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
             world.mesh = mesh["dp"] if dp > 1 else None
             world.tp_mesh = mesh["tp"]
         with contextlib.ExitStack() as stack:
+            stack.enter_context(unrecorded_propagation())
             stack.enter_context(addresses)
             if tp > 1:  # DTensor under the capture's shape env (emulate.tensor_parallel)
                 stack.enter_context(unguarded_propagation())
                 stack.enter_context(real_mesh_concatenation())
             yield world
     finally:
-        ShardingPropagator._propagate_tensor_meta_non_cached = propagator
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def unrecorded_propagation() -> Iterator[None]:
+    """DTensor's shape propagation unrecorded: it runs each op on fake tensors of the global
+    shape to learn the output's, which allocates nothing on a real job (a real job's
+    recorder sees the same fake tensors: this is for real runs recorded too)."""
+    propagator = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def shape_only(self: Any, op_schema: Any) -> Any:
+        with unrecorded():
+            return propagator(self, op_schema)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = shape_only  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagator  # type: ignore[method-assign]
 
 
 def parallelize(
