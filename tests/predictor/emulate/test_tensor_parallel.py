@@ -306,3 +306,12 @@ def test_rank_peak_matches_a_real_gloo_run(tmp_path):
         if abs(min(profiled) - ours) <= 1024:
             break
     assert abs(min(profiled) - ours) <= 1024, (ours, profiled)
+
+
+@pytest.mark.slow  # one capture, ~5 s
+def test_tp_alone_with_a_foreach_optimizer_is_refused_as_a_real_job_fails():
+    """CUDA's default AdamW is foreach: it refuses DTensor and plain weights in one call."""
+    train = TrainSpec.of(gpus=2, tp=2)
+    with pytest.raises(UserError, match="--optimizer-impl for-loop, or --sharding fsdp"):
+        capture(_llama(), train, CaptureConfig(target="cuda"))
+    assert not dist.is_initialized()
