@@ -196,20 +196,22 @@ def small_rows(repeats: int) -> tuple[list[str], list[str]]:
             f"{secs:.1f} |"
         )
         log.info("%s", rows[-1])
-        if sharding == "none":
+        if sharding == "none":  # state by hand: a steady step with kept (zeroed) gradients
+            steady = TrainSpec.of(gpus=gpus, tp=tp, steps="steady", set_to_none=False)
+            _, graph, _ = memgnn_answer(bundle, steady, SMALL_SIZES)
             h = hand_bytes(bundle, tp, 4)
-            got = initial_bytes(graph, "parameter")
-            opt = initial_bytes(graph, "optimizer_state")
+            got = {c: initial_bytes(graph, c) for c in ("parameter", "gradient", "optimizer_state")}
             n_tensors = sum(1 for _ in bundle.build().parameters())
-            opt_hand = 2 * (h["parameter"] - h["buffers"]) + 4 * n_tensors
+            weights = h["parameter"] - h["buffers"]
             hand.append(
-                f"Hand check, {spec} {args} at --tp {tp}: split linears {h['split']:,} params, "
-                f"the rest {h['whole']:,}; rank 0's parameters = 4 x ({h['split']:,} / {tp} + "
-                f"{h['whole']:,}) + {h['buffers']:,} B buffers = {h['parameter']:,} B; memgnn's "
-                f"parameter bytes before the step = {got:,} B. AdamW state = 2 x the "
-                f"parameters' bytes + a 4-byte step per tensor ({n_tensors}) = {opt_hand:,} B; "
-                f"memgnn's = {opt:,} B. Gradients (steady step, set_to_none): the same shapes "
-                "as the parameters, alive from backward to zero_grad."
+                f"Hand check, {spec} {args} at --tp {tp} (`--steps steady --zero-grad zero`: "
+                f"the state alive before a steady step): split linears {h['split']:,} params, "
+                f"the rest {h['whole']:,}. Parameters = 4 x ({h['split']:,} / {tp} + "
+                f"{h['whole']:,}) + {h['buffers']:,} B buffers = {h['parameter']:,} B, memgnn "
+                f"{got['parameter']:,} B; gradients = the weights' {weights:,} B, memgnn "
+                f"{got['gradient']:,} B; AdamW state = 2 x {weights:,} + a 4-byte step per "
+                f"tensor ({n_tensors}) = {2 * weights + 4 * n_tensors:,} B, memgnn "
+                f"{got['optimizer_state']:,} B."
             )
     return rows, hand
 
