@@ -30,6 +30,10 @@ FSDP2's prefetching are PyTorch's, recorded node for node by the same `StepRecor
   Per rank that is full parameters + a parameter shard (DeepSpeed ZeRO-2's fp32 master
   partition) + gradient shards + optimizer-state shards.
 
+`--tp N` (`predictor.emulate.tensor_parallel`) splits each block's linears over N ranks with
+DTensor's `parallelize_module` first: alone (`--sharding none`, `--gpus N`) over a 1-D `tp`
+mesh, or 2-D under `fsdp` (`--gpus dp x N`: a (dp, tp) mesh, FSDP2 over `dp`).
+
 Gradient accumulation (`TrainSpec.grad_sync`): `every` syncs on every micro-step (FSDP2's
 default: each backward reduce-scatters into the sharded gradients); `last` runs every
 micro-step but the last without sync, as users accumulate without communication: DDP's
@@ -64,12 +68,13 @@ from memgnn.predictor.emulate.quant import Linear4bitSim
 from memgnn.predictor.emulate.tensor_parallel import (
     apply_tp,
     real_mesh_concatenation,
+    tp_note,
     unguarded_propagation,
+    unrecorded_propagation,
 )
-from memgnn.predictor.ir.recorder import RecorderObserver, StepRecorder, unrecorded
+from memgnn.predictor.ir.recorder import RecorderObserver, StepRecorder
 from memgnn.predictor.spec.train import BY_NAME, OPTIONS_FSDP1, TrainSpec
 from torch import nn
-from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +86,6 @@ __all__ = [
     "fake_world",
     "gradient_sync",
     "unsharded_gradients",
-    "unrecorded_propagation",
     "parallelize",
     "resident_tensors",
     "ShardedObserver",
@@ -144,24 +148,6 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
             yield world
     finally:
         dist.destroy_process_group()
-
-
-@contextlib.contextmanager
-def unrecorded_propagation() -> Iterator[None]:
-    """DTensor's shape propagation unrecorded: it runs each op on fake tensors of the global
-    shape to learn the output's, which allocates nothing on a real job (a real job's
-    recorder sees the same fake tensors: this is for real runs recorded too)."""
-    propagator = ShardingPropagator._propagate_tensor_meta_non_cached
-
-    def shape_only(self: Any, op_schema: Any) -> Any:
-        with unrecorded():
-            return propagator(self, op_schema)
-
-    ShardingPropagator._propagate_tensor_meta_non_cached = shape_only  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        ShardingPropagator._propagate_tensor_meta_non_cached = propagator  # type: ignore[method-assign]
 
 
 def parallelize(
@@ -388,20 +374,8 @@ def rank_note(train: Mapping[str, Any]) -> dict[str, Any] | None:
             "fsdp_reshard_after_forward": spec.parallel.reshard_after_forward,
         }
         | (_fsdp1_note(spec) if sharding == "fsdp1" else {})
-        | (_tp_note(spec) if spec.parallel.tp > 1 else {})
+        | (tp_note(spec) if spec.parallel.tp > 1 else {})
     )
-
-
-def _tp_note(spec: TrainSpec) -> dict[str, Any]:
-    """What `--tp` ran (`emulate.tensor_parallel`): what is split, what stays whole."""
-    return {
-        "tp": spec.parallel.tp,
-        "dp": spec.parallel.dp,
-        "tp_split": "each block's linears (the config's base_model_tp_plan, else "
-        "torchtitan's Llama plan): ColwiseParallel / RowwiseParallel",
-        "tp_replicated": "embeddings, norms, lm_head, logits and loss (no sequence or loss "
-        "parallelism)",
-    }
 
 
 def _fsdp1_note(spec: TrainSpec) -> dict[str, Any]:

@@ -41,11 +41,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from memgnn.predictor.errors import UserError
+from memgnn.predictor.ir.recorder import unrecorded
 from torch import nn
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TPPlan", "apply_tp", "real_mesh_concatenation", "tp_plan", "unguarded_propagation"]
+__all__ = [
+    "TPPlan",
+    "apply_tp",
+    "real_mesh_concatenation",
+    "tp_note",
+    "tp_plan",
+    "unguarded_propagation",
+    "unrecorded_propagation",
+]
 
 # torchtitan's Llama plan (torchtitan/models/llama3/infra/parallelize.py: attention.wq/wk/wv
 # and feed_forward.w1/w3 colwise, attention.wo and feed_forward.w2 rowwise), with the
@@ -219,3 +228,35 @@ def real_mesh_concatenation() -> Iterator[None]:
         yield
     finally:
         DeviceMesh._concatenate = staticmethod(concatenate)  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def unrecorded_propagation() -> Iterator[None]:
+    """DTensor's shape propagation unrecorded: it runs each op on fake tensors of the global
+    shape to learn the output's, which allocates nothing on a real job (a real job's
+    recorder sees the same fake tensors: this is for real runs recorded too)."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    propagator = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def shape_only(self: Any, op_schema: Any) -> Any:
+        with unrecorded():
+            return propagator(self, op_schema)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = shape_only  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ShardingPropagator._propagate_tensor_meta_non_cached = propagator  # type: ignore[method-assign]
+
+
+def tp_note(spec: Any) -> dict[str, Any]:
+    """What `--tp` ran (`emulate.tensor_parallel`): what is split, what stays whole."""
+    return {
+        "tp": spec.parallel.tp,
+        "dp": spec.parallel.dp,
+        "tp_split": "each block's linears (the config's base_model_tp_plan, else "
+        "torchtitan's Llama plan): ColwiseParallel / RowwiseParallel",
+        "tp_replicated": "embeddings, norms, lm_head, logits and loss (no sequence or loss "
+        "parallelism)",
+    }

@@ -62,6 +62,12 @@ def test_tp_defaults_and_cli_flag():
     t = train_spec(p.parse_args(["--gpus", "4", "--tp", "2", "--sharding", "fsdp"]))
     assert (t.parallel.tp, t.parallel.dp, t.parallel.shard_group_size) == (2, 2, 2)
     assert t.flat()["tp"] == 2
+    from memgnn.serving.schemas import TrainIn
+    from pydantic import ValidationError
+
+    assert TrainIn(gpus=2, tp=2).to_spec().parallel.tp == 2
+    with pytest.raises(ValidationError, match="--tp 2 must divide --gpus 3"):
+        TrainIn(gpus=3, tp=2)
 
 
 # ---- the plan -------------------------------------------------------------------------------
@@ -220,12 +226,8 @@ def _rank(rank: int, port: int, out: str) -> None:
     tensors in a real process group, recorded by the same StepRecorder as capture, and
     torch.profiler's allocator events over the same steps."""
     from memgnn.predictor.capture.step import TrainingStep, step_plan
-    from memgnn.predictor.emulate.parallel import (
-        ShardedObserver,
-        World,
-        comm_hooks,
-        unrecorded_propagation,
-    )
+    from memgnn.predictor.emulate.parallel import ShardedObserver, World, comm_hooks
+    from memgnn.predictor.emulate.tensor_parallel import unrecorded_propagation
     from memgnn.predictor.ir.graph import StepGraph
     from memgnn.predictor.ir.pathgraph import ExprInterner, path_from_recorder
     from memgnn.predictor.ir.recorder import ModuleTracker, StepRecorder, register_state
