@@ -736,6 +736,7 @@ class TrainSpec:
                 "fsdp_qlora and HF's FSDP-QLoRA set)"
             )
         method = self.adapter.method
+        self._check_tp()
         if base != "none" and method == "none":
             raise ValueError(
                 f"--quantize-base {base} needs --peft lora: a bitsandbytes-"
@@ -752,6 +753,24 @@ class TrainSpec:
                 f"methods over a quantised base: {', '.join(PEFT_ON_QUANTIZED)}"
             )
         _check_offload(self)
+
+    def _check_tp(self) -> None:
+        """--tp with what memgnn has not run under tensor parallelism: named, refused."""
+        tp = self.parallel.tp
+        if tp == 1:
+            return
+        others = {
+            f"--peft {self.adapter.method}": self.adapter.method != "none",
+            f"--offload-activations {self.offload.activations}": self.offload.activations != "none",
+            f"--offload-optimizer {self.offload.optimizer}": self.offload.optimizer != "none",
+        }
+        named = [flag for flag, on in others.items() if on]
+        if named:
+            raise ValueError(
+                f"--tp {tp} with {', '.join(named)} is not modelled: tensor parallelism splits "
+                "plain nn.Linear weights into DTensors, which adapters, activation offloading "
+                "and offloading optimizers do not take as memgnn runs them; drop one"
+            )
 
     @classmethod
     def of(cls, **options: Any) -> TrainSpec:

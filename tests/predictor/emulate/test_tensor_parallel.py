@@ -43,6 +43,9 @@ SIZES = {"B": 3, "S": 40}  # an odd batch, not the trace sizes (B=4, S=64)
         ({"gpus": 4, "tp": 2, "sharding": "ddp"}, "--tp 2 with --sharding ddp is not modelled"),
         ({"gpus": 4, "tp": 2, "sharding": "fsdp1"}, "--tp 2 with --sharding fsdp1 is not"),
         ({"gpus": 4}, r"or --tp 4 \(tensor parallel\)"),
+        ({"gpus": 2, "tp": 2, "peft": "lora"}, "--tp 2 with --peft lora is not modelled"),
+        ({"gpus": 2, "tp": 2, "offload_activations": "save_on_cpu"}, "--offload-activations"),
+        ({"gpus": 2, "tp": 2, "offload_optimizer": "torchao"}, "--offload-optimizer torchao"),
     ],
 )
 def test_tp_combinations(kwargs, needle):
