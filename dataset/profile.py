@@ -84,9 +84,10 @@ def profile(
     is captured concretely as usual.
     """
     sizes = bundle.sizes(sizes)
-    if train.parallel.sharding != "none" and config.backend != "sim":
+    if train.parallel.distributed and config.backend != "sim":
         raise ValueError(
-            f"--sharding {train.parallel.sharding} --gpus {train.parallel.gpus}: the "
+            f"--sharding {train.parallel.sharding} --tp {train.parallel.tp} "
+            f"--gpus {train.parallel.gpus}: the "
             f"{config.backend} backend "
             "runs one process; --backend sim runs rank 0 over a fake process group"
         )

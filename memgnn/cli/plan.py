@@ -173,12 +173,18 @@ def _ckpt_text(ckpt: str, blocks: int | None) -> str:
     return f"{n} of {blocks} blocks checkpointed" if blocks else f"{n} blocks checkpointed"
 
 
+def _split(out: dict[str, Any]) -> str:
+    """How the chosen configuration splits over its GPUs (sharding, --tp)."""
+    tp = out.get("tp") or 1
+    return f"{out['sharding']} over {out['gpus']} GPUs" + (f", --tp {tp}" if tp > 1 else "")
+
+
 def decision_lines(out: dict[str, Any], limit: int) -> list[str]:
     """The answer as the worked example reasons: state, per-sample bytes, largest batch,
     then the choice."""
     d = out["decision"]
     cats = d.get("state_by_category") or {}
-    where = f" per rank ({out['sharding']} over {out['gpus']} GPUs)" if out["gpus"] > 1 else ""
+    where = f" per rank ({_split(out)})" if out["gpus"] > 1 else ""
     share = f"{out['threshold'] * 100:g}% of {fmt_bytes(out['budget_bytes'])}"
     lines = [f"limit {fmt_bytes(limit)} ({share})"]
     if d.get("state_bytes") is not None:
@@ -202,7 +208,7 @@ def decision_lines(out: dict[str, Any], limit: int) -> list[str]:
         f"chosen B={out['batch_size']}, G={out['grad_accum']}, "
         f"{_ckpt_text(out['checkpointing'], out['model'].get('blocks'))}, "
         f"{out['precision']}, optimizer {out['optimizer_impl']}"
-        + (f", {out['sharding']} over {out['gpus']} GPUs" if out["gpus"] > 1 else "")
+        + (f", {_split(out)}" if out["gpus"] > 1 else "")
         + f" (global batch {out['global_batch']}): bound {fmt_bytes(p['upper_bound_bytes'])} "
         f"{p['metric']} ({p['method']})"
     )

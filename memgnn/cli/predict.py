@@ -133,6 +133,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _ranks(par: dict[str, Any]) -> str:
+    """How the ranks split: the sharding, and `tp N` (x `dp M` under a sharding) for --tp."""
+    tp = par.get("tp", 1)
+    if tp == 1:
+        return par["sharding"]
+    if par["sharding"] == "none":
+        return f"tp {tp}"
+    return f"{par['sharding']} dp {par['dp']} x tp {tp}"
+
+
 def predict_lines(out: dict[str, Any]) -> list[str]:
     """The text answer of `memgnn predict` from its JSON document."""
     par = out["breakdown"].get("parallel")
@@ -141,7 +151,7 @@ def predict_lines(out: dict[str, Any]) -> list[str]:
         f"{name} {out['sizes']} on {out['device']}: {out['metric']} peak "
         f"{fmt_bytes(out['predicted_peak_bytes'])} (bound {fmt_bytes(out['upper_bound_bytes'])}),"
         f" model {out['model_version']} ({out['method']})"
-        + (f", per rank (rank 0 of {par['world_size']}, {par['sharding']})" if par else "")
+        + (f", per rank (rank 0 of {par['world_size']}, {_ranks(par)})" if par else "")
     ]
     if out["model"]:
         lines.append(model_line(out["model"]))

@@ -120,9 +120,11 @@ class PlanAnswer:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         b = self.best
         chosen = ("batch_size", "grad_accum", "checkpointing", "precision", "optimizer_impl",
-                  "gpus", "sharding", "decision", "prediction")  # fmt: skip
+                  "gpus", "sharding", "tp", "decision", "prediction")  # fmt: skip
         out |= {k: b[k] if b else None for k in chosen}
-        out["global_batch"] = b["batch_size"] * b["grad_accum"] * b["gpus"] if b else None
+        # one sample per data-parallel rank: the --tp ranks of a group share theirs
+        dp = b["gpus"] // b["tp"] if b else 1
+        out["global_batch"] = b["batch_size"] * b["grad_accum"] * dp if b else None
         return out
 
 

@@ -152,7 +152,7 @@ class _Run:
         return out, names
 
     def run(self, prefix: list[bool]) -> tuple[StepRecorder, BranchState, dict[Any, str], Any]:
-        if self.train.parallel.sharding == "none":
+        if not self.train.parallel.distributed:
             return self._run(prefix, None)
         with fake_world(self.train) as world:  # rank 0 of --gpus (predictor/emulate/parallel.py)
             return self._run(prefix, world)
@@ -390,8 +390,8 @@ def blocks_ineligible(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig)
         return "the model has no depth knob (ModelBundle.with_layers)"
     if bundle.layers <= cfg.blocks_depth:
         return f"{bundle.layers} blocks: no more than the {cfg.blocks_depth} a replication captures"
-    if train.parallel.sharding != "none":
-        return f"--sharding {train.parallel.sharding} is captured in full"
+    if train.parallel.distributed:
+        return f"--gpus {train.parallel.gpus} (one rank of a process group) is captured in full"
     if train.offload.activations == "torchtune":  # its forward stash spans blocks
         return "torchtune's offloading keeps each tensor until 5 more are saved, across blocks"
     ck = train.activations.checkpoint_blocks

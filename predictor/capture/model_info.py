@@ -169,7 +169,7 @@ def fake_step(bundle: ModelBundle, train: TrainSpec, target: str = "cuda") -> An
     from memgnn.predictor.capture.step import TrainingStep
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    if train.parallel.sharding != "none":
+    if train.parallel.distributed:
         train = dataclasses.replace(train, parallel=ParallelSpec())
     with FakeTensorMode(allow_non_fake_inputs=True):
         return TrainingStep(bundle, train, device=torch.device("cpu"), target=target, fake=True)

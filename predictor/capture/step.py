@@ -39,6 +39,7 @@ from memgnn.predictor.emulate.parallel import (
 )
 from memgnn.predictor.emulate.peft import apply_peft
 from memgnn.predictor.emulate.quant import hold_quant_state, quant_state_tensors, quantize_model
+from memgnn.predictor.errors import UserError
 from memgnn.predictor.spec.bundle import ModelBundle, default_blocks
 from memgnn.predictor.spec.optimizer_names import LIBRARY_OPTIMIZERS, torch_class
 from memgnn.predictor.spec.train import TrainSpec
@@ -211,6 +212,25 @@ def check_cuda_only(train: TrainSpec, target: str) -> None:
         )
 
 
+@contextlib.contextmanager
+def _mixed_dtensor_refusal(train: TrainSpec):
+    """--tp alone leaves DTensor weights (the split linears) next to plain ones (embeddings,
+    norms, lm_head); torch.optim's foreach and fused kernels refuse the mix, in a real job
+    as here: a UserError naming the options that run (`emulate.tensor_parallel`)."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if "mixed torch.Tensor and DTensor" not in str(exc):
+            raise
+        raise UserError(
+            f"--tp {train.parallel.tp} --optimizer-impl {train.optim.impl}: the split linears' "
+            "weights are DTensors, the embeddings, norms and lm_head plain tensors, and the "
+            f"optimizer's multi-tensor kernel refuses the mix as in a real job ({exc}); use "
+            "--optimizer-impl for-loop, or --sharding fsdp (2-D: FSDP2 makes every weight a "
+            "DTensor)"
+        ) from exc
+
+
 def step_plan(train: TrainSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(unrecorded warm-up steps, measured steps) for the TrainSpec's `steps`."""
     return {"first": ((), (0,)), "steady": ((0,), (1,)), "both": ((), (0, 1))}[train.loop.steps]
@@ -236,12 +256,12 @@ class TrainingStep:
     ):
         if target not in ("cpu", "cuda"):
             raise ValueError(f"target must be cpu or cuda, got {target!r}")
-        if (train.parallel.sharding != "none") != (world is not None):
+        if train.parallel.distributed != (world is not None):
             raise ValueError(
-                f"--sharding {train.parallel.sharding} runs one rank inside a process group: "
+                f"--gpus {train.parallel.gpus} runs one rank inside a process group: "
                 "build the step inside predictor.emulate.parallel.fake_world(train) and pass world="
                 if world is None
-                else "world= is for a sharded TrainSpec (--sharding ddp|fsdp|...)"
+                else "world= is for a sharded or tensor-parallel TrainSpec (--sharding, --tp)"
             )
         self.world = world
         check_cuda_only(train, target)
@@ -377,11 +397,12 @@ class TrainingStep:
             for micro in range(n_micro):
                 self._micro_step(sizes, obs, step, micro, g, last=micro == n_micro - 1)
             obs.on_phase("optimizer", step, 0)
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
+            with _mixed_dtensor_refusal(self.train):
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
             obs.on_optimizer_end(self.optimizer, step)
             obs.on_phase("zero_grad", step, 0)
             self.optimizer.zero_grad(set_to_none=self.train.optim.set_to_none)

@@ -30,6 +30,10 @@ FSDP2's prefetching are PyTorch's, recorded node for node by the same `StepRecor
   Per rank that is full parameters + a parameter shard (DeepSpeed ZeRO-2's fp32 master
   partition) + gradient shards + optimizer-state shards.
 
+`--tp N` (`predictor.emulate.tensor_parallel`) splits each block's linears over N ranks with
+DTensor's `parallelize_module` first: alone (`--sharding none`, `--gpus N`) over a 1-D `tp`
+mesh, or 2-D under `fsdp` (`--gpus dp x N`: a (dp, tp) mesh, FSDP2 over `dp`).
+
 Gradient accumulation (`TrainSpec.grad_sync`): `every` syncs on every micro-step (FSDP2's
 default: each backward reduce-scatters into the sharded gradients); `last` runs every
 micro-step but the last without sync, as users accumulate without communication: DDP's
@@ -61,10 +65,16 @@ import torch
 import torch.distributed as dist
 from memgnn.predictor.emulate.fsdp1 import fake_addresses, fsdp1_gradients, fsdp1_wrap
 from memgnn.predictor.emulate.quant import Linear4bitSim
-from memgnn.predictor.ir.recorder import RecorderObserver, StepRecorder, unrecorded
+from memgnn.predictor.emulate.tensor_parallel import (
+    apply_tp,
+    real_mesh_concatenation,
+    tp_note,
+    unguarded_propagation,
+    unrecorded_propagation,
+)
+from memgnn.predictor.ir.recorder import RecorderObserver, StepRecorder
 from memgnn.predictor.spec.train import BY_NAME, OPTIONS_FSDP1, TrainSpec
 from torch import nn
-from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +99,8 @@ class World:
 
     size: int
     rank: int
-    mesh: Any  # torch.distributed.device_mesh.DeviceMesh (1-D, or 2-D for hsdp)
+    mesh: Any  # torch.distributed.device_mesh.DeviceMesh (1-D, or 2-D for hsdp): data-parallel
+    tp_mesh: Any = None  # --tp > 1: the tensor-parallel mesh dimension (emulate.tensor_parallel)
 
 
 @contextlib.contextmanager
@@ -101,8 +112,11 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    if train.parallel.sharding == "none":
-        raise ValueError("fake_world needs a sharded TrainSpec (--sharding ddp|fsdp|...)")
+    if not train.parallel.distributed:
+        raise ValueError(
+            "fake_world needs a sharded or tensor-parallel TrainSpec (--sharding ddp|fsdp|..., "
+            "--tp N)"
+        )
     if not 0 <= rank < train.parallel.gpus:
         raise ValueError(f"rank must be in [0, {train.parallel.gpus}), got {rank}")
     if dist.is_initialized():
@@ -111,32 +125,40 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
             "memgnn's sharded capture runs its own fake one"
         )
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=train.parallel.gpus)
-    propagator = ShardingPropagator._propagate_tensor_meta_non_cached
-
-    def shape_only(self: Any, op_schema: Any) -> Any:  # allocates nothing on a real job
-        with unrecorded():
-            return propagator(self, op_schema)
-
     addresses = fake_addresses() if train.parallel.sharding == "fsdp1" else contextlib.nullcontext()
     try:
-        ShardingPropagator._propagate_tensor_meta_non_cached = shape_only
-        shard = train.parallel.shard_group_size
-        if train.parallel.hybrid:
+        shard, tp, dp = train.parallel.shard_group_size, train.parallel.tp, train.parallel.dp
+        if tp > 1:  # dp x tp (torchtitan's mesh order), or tp alone
+            shape, names = ((dp, tp), ("dp", "tp")) if dp > 1 else ((tp,), ("tp",))
+        elif train.parallel.hybrid:
             shape, names = (train.parallel.gpus // shard, shard), ("replicate", "shard")
         else:
             shape, names = (train.parallel.gpus,), ("dp",)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-        with addresses:
-            yield World(size=train.parallel.gpus, rank=rank, mesh=mesh)
+        world = World(size=train.parallel.gpus, rank=rank, mesh=mesh)
+        if tp > 1:
+            world.mesh = mesh["dp"] if dp > 1 else None
+            world.tp_mesh = mesh["tp"]
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(unrecorded_propagation())
+            stack.enter_context(addresses)
+            if tp > 1:  # DTensor under the capture's shape env (emulate.tensor_parallel)
+                stack.enter_context(unguarded_propagation())
+                stack.enter_context(real_mesh_concatenation())
+            yield world
     finally:
-        ShardingPropagator._propagate_tensor_meta_non_cached = propagator
         dist.destroy_process_group()
 
 
 def parallelize(
     model: nn.Module, blocks: list[nn.Module], train: TrainSpec, world: World
 ) -> nn.Module:
-    """Wrap `model` as `train.parallel.sharding` says (module docstring); returns what to call."""
+    """Wrap `model` as `train.parallel.sharding` says (module docstring), its linears split
+    first where `--tp` > 1 (`emulate.tensor_parallel`); returns what to call."""
+    if train.parallel.tp > 1:
+        apply_tp(model, blocks, world.tp_mesh, train.parallel.tp)
+        if train.parallel.sharding == "none":
+            return model
     if train.parallel.sharding in ("ddp", "zero1"):
         return _ddp(model, world)
     if train.parallel.sharding == "fsdp1":
@@ -270,14 +292,21 @@ def _buffers(args: tuple, index: int) -> list[torch.Tensor]:
 def comm_hooks(gloo: bool = False) -> dict[Any, Callable]:
     """Recorder hooks that run c10d collectives and mark their buffers `comm`: all-gather
     outputs, reduce-scatter inputs, all-reduce buffers (DDP buckets; HSDP's all-reduce of
-    gradient shards is re-marked `gradient` when backward ends).
+    gradient shards is re-marked `gradient` when backward ends), and the outputs of the
+    functional collectives DTensor runs under `--tp` (a rowwise linear's all-reduced
+    output, a colwise linear's all-reduced input gradient).
 
     `gloo` (a CPU target): the gloo backend stages a copy of the buffer inside the op (its
     all-gather gathers into a temporary of the output's size, its reduce-scatter clones
     the input and all-reduces it), allocated and freed within the collective: the node's
     scratch. NCCL keeps its staging outside PyTorch's allocator: none on a CUDA target."""
-    c10d = torch.ops.c10d
+    c10d, funcol = torch.ops.c10d, torch.ops._c10d_functional
     staged = {c10d._allgather_base_.default, c10d._reduce_scatter_base_.default}
+    functional = (  # out of place (DTensor's redistributions under --tp): the output
+        funcol.all_reduce.default,
+        funcol.all_gather_into_tensor.default,
+        funcol.reduce_scatter_tensor.default,
+    )
     which = {  # op -> the argument holding its buffer(s)
         c10d._allgather_base_.default: 0,  # output
         c10d.allgather_into_tensor_coalesced_.default: 0,
@@ -297,7 +326,13 @@ def comm_hooks(gloo: bool = False) -> dict[Any, Callable]:
 
         return hook
 
-    return {op: make(part) for op, part in which.items()}
+    def output(rec: StepRecorder, func: Any, args: tuple, kwargs: dict) -> Any:
+        out = func(*args, **kwargs)
+        rec.record_op(str(func).removeprefix("aten."), (args, kwargs), out)
+        rec.categorize([out], "comm")
+        return out
+
+    return {op: make(part) for op, part in which.items()} | dict.fromkeys(functional, output)
 
 
 class ShardedObserver(RecorderObserver):
@@ -326,17 +361,21 @@ def rank_note(train: Mapping[str, Any]) -> dict[str, Any] | None:
     """What a sharded answer is: one rank's peak (rank 0 of `world_size`); None for a
     single-GPU step (`train` is a graph's `train` dict)."""
     sharding = train.get("sharding", "none")
-    if sharding == "none":
+    if sharding == "none" and train.get("tp", 1) == 1:
         return None
     spec = TrainSpec.of(**{k: v for k, v in train.items() if k in BY_NAME})
-    return {
-        "per_rank": True,
-        "rank": 0,
-        "world_size": spec.parallel.gpus,
-        "sharding": sharding,
-        "shard_group_size": spec.parallel.shard_group_size,
-        "fsdp_reshard_after_forward": spec.parallel.reshard_after_forward,
-    } | (_fsdp1_note(spec) if sharding == "fsdp1" else {})
+    return (
+        {
+            "per_rank": True,
+            "rank": 0,
+            "world_size": spec.parallel.gpus,
+            "sharding": sharding,
+            "shard_group_size": spec.parallel.shard_group_size,
+            "fsdp_reshard_after_forward": spec.parallel.reshard_after_forward,
+        }
+        | (_fsdp1_note(spec) if sharding == "fsdp1" else {})
+        | (tp_note(spec) if spec.parallel.tp > 1 else {})
+    )
 
 
 def _fsdp1_note(spec: TrainSpec) -> dict[str, Any]:

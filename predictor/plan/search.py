@@ -66,6 +66,7 @@ class Candidate:
     optimizer_impl: str = "auto"
     gpus: int = 1
     sharding: str = "none"
+    tp: int = 1  # tensor-parallel degree: gpus / tp data-parallel ranks
     fsdp_reshard_after_forward: bool = True
     offload_activations: str = "none"
     decision: dict[str, Any] = field(default_factory=dict)  # `decision.Decision.to_dict`
@@ -296,6 +297,7 @@ def _candidate(prober: _Prober, b: int, g: int, train: TrainSpec, n_blocks: int 
         optimizer_impl=train.optim.impl,
         gpus=train.parallel.gpus,
         sharding=train.parallel.sharding,
+        tp=train.parallel.tp,
         fsdp_reshard_after_forward=train.parallel.reshard_after_forward,
         offload_activations=train.offload.activations,
         decision=decision,

@@ -131,7 +131,8 @@ def capture_spec(train: TrainSpec) -> TrainSpec:
 
 
 def _parallel_choices(base: TrainSpec, space: SearchSpace) -> list[tuple[int, str]]:
-    """(gpus, sharding) pairs: one GPU runs unsharded; several take each sharding but none."""
+    """(gpus, sharding) pairs: one GPU runs unsharded; several take each sharding but none,
+    and none too where they are the --tp ranks (tensor parallelism alone)."""
     gpus = space.gpus or [base.parallel.gpus]
     shardings = space.sharding or [base.parallel.sharding]
     pairs = []
@@ -139,7 +140,8 @@ def _parallel_choices(base: TrainSpec, space: SearchSpace) -> list[tuple[int, st
         if n == 1:
             pairs.append((1, "none"))
         else:
-            pairs += [(n, s) for s in dict.fromkeys(shardings) if s != "none"]
+            tp_alone = n == base.parallel.tp
+            pairs += [(n, s) for s in dict.fromkeys(shardings) if s != "none" or tp_alone]
     return pairs
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "QUANTIZE_BASES",
     "QUANT_STORAGES",
     "STEP_KINDS",
+    "TP_SHARDINGS",
     "TORCH_OPTIMIZERS",
     "bnb_version_tuple",
 ]
@@ -135,3 +136,8 @@ def bnb_version_tuple(version: str) -> tuple[int, int, int]:
     if m is None:
         raise ValueError(f"--bnb-version must look like 0.42.0, got {version!r}")
     return int(m[1]), int(m[2]), int(m[3] or 0)
+
+
+# --sharding values --tp > 1 runs under: none (tensor parallel alone), fsdp (2-D: FSDP2 over
+# the data-parallel mesh dimension, TP over the other, as torchtitan)
+TP_SHARDINGS = ("none", "fsdp")

@@ -56,6 +56,7 @@ from memgnn.predictor.spec.choices import (
     QUANT_STORAGES,
     QUANTIZE_BASES,
     STEP_KINDS,
+    TP_SHARDINGS,
     bnb_version_tuple,
 )
 from memgnn.predictor.spec.optimizer_names import OPTIMIZER_PATTERN, check_optimizer
@@ -488,6 +489,15 @@ class ParallelSpec:
     )  # fmt: skip
     hsdp_shard_size: int = opt(0, name="hsdp_shard_size", lo=0, hi=65_536,
                                help="hsdp: ranks per shard group (0: the default)")  # fmt: skip
+    # tensor parallelism (predictor/emulate/tensor_parallel.py): DTensor parallelize_module
+    # with the model's TP plan over `tp` ranks; --gpus = data-parallel ranks x tp
+    tp: int = opt(
+        1, name="tp", lo=1, hi=65_536,
+        help="tensor-parallel degree: each block's linears split over this many ranks "
+        "(PyTorch's ColwiseParallel/RowwiseParallel, the model's tp plan); --gpus is "
+        "data-parallel ranks x --tp (--sharding none: --gpus = --tp; fsdp: 2-D, FSDP2 "
+        "over --gpus/--tp ranks)",
+    )  # fmt: skip
     # every micro-step (the default), or the last only: DDP no_sync(), FSDP2
     # set_requires_gradient_sync(False), FSDP1 no_sync() (Lightning's no_backward_sync),
     # which keep unsharded gradients until then
@@ -545,12 +555,25 @@ class ParallelSpec:
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 1:
             raise ValueError(f"--gpus must be an integer >= 1, got {self.gpus!r}")
         _choice(self.sharding, SHARDINGS, "--sharding")
-        if self.sharding == "none" and self.gpus > 1:
+        self._check_tp()
+        if self.sharding == "none" and self.dp > 1 and self.tp > 1:
+            raise ValueError(
+                f"--gpus {self.gpus} with --tp {self.tp} leaves {self.dp} data-parallel "
+                f"ranks: add --sharding fsdp (2-D, as torchtitan), or --tp {self.gpus}"
+            )
+        if self.sharding == "none" and self.dp > 1:
             raise ValueError(
                 f"--gpus {self.gpus} needs --sharding (one of {SHARDINGS[1:]}): "
                 "how the ranks split the model"
+                + (f", or --tp {self.gpus} (tensor parallel)" if self.tp == 1 else "")
             )
-        if self.sharding != "none" and self.gpus < 2:
+        if self.sharding != "none" and self.dp < 2:
+            if self.tp > 1:
+                raise ValueError(
+                    f"--sharding {self.sharding} with --tp {self.tp} needs --gpus >= "
+                    f"{2 * self.tp} (>= 2 data-parallel ranks of --tp ranks each), "
+                    f"got {self.gpus}"
+                )
             raise ValueError(f"--sharding {self.sharding} needs --gpus >= 2, got {self.gpus}")
         if not self.reshard_after_forward and self.sharding not in ("fsdp", "hsdp"):
             raise ValueError(
@@ -580,6 +603,33 @@ class ParallelSpec:
                     f"each (--hsdp-shard-size dividing --gpus); got --gpus {self.gpus}, "
                     f"shard group size {shard}"
                 )
+
+    def _check_tp(self) -> None:
+        """--tp: an integer dividing --gpus; with data parallelism, FSDP2 only (2-D)."""
+        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
+            raise ValueError(f"--tp must be an integer >= 1, got {self.tp!r}")
+        if self.gpus % self.tp:
+            raise ValueError(
+                f"--tp {self.tp} must divide --gpus {self.gpus} (--gpus = data-parallel "
+                "ranks x --tp)"
+            )
+        if self.tp > 1 and self.sharding not in TP_SHARDINGS:
+            raise ValueError(
+                f"--tp {self.tp} with --sharding {self.sharding} is not modelled: tensor "
+                f"parallelism runs alone (--sharding none, --gpus {self.tp}) or 2-D under "
+                "FSDP2 (--sharding fsdp, --gpus = data-parallel ranks x --tp)"
+            )
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks: --gpus / --tp."""
+        return self.gpus // self.tp if self.tp >= 1 else self.gpus
+
+    @property
+    def distributed(self) -> bool:
+        """Several ranks (data- or tensor-parallel): the answer is one rank's, captured in a
+        fake process group."""
+        return self.gpus > 1
 
     def _check_fsdp1(self) -> None:
         """FSDP1's options: each only with --sharding fsdp1 (a ValueError names it)."""
@@ -625,7 +675,7 @@ class ParallelSpec:
         if self.sharding == "fsdp1" and self.fsdp1_strategy == "NO_SHARD":
             return 1
         if not self.hybrid:
-            return self.gpus
+            return self.dp
         if self.hsdp_shard_size:
             return self.hsdp_shard_size
         fits = [d for d in range(2, 9) if self.gpus % d == 0 and self.gpus // d >= 2]
@@ -729,6 +779,7 @@ class TrainSpec:
                 "fsdp_qlora and HF's FSDP-QLoRA set)"
             )
         method = self.adapter.method
+        self._check_tp()
         if base != "none" and method == "none":
             raise ValueError(
                 f"--quantize-base {base} needs --peft lora: a bitsandbytes-"
@@ -746,6 +797,24 @@ class TrainSpec:
             )
         _check_offload(self)
         _check_compile(self)
+
+    def _check_tp(self) -> None:
+        """--tp with what memgnn has not run under tensor parallelism: named, refused."""
+        tp = self.parallel.tp
+        if tp == 1:
+            return
+        others = {
+            f"--peft {self.adapter.method}": self.adapter.method != "none",
+            f"--offload-activations {self.offload.activations}": self.offload.activations != "none",
+            f"--offload-optimizer {self.offload.optimizer}": self.offload.optimizer != "none",
+        }
+        named = [flag for flag, on in others.items() if on]
+        if named:
+            raise ValueError(
+                f"--tp {tp} with {', '.join(named)} is not modelled: tensor parallelism splits "
+                "plain nn.Linear weights into DTensors, which adapters, activation offloading "
+                "and offloading optimizers do not take as memgnn runs them; drop one"
+            )
 
     @classmethod
     def of(cls, **options: Any) -> TrainSpec:
@@ -811,6 +880,11 @@ def _check_float8(train: TrainSpec) -> None:
             f"--float8 {recipe} with --sharding {train.parallel.sharding} is not modelled; "
             "float8 training is modelled on one GPU, with ddp, fsdp or hsdp"
         )
+    if train.parallel.tp > 1:
+        raise ValueError(
+            f"--float8 {recipe} with --tp {train.parallel.tp} is not modelled yet (torchao's "
+            "float8 tensor-parallel styles are not run)"
+        )
 
 
 def _check_compile(train: TrainSpec) -> None:
@@ -831,6 +905,8 @@ def _check_compile(train: TrainSpec) -> None:
         why.append(f"--offload-activations {train.offload.activations}")
     if train.numerics.float8 != "none":
         why.append(f"--float8 {train.numerics.float8}")
+    if train.parallel.tp > 1:
+        why.append(f"--tp {train.parallel.tp}")
     if why:
         raise ValueError(f"--compile {mode} with {', '.join(why)} is not modelled yet")
 

@@ -70,3 +70,10 @@ def test_plan_prints_state_per_sample_and_the_choice(capsys):
 def test_bad_search_choices_exit_2(capsys, extra, message):
     code, _, err = run_cli(capsys, *BASE, *extra)
     assert code == 2 and message in err
+
+
+def test_the_split_names_tensor_parallelism():
+    from memgnn.cli.plan import _split
+
+    assert _split({"sharding": "fsdp", "gpus": 4}) == "fsdp over 4 GPUs"
+    assert _split({"sharding": "none", "gpus": 2, "tp": 2}) == "none over 2 GPUs, --tp 2"

@@ -128,3 +128,11 @@ def test_a_gpu_not_in_the_profiles_by_its_size(capsys):
     assert out["device"] == "custom-48gib-sm89" and out["metric"] == "reserved"
     code, _, err = run_cli(capsys, *argv, "--compute-capability", "8.9")
     assert code == 2 and "--compute-capability goes with --device-memory" in err
+
+
+def test_the_rank_line_names_tensor_parallelism():
+    from memgnn.cli.predict import _ranks
+
+    assert _ranks({"sharding": "fsdp"}) == "fsdp"
+    assert _ranks({"sharding": "none", "tp": 2, "dp": 1}) == "tp 2"
+    assert _ranks({"sharding": "fsdp", "tp": 2, "dp": 4}) == "fsdp dp 4 x tp 2"

@@ -136,3 +136,13 @@ def test_variants_offer_activation_offloading_and_bad_kinds_are_named():
     assert got == {(c, o) for c in ("none", "full") for o in ("none", "torchtune")}
     with pytest.raises(ValueError, match="activation offloading 'disk'"):
         SearchSpace(offload_activations=["disk"])
+
+
+def test_variants_keep_tensor_parallelism_alone_and_2d():
+    """--tp 2: on 2 GPUs TP alone (sharding none), on 4 the 2-D fsdp; ddp with TP is left out."""
+    space = SearchSpace(checkpointing=["none"], gpus=[2, 4], sharding=["none", "ddp", "fsdp"])
+    got = {
+        (t.parallel.gpus, t.parallel.sharding) for t in variants(TrainSpec.of(gpus=2, tp=2), space)
+    }
+    assert got == {(2, "none"), (4, "fsdp")}
+    assert {t.parallel.tp for t in variants(TrainSpec.of(gpus=2, tp=2), space)} == {2}

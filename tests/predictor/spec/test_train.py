@@ -78,3 +78,18 @@ def test_derived_properties_live_in_their_groups():
 def test_every_option_name_is_unique_and_has_help():
     assert len(BY_NAME) == len(OPTIONS)
     assert all(o.help for o in OPTIONS)
+
+
+@pytest.mark.parametrize(
+    ("options", "refused"),
+    [
+        ({"compile": "blocks", "gpus": 2, "tp": 2, "optimizer_impl": "for-loop"}, "--tp 2"),
+        ({"float8": "rowwise", "gpus": 2, "tp": 2, "optimizer_impl": "for-loop"}, "--tp 2"),
+        ({"compile": "blocks", "float8": "rowwise", "precision": "bf16"}, "--float8 rowwise"),
+    ],
+)
+def test_techniques_not_modelled_together_are_refused(options, refused):
+    """--compile, --float8 and --tp landed separately; a combination none of them runs is
+    refused naming it, not answered as if one were off."""
+    with pytest.raises(ValueError, match=refused):
+        TrainSpec.of(**options)
