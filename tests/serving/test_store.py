@@ -28,7 +28,9 @@ def sample(measured: int, predicted: int = 1000, **kw) -> Sample:
 
 @pytest.fixture
 def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'deep' / 'samples.db'}", window=4, prior=0)  # plain stats
+    # plain one-writer stats: no prior, no bound on one writer's reach
+    url = f"sqlite:///{tmp_path / 'deep' / 'samples.db'}"
+    s = Store(url, window=4, prior=0, writer_max_scale=4.0)
     yield s
     s.close()
 
@@ -118,9 +120,9 @@ def test_committed_samples_are_visible_to_another_connection(store, tmp_path):
 
 def test_two_stores_share_one_database(tmp_path):
     url = f"sqlite:///{tmp_path / 'shared.db'}"
-    a, b = Store(url, prior=0), Store(url, prior=0)  # two replicas
+    a, b = (Store(url, prior=0, writer_max_scale=4.0) for _ in range(2))  # two replicas
     a.add_sample(sample(3000))
-    assert b.correction("g1", "h100-80gb", "reserved", "v1").peak_scale == 3.0
+    assert b.correction("g1", "h100-80gb", "reserved", "v1").peak_scale == pytest.approx(3.0)
     a.close(), b.close()
 
 
