@@ -116,7 +116,7 @@ class Sample:
     predicted_bytes: int
     bound_bytes: int
     key: str | None = None
-    principal: str | None = None  # who wrote it: "token" or "anonymous"
+    principal: str | None = None  # who wrote it: the writer's name, or "anonymous"
     client: str | None = None  # the peer address
     source: str | None = None  # the caller's label (a run, a host, a tool)
 
@@ -278,32 +278,29 @@ class Store:
         return found, False
 
     def correction(self, graph_id: str, device: str, metric: str, version: str) -> Correction:
-        """Each writer's last `window` samples, combined across writers (module docstring)."""
-        newest = (
-            func.row_number()
-            .over(partition_by=SampleRow.principal, order_by=SampleRow.id.desc())
-            .label("newest")
+        """Each writer's last `window` samples, combined across writers (module docstring).
+        The writers of the key first (a covering index), then one indexed query of at
+        most `window` rows per writer."""
+        where = (
+            SampleRow.graph_id == graph_id,
+            SampleRow.device == device,
+            SampleRow.metric == metric,
+            SampleRow.model_version == version,
         )
-        ranked = (
-            select(SampleRow.principal, SampleRow.peak_ratio, SampleRow.bound_ratio, newest)
-            .where(
-                SampleRow.graph_id == graph_id,
-                SampleRow.device == device,
-                SampleRow.metric == metric,
-                SampleRow.model_version == version,
-            )
-            .subquery()
-        )
-        stmt = select(ranked.c.principal, ranked.c.peak_ratio, ranked.c.bound_ratio).where(
-            ranked.c.newest <= self.window
-        )
-        with self.sessions() as session:
-            rows = session.execute(stmt).all()
         windows: dict[str, tuple[list[float], list[float]]] = {}
-        for principal, peak, bound in rows:
-            peaks, bounds = windows.setdefault(principal or UNKNOWN_WRITER, ([], []))
-            peaks.append(peak)
-            bounds.append(bound)
+        with self.sessions() as session:
+            names = session.scalars(select(SampleRow.principal).where(*where).distinct()).all()
+            for name in names:
+                who = SampleRow.principal.is_(None) if name is None else SampleRow.principal == name
+                rows = session.execute(
+                    select(SampleRow.peak_ratio, SampleRow.bound_ratio)
+                    .where(*where, who)
+                    .order_by(SampleRow.id.desc())
+                    .limit(self.window)
+                ).all()
+                peaks, bounds = windows.setdefault(name or UNKNOWN_WRITER, ([], []))
+                peaks.extend(r[0] for r in rows)
+                bounds.extend(r[1] for r in rows)
         return correction_of_writers(
             windows.values(),
             prior=self.prior,
