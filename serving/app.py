@@ -63,6 +63,7 @@ def _lifespan(config: ServeConfig, load: Callable[[], MemoryModel]) -> Callable:
                 window=config.correction_window,
                 prior=config.correction_prior,
                 max_scale=config.correction_max_scale,
+                writer_max_scale=config.correction_writer_max_scale,
             )
         )
         try:

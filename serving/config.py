@@ -12,6 +12,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memgnn.serving.writers import (
+    TOKENS_ENV_VAR,
+    check_distinct,
+    check_writer,
+    writer_of,
+    writers_from_env,
+    writers_to_env,
+)
+
 ENV_VAR = "MEMGNN_SERVE_CONFIG"
 TOKEN_ENV_VAR = "MEMGNN_TOKEN"
 MiB = 1 << 20
@@ -34,7 +43,10 @@ class ServeConfig:
     - `token`: bearer token required on write endpoints (`POST /graphs`, `/samples`,
       `/admin/reload`). Without one the server refuses writes unless
       `allow_anonymous_writes` (a trusted network only: anyone reaching the port could
-      poison the corrections every client gets).
+      poison the corrections every client gets). The writer "token".
+    - `writers`: more write credentials, {NAME: TOKEN} (`--writer NAME:TOKEN`,
+      `--tokens-file`, `$MEMGNN_TOKENS`: `serving.writers`); each sample records its
+      writer's name (`principal`).
     - `allow_local_specs`: accept `hf:PATH` and `py:module:factory` model specs (they read
       server files and import code: only for trusted clients). Zoo names always work.
     - `correction_prior`: how many samples' worth of trust the model's own answer gets
@@ -43,6 +55,14 @@ class ServeConfig:
       (15.95% -> 19.05%, `benchmarks/results/accuracy.md`, "gnn + 1 live"), so one sample
       moves an answer half-way. `correction_max_scale`: no correction scales an answer
       by more than this factor, either way.
+    - `correction_writer_max_scale` (1.25): no single writer controls a correction. Each
+      writer's own samples make its own correction, and the writers' corrections are
+      combined by their median (`serving.corrections`), clamped so that one writer
+      alone, however many samples it sends, moves an answer by at most this factor
+      either way (k agreeing writers: this factor**k, never past
+      `correction_max_scale`), and a writer among others cannot take the answer outside
+      the range of the others' corrections. Set it to `correction_max_scale` to trust a
+      single writer fully (the behaviour before issue 27).
     - Captures of model specs (`/predict`, `/plan` with `model`) run in a worker process
       that is killed past `capture_timeout_s`; a request may run `max_captures_per_request`
       captures within `request_timeout_s`; a zoo model's integer hparams may not exceed
@@ -59,6 +79,7 @@ class ServeConfig:
     state_dir: Path = field(default_factory=default_state_dir)
     database_url: str | None = None
     token: str | None = None
+    writers: dict[str, str] = field(default_factory=dict)
     max_request_bytes: int = 32 * MiB
     max_decompressed_bytes: int = 256 * MiB
     max_nodes: int = 200_000
@@ -67,6 +88,7 @@ class ServeConfig:
     correction_window: int = 32
     correction_prior: float = 1.0
     correction_max_scale: float = 4.0
+    correction_writer_max_scale: float = 1.25
     correction_ttl_s: float = 1.0
     allow_local_specs: bool = False
     capture_timeout_s: float = 120.0
@@ -83,6 +105,11 @@ class ServeConfig:
         self.state_dir = Path(self.state_dir).expanduser()
         if self.token is not None and not self.token.strip():
             raise ValueError("token must not be blank (leave it unset for no auth)")
+        if not isinstance(self.writers, dict):
+            raise ValueError("writers must be a {name: token} mapping")
+        for name, token in self.writers.items():
+            check_writer(name, token, where="writers")
+        check_distinct({**self.writers, **({"token": self.token} if self.token else {})})
         for name in ("max_request_bytes", "max_decompressed_bytes", "max_nodes", "max_configs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -108,6 +135,11 @@ class ServeConfig:
             raise ValueError(
                 f"correction_max_scale must be in [1, 1000], got {self.correction_max_scale}"
             )
+        if not 1 <= self.correction_writer_max_scale <= self.correction_max_scale:
+            raise ValueError(
+                "correction_writer_max_scale must be in [1, correction_max_scale], got "
+                f"{self.correction_writer_max_scale}"
+            )
         for name in ("capture_timeout_s", "request_timeout_s"):
             if not 0 < getattr(self, name) <= 86_400:
                 raise ValueError(f"{name} must be in (0, 86400], got {getattr(self, name)}")
@@ -127,19 +159,34 @@ class ServeConfig:
             )
 
     @property
+    def has_writers(self) -> bool:
+        """Whether any write credential is configured."""
+        return self.token is not None or bool(self.writers)
+
+    def writer_of(self, presented: str) -> str | None:
+        """The writer whose credential was presented ("token" for `token`), else None."""
+        return writer_of(
+            {**self.writers, **({"token": self.token} if self.token else {})}, presented
+        )
+
+    @property
     def db_url(self) -> str:
         if self.database_url:
             return self.database_url
         return f"sqlite:///{self.state_dir / 'samples.db'}"
 
     def to_env(self) -> dict[str, str]:
-        """Environment variables that `from_env` reads back (the token travels separately)."""
+        """Environment variables that `from_env` reads back (the credentials travel
+        separately, in $MEMGNN_TOKEN and $MEMGNN_TOKENS)."""
         data: dict[str, Any] = asdict(self)
         data["state_dir"] = str(self.state_dir)
         token = data.pop("token")
+        writers = data.pop("writers")
         env = {ENV_VAR: json.dumps(data)}
         if token:
             env[TOKEN_ENV_VAR] = token
+        if writers:
+            env[TOKENS_ENV_VAR] = writers_to_env(writers)
         return env
 
     @classmethod
@@ -153,6 +200,8 @@ class ServeConfig:
         if not isinstance(data, dict):
             raise ValueError(f"{ENV_VAR} must hold a JSON object")
         data.setdefault("token", env.get(TOKEN_ENV_VAR) or None)
+        if "writers" not in data:
+            data["writers"] = writers_from_env(env.get(TOKENS_ENV_VAR))
         try:
             return cls(**data)
         except TypeError as exc:

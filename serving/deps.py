@@ -10,7 +10,6 @@ not be able to poison the corrections every client gets.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -38,40 +37,41 @@ async def get_engine(request: Request) -> Engine:
     return eng
 
 
-def _token_ok(config: ServeConfig, creds: HTTPAuthorizationCredentials | None) -> bool:
-    return (
-        config.token is not None
-        and creds is not None
-        and secrets.compare_digest(creds.credentials.encode(), config.token.encode())
-    )
+def _writer(config: ServeConfig, creds: HTTPAuthorizationCredentials | None) -> str | None:
+    """The writer whose credential the caller presented, else None."""
+    if creds is None or not config.has_writers:
+        return None
+    return config.writer_of(creds.credentials)
 
 
 async def require_writer(request: Request, creds: Credentials) -> str:
-    """The caller may write: the token matches, or the server takes anonymous writes.
-    Returns who wrote ("token" or "anonymous"), which samples keep as provenance."""
+    """The caller may write: its token is one of the server's writers', or the server
+    takes anonymous writes. Returns who wrote (the writer's name: "token" for `--token`,
+    or "anonymous"), which samples keep as provenance (`principal`)."""
     config = get_config(request)
-    if config.token is None:
+    if not config.has_writers:
         if config.allow_anonymous_writes:
             return "anonymous"
         raise HTTPException(
             403,
-            "this server accepts no writes: start it with --token T "
+            "this server accepts no writes: start it with --token T or --writer NAME:TOKEN "
             "(or --allow-anonymous-writes on a trusted network)",
         )
     if creds is None:
         raise HTTPException(401, "bearer token required", {"WWW-Authenticate": "Bearer"})
-    if not _token_ok(config, creds):
+    writer = _writer(config, creds)
+    if writer is None:
         raise HTTPException(403, "invalid token")
-    return "token"
+    return writer
 
 
 async def may_persist(request: Request, creds: Credentials) -> bool:
     """Read endpoints that capture or take inline graphs store them only for a caller
     who could have uploaded them (else they stay in this process's memory cache)."""
     config = get_config(request)
-    if config.token is None:
+    if not config.has_writers:
         return config.allow_anonymous_writes
-    return _token_ok(config, creds)
+    return _writer(config, creds) is not None
 
 
 def new_work(request: Request) -> Work:

@@ -235,9 +235,16 @@ class PredictRequest(Strict):
 
 
 class CorrectionOut(BaseModel):
+    """The live correction applied (`serving.corrections`): its scales, how many samples
+    and distinct writers it comes from, and the bounds in force (None: no correction)."""
+
     peak_scale: float
     bound_scale: float
     samples: int
+    writers: int = 0
+    writer_max_scale: float | None = None
+    max_scale: float | None = None
+    capped: bool = False
 
 
 class PredictionOut(BaseModel):

@@ -4,18 +4,21 @@ SQLite by default (WAL journal, synchronous=FULL: a committed sample survives a 
 and a power cut); any database URL (PostgreSQL) lets several replicas share samples and
 graphs. Every write commits before the call returns.
 
-Residual correction for (graph id, device, metric, model version), over the last
-`window` samples. Each ratio measured / predicted is first clipped to
-[1/max_scale, max_scale] (a correction's step is bounded: no sample, however absurd, moves
-an answer by more than that factor). `peak_scale` = exp(n / (n + prior) * log(median of
-the peak ratios)): the median is robust to outliers, and `prior` (in samples) is how much
-the model's own answer is trusted, so one sample moves the peak half-way (in log) at
-prior = 1, three samples three quarters. `bound_scale` = max(1, max of the bound ratios):
-the bound is never lowered and covers every recent measurement up to max_scale. Samples of
-another model version do not count: a reloaded model starts uncorrected.
+Residual correction for (graph id, device, metric, model version), from each writer's
+last `window` samples, combined across writers so that no single writer controls it
+(`serving.corrections`: the rule and what it guarantees). One writer's window: each ratio
+measured / predicted is first clipped to [1/max_scale, max_scale] (no sample, however
+absurd, moves an answer by more than that factor); its peak log-scale is
+n / (n + prior) * log(median of the peak ratios) (`prior`, in samples, is how much the
+model's own answer is trusted: one sample moves half-way in log at prior = 1); its bound
+log-scale log max(1, max of the bound ratios). The writers' log-scales are combined by
+their median, clamped to +-k * log(writer_max_scale) for k writers agreeing in direction.
+Samples of another model version do not count: a reloaded model starts uncorrected.
 
-Each sample keeps its provenance: who wrote it (`principal`: "token" or "anonymous"),
-from where (`client`, the peer address), the caller's `source` label, and when.
+Each sample keeps its provenance: who wrote it (`principal`: the writer's name, "token"
+for the single `--token`, or "anonymous"), from where (`client`, the peer address), the
+caller's `source` label, and when. Samples stored before writers were named count as
+the writer they name (NULL: "unknown").
 """
 
 from __future__ import annotations
@@ -30,6 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from memgnn.predictor.answer.types import Correction
+from memgnn.serving.corrections import (
+    DEFAULT_MAX_SCALE,
+    DEFAULT_PRIOR,
+    DEFAULT_WRITER_MAX_SCALE,
+    UNKNOWN_WRITER,
+    correction_of_writers,
+)
 from sqlalchemy import (
     BigInteger,
     Float,
@@ -52,9 +62,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 log = logging.getLogger(__name__)
 
 RATIO_MIN, RATIO_MAX = 1e-3, 1e3  # what a stored ratio can hold
-DEFAULT_PRIOR = 1.0  # see the module docstring and ServeConfig.correction_prior
-DEFAULT_MAX_SCALE = 4.0
 PROVENANCE = ("principal", "client", "source")  # columns added after the first release
+WRITER_INDEX = "ix_memgnn_samples_writer"  # added with per-writer corrections
 
 
 class Base(DeclarativeBase):
@@ -83,6 +92,7 @@ class SampleRow(Base):
 
     __table_args__ = (
         Index("ix_memgnn_samples_lookup", "graph_id", "device", "metric", "model_version", "id"),
+        Index(WRITER_INDEX, "graph_id", "device", "metric", "model_version", "principal", "id"),
     )
 
 
@@ -106,7 +116,7 @@ class Sample:
     predicted_bytes: int
     bound_bytes: int
     key: str | None = None
-    principal: str | None = None  # who wrote it: "token" or "anonymous"
+    principal: str | None = None  # who wrote it: the writer's name, or "anonymous"
     client: str | None = None  # the peer address
     source: str | None = None  # the caller's label (a run, a host, a tool)
 
@@ -128,7 +138,8 @@ def correction_from(
     prior: float = DEFAULT_PRIOR,
     max_scale: float = DEFAULT_MAX_SCALE,
 ) -> Correction:
-    """The correction of a window of ratios (see the module docstring)."""
+    """The correction of one window of ratios, as if one writer sent them all and no
+    writer bound applied (see the module docstring; `Store.correction` combines writers)."""
     if not peak_ratios:
         return Correction()
     if prior < 0 or max_scale < 1:
@@ -165,11 +176,15 @@ class Store:
         window: int = 32,
         prior: float = DEFAULT_PRIOR,
         max_scale: float = DEFAULT_MAX_SCALE,
+        writer_max_scale: float = DEFAULT_WRITER_MAX_SCALE,
     ):
         if window < 1:
             raise ValueError("window must be >= 1")
-        correction_from([1.0], [1.0], prior=prior, max_scale=max_scale)  # validates them
+        correction_of_writers(  # validates them
+            [([1.0], [1.0])], prior=prior, max_scale=max_scale, writer_max_scale=writer_max_scale
+        )
         self.url, self.window, self.prior, self.max_scale = url, window, prior, max_scale
+        self.writer_max_scale = writer_max_scale
         kwargs: dict[str, Any] = {"pool_pre_ping": True}
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
@@ -195,8 +210,11 @@ class Store:
                 time.sleep(0.2 * (attempt + 1))
 
     def _add_provenance_columns(self) -> None:
-        """A database created before samples kept their provenance gains its columns."""
-        have = {c["name"] for c in inspect(self.engine).get_columns(SampleRow.__tablename__)}
+        """A database created before samples kept their provenance gains its columns, and
+        one created before corrections were per writer the index that reads them."""
+        found = inspect(self.engine)
+        have = {c["name"] for c in found.get_columns(SampleRow.__tablename__)}
+        indexes = {i["name"] for i in found.get_indexes(SampleRow.__tablename__)}
         with self.engine.begin() as conn:
             for name in PROVENANCE:
                 if name not in have:
@@ -206,6 +224,10 @@ class Store:
                         )
                     )
                     log.info("database %s: added column samples.%s", self.url, name)
+            if WRITER_INDEX not in indexes:
+                index = next(i for i in SampleRow.__table__.indexes if i.name == WRITER_INDEX)
+                index.create(conn, checkfirst=True)
+                log.info("database %s: added index %s", self.url, WRITER_INDEX)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -256,21 +278,34 @@ class Store:
         return found, False
 
     def correction(self, graph_id: str, device: str, metric: str, version: str) -> Correction:
-        stmt = (
-            select(SampleRow.peak_ratio, SampleRow.bound_ratio)
-            .where(
-                SampleRow.graph_id == graph_id,
-                SampleRow.device == device,
-                SampleRow.metric == metric,
-                SampleRow.model_version == version,
-            )
-            .order_by(SampleRow.id.desc())
-            .limit(self.window)
+        """Each writer's last `window` samples, combined across writers (module docstring).
+        The writers of the key first (a covering index), then one indexed query of at
+        most `window` rows per writer."""
+        where = (
+            SampleRow.graph_id == graph_id,
+            SampleRow.device == device,
+            SampleRow.metric == metric,
+            SampleRow.model_version == version,
         )
+        windows: dict[str, tuple[list[float], list[float]]] = {}
         with self.sessions() as session:
-            rows = session.execute(stmt).all()
-        return correction_from(
-            [r[0] for r in rows], [r[1] for r in rows], prior=self.prior, max_scale=self.max_scale
+            names = session.scalars(select(SampleRow.principal).where(*where).distinct()).all()
+            for name in names:
+                who = SampleRow.principal.is_(None) if name is None else SampleRow.principal == name
+                rows = session.execute(
+                    select(SampleRow.peak_ratio, SampleRow.bound_ratio)
+                    .where(*where, who)
+                    .order_by(SampleRow.id.desc())
+                    .limit(self.window)
+                ).all()
+                peaks, bounds = windows.setdefault(name or UNKNOWN_WRITER, ([], []))
+                peaks.extend(r[0] for r in rows)
+                bounds.extend(r[1] for r in rows)
+        return correction_of_writers(
+            windows.values(),
+            prior=self.prior,
+            max_scale=self.max_scale,
+            writer_max_scale=self.writer_max_scale,
         )
 
     def samples(

@@ -1,7 +1,7 @@
 """`memgnn serve`: argument parsing and the uvicorn launch.
 
     memgnn serve --host 127.0.0.1 --port 8000 [--model PATH|URI] [--db URL] [--token T]
-                 [--workers K]
+                 [--writer NAME:TOKEN ... | --tokens-file FILE] [--workers K]
 
 One worker runs the app object in-process; several workers import
 `memgnn.serving.app:app_from_env` (the config travels in environment variables).
@@ -17,6 +17,12 @@ import uvicorn
 
 from memgnn.serving.config import TOKEN_ENV_VAR, ServeConfig, default_state_dir
 from memgnn.serving.server import GRACEFUL_S, Server
+from memgnn.serving.writers import (
+    TOKENS_ENV_VAR,
+    parse_writers,
+    read_tokens_file,
+    writers_from_env,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,26 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--token", default=None, help=f"bearer token for write endpoints (or ${TOKEN_ENV_VAR})"
     )
+    g.add_argument(
+        "--writer",
+        action="append",
+        default=None,
+        metavar="NAME:TOKEN",
+        help="a named write credential (repeatable; each sample records its writer, and "
+        f"no single writer controls the live correction); also ${TOKENS_ENV_VAR}",
+    )
+    g.add_argument(
+        "--tokens-file",
+        default=None,
+        metavar="FILE",
+        help="named write credentials, one NAME:TOKEN a line (# comments)",
+    )
+    g.add_argument(
+        "--writer-max-scale",
+        type=float,
+        default=None,
+        help="how far one writer alone may move an answer, either way (1.25)",
+    )
     g.add_argument("--capture-timeout", type=float, default=None, help="seconds per capture (120)")
     g.add_argument("--max-request-bytes", type=int, default=None)
     g.add_argument("--max-nodes", type=int, default=None)
@@ -66,10 +92,20 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """A validated ServeConfig from parsed `memgnn serve` arguments (ValueError if bad)."""
+    writers = writers_from_env(os.environ.get(TOKENS_ENV_VAR))
+    for more in (
+        read_tokens_file(args.tokens_file) if args.tokens_file else {},
+        parse_writers(args.writer or [], where="--writer"),
+    ):
+        twice = sorted(set(writers) & set(more))
+        if twice:
+            raise ValueError(f"writer {twice[0]!r} given twice")
+        writers.update(more)
     fields: dict = {
         "model": args.model,
         "database_url": args.db,
         "token": args.token or os.environ.get(TOKEN_ENV_VAR) or None,
+        "writers": writers,
         "allow_local_specs": args.allow_local_specs,
         "allow_anonymous_writes": args.allow_anonymous_writes,
     }
@@ -81,6 +117,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         ("graph_cache", "graph_cache_size"),
         ("blas_threads", "blas_threads"),
         ("capture_timeout", "capture_timeout_s"),
+        ("writer_max_scale", "correction_writer_max_scale"),
     ):
         value = getattr(args, arg)
         if value is not None:
@@ -95,10 +132,10 @@ def serve_cmd(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, got {args.workers}")
     config = config_from_args(args)
-    if config.token is None and config.allow_anonymous_writes:
+    if not config.has_writers and config.allow_anonymous_writes:
         log.warning("serving on %s without a token: write endpoints are open", args.host)
-    elif config.token is None:
-        log.info("no --token: write endpoints (uploads, samples, reloads) are refused")
+    elif not config.has_writers:
+        log.info("no --token/--writer: write endpoints (uploads, samples, reloads) are refused")
     common = {
         "host": args.host,
         "port": args.port,

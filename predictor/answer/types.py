@@ -42,13 +42,24 @@ class Correction:
 
     peak_scale: float = 1.0
     bound_scale: float = 1.0
-    samples: int = 0  # how many samples the scales come from (<= window)
+    samples: int = 0  # how many samples the scales come from (<= window per writer)
+    writers: int = 0  # how many distinct writers sent them
+    # the bounds in force (None: no correction): one writer alone moves an answer by at
+    # most `writer_max_scale`, k agreeing writers by `writer_max_scale`**k, none past
+    # `max_scale`; `capped`: a bound held the correction back
+    writer_max_scale: float | None = None
+    max_scale: float | None = None
+    capped: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "peak_scale": self.peak_scale,
             "bound_scale": self.bound_scale,
             "samples": self.samples,
+            "writers": self.writers,
+            "writer_max_scale": self.writer_max_scale,
+            "max_scale": self.max_scale,
+            "capped": self.capped,
         }
 
 

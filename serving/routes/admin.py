@@ -20,7 +20,7 @@ def reload(
     """Load the model again (a new export, a moved registry alias) and swap it in."""
     old = eng.version
     if req is not None and req.model is not None:
-        if config.token is None:
+        if not config.has_writers:
             raise RequestError(
                 "loading another model needs a server token", status=403, loc=("body", "model")
             )

@@ -34,7 +34,11 @@ def graph():
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     state = tmp_path_factory.mktemp("serve")
-    app = create_app(ServeConfig(model="analytic", state_dir=state, token=TOKEN))
+    # one writer trusted fully: its own statistics (test_api_writers.py: across writers)
+    config = ServeConfig(
+        model="analytic", state_dir=state, token=TOKEN, correction_writer_max_scale=4.0
+    )
+    app = create_app(config)
     with TestClient(app) as c:
         yield c
 

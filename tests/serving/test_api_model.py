@@ -65,7 +65,13 @@ def test_learned_model_path(tmp_path, graph):
     known = ops - {sorted(ops)[0]}
     model = FakeLearned(known)
     with TestClient(
-        create_app(ServeConfig(state_dir=tmp_path, allow_anonymous_writes=True), model=model)
+        create_app(
+            # one writer trusted fully (test_api_writers.py: the bound across writers)
+            ServeConfig(
+                state_dir=tmp_path, allow_anonymous_writes=True, correction_writer_max_scale=4.0
+            ),
+            model=model,
+        )
     ) as c:
         assert c.get("/readyz").json()["model_version"] == "fake-learned-7"
         up = c.post("/graphs", json=graph.content()).json()

@@ -28,7 +28,11 @@ def graph():
 
 @pytest.fixture
 def client(tmp_path):
-    cfg = ServeConfig(model="analytic", state_dir=tmp_path, token=TOKEN)
+    # one writer trusted fully (no writer bound): the one-writer statistics under test;
+    # test_api_writers.py tests the bound across writers
+    cfg = ServeConfig(
+        model="analytic", state_dir=tmp_path, token=TOKEN, correction_writer_max_scale=4.0
+    )
     with TestClient(create_app(cfg)) as c:
         yield c
 
@@ -94,6 +98,7 @@ def test_the_prior_and_the_step_bound_are_configurable(tmp_path, graph):
         token=TOKEN,
         correction_prior=0,
         correction_max_scale=10,
+        correction_writer_max_scale=10,
     )
     with TestClient(create_app(cfg)) as c:
         gid, before = _setup(c, graph)

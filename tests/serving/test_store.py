@@ -28,7 +28,9 @@ def sample(measured: int, predicted: int = 1000, **kw) -> Sample:
 
 @pytest.fixture
 def store(tmp_path):
-    s = Store(f"sqlite:///{tmp_path / 'deep' / 'samples.db'}", window=4, prior=0)  # plain stats
+    # plain one-writer stats: no prior, no bound on one writer's reach
+    url = f"sqlite:///{tmp_path / 'deep' / 'samples.db'}"
+    s = Store(url, window=4, prior=0, writer_max_scale=4.0)
     yield s
     s.close()
 
@@ -118,9 +120,9 @@ def test_committed_samples_are_visible_to_another_connection(store, tmp_path):
 
 def test_two_stores_share_one_database(tmp_path):
     url = f"sqlite:///{tmp_path / 'shared.db'}"
-    a, b = Store(url, prior=0), Store(url, prior=0)  # two replicas
+    a, b = (Store(url, prior=0, writer_max_scale=4.0) for _ in range(2))  # two replicas
     a.add_sample(sample(3000))
-    assert b.correction("g1", "h100-80gb", "reserved", "v1").peak_scale == 3.0
+    assert b.correction("g1", "h100-80gb", "reserved", "v1").peak_scale == pytest.approx(3.0)
     a.close(), b.close()
 
 
@@ -189,4 +191,46 @@ def test_an_old_database_gains_the_provenance_columns(tmp_path):
     assert [r["source"] for r in rows] == ["run-3", None]  # the old row is kept
     assert rows[0]["principal"] == "token" and rows[0]["client"] == "10.0.0.7"
     assert store.correction("g1", "h100-80gb", "reserved", "v1").samples == 2
+    store.close()
+
+
+def test_an_old_database_migrates_to_per_writer_corrections(tmp_path):
+    """A database of the last release (provenance columns, no writer index) gains the
+    index; its rows count as the writers they name, unnamed ones as "unknown"."""
+    path = tmp_path / "prev.db"
+    old = Store(f"sqlite:///{path}", prior=0)
+    with old.engine.begin() as conn:
+        conn.exec_driver_sql("DROP INDEX ix_memgnn_samples_writer")
+    for m in (1100, 1100):
+        old.add_sample(sample(m, principal="token"))
+    old.add_sample(sample(1100))  # no principal (rows from before provenance)
+    old.close()
+    conn = sqlite3.connect(path)
+    assert "ix_memgnn_samples_writer" not in {
+        r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+    }
+    conn.close()
+    store = Store(f"sqlite:///{path}", prior=0)
+    conn = sqlite3.connect(path)
+    assert "ix_memgnn_samples_writer" in {
+        r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")
+    }
+    conn.close()
+    store.add_sample(sample(1100, principal="alice"))
+    c = store.correction("g1", "h100-80gb", "reserved", "v1")
+    assert (c.samples, c.writers) == (4, 3)  # token, unknown, alice: they agree
+    assert c.peak_scale == pytest.approx(1.1) and not c.capped
+    store.close()
+
+
+def test_each_writer_keeps_its_own_window(tmp_path):
+    """A flood from one writer does not push the others' samples out of the window."""
+    store = Store(f"sqlite:///{tmp_path / 'w.db'}", window=4, prior=0)
+    for name in ("alice", "bob"):
+        store.add_sample(sample(1100, principal=name))
+    for _ in range(50):
+        store.add_sample(sample(100, principal="mallory"))
+    c = store.correction("g1", "h100-80gb", "reserved", "v1")
+    assert (c.samples, c.writers) == (1 + 1 + 4, 3)
+    assert c.peak_scale == pytest.approx(1.1)  # the median: the honest writers' 1.1
     store.close()

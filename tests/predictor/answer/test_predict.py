@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from memgnn.predictor.answer.backend import LocalBackend
 from memgnn.predictor.answer.predict import predict
-from memgnn.predictor.answer.types import ModelRef, PredictRequest, QueryConfig
+from memgnn.predictor.answer.types import Correction, ModelRef, PredictRequest, QueryConfig
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.sim.simulate import simulate
@@ -36,7 +36,8 @@ def test_replay_answers_are_the_simulators_bytes_for_every_config(backend):
         assert a.predicted_peak_bytes == a.upper_bound_bytes == sim.peak_allocated_bytes
     assert big.predicted_peak_bytes > small.predicted_peak_bytes
     assert small.train == TrainSpec().to_dict() and small.model["spec"] == "mlp"
-    assert small.correction == {"peak_scale": 1.0, "bound_scale": 1.0, "samples": 0}
+    assert small.correction == Correction().to_dict()  # never corrected
+    assert (small.correction["peak_scale"], small.correction["samples"]) == (1.0, 0)
 
 
 def test_the_example_dims_fill_the_sizes_and_a_limit_gives_a_verdict(backend):
