@@ -319,7 +319,10 @@ def test_predict_verdict_under_a_threshold(client, gid):
     first = r.json()["predictions"][0]["upper_bound_bytes"]
     r = client.post("/predict", json=body | {"budget_bytes": first})
     assert [p["verdict"]["fits"] for p in r.json()["predictions"]] == [True, False]
-    assert client.post("/predict", json=body).json()["predictions"][0]["verdict"] is None
+    default = client.post("/predict", json=body).json()["predictions"][0]["verdict"]
+    assert default["source"] == "default" and default["threshold"] == 0.85  # no limit given
+    cpu = body | {"configs": [config | {"device": "cpu"}]}
+    assert client.post("/predict", json=cpu).json()["predictions"][0]["verdict"] is None
 
 
 def test_predict_limit_errors_name_the_fields(client, gid):

@@ -19,8 +19,9 @@ TOKEN = "s3cret"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 # POST routes that only read (their answers are computed, nothing the caller sent is
 # stored for others). Frozen: a new POST route is a write unless added here on purpose.
-# /snapshots/replay replays the uploaded file and stores nothing.
-READ_ONLY_POSTS = frozenset({"/predict", "/plan", "/snapshots/replay"})
+# /snapshots/replay replays the uploaded file and stores nothing; /explain answers as
+# /predict does.
+READ_ONLY_POSTS = frozenset({"/predict", "/plan", "/explain", "/snapshots/replay"})
 
 
 @pytest.fixture(scope="module")
