@@ -37,11 +37,12 @@ def test_the_file_states_the_model_the_options_and_the_sizes():
         "precision": "bf16", "peft": "lora", "lora_r": 16, "lora_alpha": 32.0,
         "lora_dropout": 0.05, "lora_targets": "q_proj,v_proj", "grad_accum": 4,
         "optimizer_impl": "fused",  # axolotl's default optimizer: adamw_torch_fused
+        "compile": "full",  # torch_compile: true (predictor.emulate.compile)
     }  # fmt: skip
     assert sizes == {"B": 2, "S": 1024}
     assert report.path == "qlora.yml" and report.format == "axolotl"
     assert {k["key"] for k in report.keys} >= {"base_model", "micro_batch_size", "lora_r"}
-    assert any(w.startswith("torch_compile") for w in report.warnings)  # not modelled: said
+    assert not any(w.startswith("torch_compile") for w in report.warnings)  # now modelled
 
 
 def test_explicit_choices_override_the_file_and_say_so():

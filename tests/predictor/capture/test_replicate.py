@@ -70,7 +70,7 @@ def test_blocks_that_differ_fall_back_to_the_full_capture():
     ("train", "why"),
     [
         (TrainSpec.of(checkpointing="blocks:2"), "checkpointing 2 of 6"),
-        (TrainSpec.of(gpus=2, sharding="ddp"), "sharding"),
+        (TrainSpec.of(gpus=2, sharding="ddp"), "one rank of a process group"),
     ],
 )
 def test_ineligible_steps_are_captured_in_full(train, why):
