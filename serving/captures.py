@@ -67,10 +67,12 @@ class Work:
 def _worker_main(conn: Any) -> None:  # pragma: no cover - runs in the child process
     """The child: capture each job it is sent, answer ("ok", gzip bytes) or an error."""
     from memgnn.predictor.capture.cache import capture_cached
+    from memgnn.predictor.quiet import filter_noise
     from memgnn.predictor.spec.train import TrainSpec
     from memgnn.predictor.zoo import resolve
     from memgnn.serving.graphs import graph_bytes
 
+    filter_noise()  # the libraries' import notes, as in the CLI (predictor.quiet)
     conn.send(("ready",))
     while True:
         try:

@@ -18,7 +18,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from memgnn.cli.quiet import filter_noise
+from memgnn.predictor.quiet import filter_noise
 
 __all__ = ["COMMANDS", "build_parser", "main"]
 

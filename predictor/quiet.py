@@ -5,8 +5,9 @@ its children) and the start of a message it emits on import on a machine without
 optional kernels (no CUDA, no triton, no `kernels` package). They are about the library's
 own fast paths, which a prediction never runs; printed on every `predict`, they made users
 think something had failed. Only these messages are dropped, only from these loggers, and
-none with `--verbose`; everything else a library logs still shows. Python warnings
-(`warnings.warn`) are filtered by category, message and module the same way.
+none with the CLI's `--verbose`; the service's capture workers filter them too. Everything
+else a library logs still shows. Python warnings (`warnings.warn`) are filtered by
+category, message and module the same way.
 """
 
 from __future__ import annotations

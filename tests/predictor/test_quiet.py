@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from memgnn.cli.quiet import NOISE, filter_noise
+from memgnn.predictor.quiet import NOISE, filter_noise
 
 
 def test_named_noise_is_dropped_and_the_rest_still_shows(caplog):
