@@ -229,9 +229,8 @@ def _torch_before(major: int, minor: int) -> bool:
     return (int(parts[0]), int(parts[1])) < (major, minor)
 
 
-def assumption(mode: str, checkpointed: bool = False) -> str | None:
-    """What an answer under `--compile` assumed (None: eager); `checkpointed`: blocks
-    compiled over their activation checkpoint."""
+def assumption(mode: str) -> str | None:
+    """What an answer under `--compile` assumed (None: eager)."""
     if mode == "none":
         return None
     where = "the whole model" if mode == "full" else "each repeated block"
@@ -243,13 +242,6 @@ def assumption(mode: str, checkpointed: bool = False) -> str | None:
         "a region AOTAutograd cannot trace compiles its child modules (a graph break); "
         "a checkpointed block compiled recomputes its whole forward in backward but for "
         "random ops (dropout), whose values it saves"
-        + (
-            "; known issue: over --checkpointing, tensors a compiled block's forward computes "
-            "outside its recorded kernels are counted from the step's start, so the answer "
-            "can exceed the eager step's (read it as an upper estimate)"
-            if checkpointed
-            else ""
-        )
     )
 
 

@@ -98,7 +98,9 @@ def materialised(gm: fx.GraphModule) -> set[fx.Node]:
         k = kind(node.target)
         if k in ("buffered", "extern"):
             out.add(node)
-        if k == "extern":
+        # the partitioner's RNG-state wrapper runs a random op (flash attention's dropout,
+        # even at p=0) as a library kernel: what it reads is a buffer too
+        if k == "extern" or _rng_op(node.target) is not None:
             for a in node.all_input_nodes:
                 r = root(a)
                 if isinstance(r, fx.Node) and r.op == "call_function":
