@@ -7,13 +7,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from memgnn.predictor.answer.explain import MAX_TOP, ExplainRequest, explain
-from memgnn.predictor.answer.types import ModelRef, QueryConfig
+from memgnn.predictor.answer.types import QueryConfig
 from memgnn.predictor.answer.whatif import WHATIFS
-from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.answers import EngineBackend
 from memgnn.serving.captures import Work
 from memgnn.serving.engine import Engine
-from memgnn.serving.graphs import RequestError
+from memgnn.serving.predicting import model_parts
 from memgnn.serving.routing import Route
 from memgnn.serving.schemas import ConfigFileIn, ConfigIn, GraphId, ModelIn, Strict
 from pydantic import Field, model_validator
@@ -48,16 +47,7 @@ class ExplainIn(Strict):
 
 def to_explain_request(req: ExplainIn) -> ExplainRequest:
     """The answer layer's request for a validated `ExplainIn`."""
-    model, train = None, TrainSpec()
-    explicit: frozenset[str] = frozenset()
-    if req.model is not None:
-        if req.model.spec is not None:
-            model = ModelRef(spec=req.model.spec, args=req.model.args(), task=req.model.task)
-        try:
-            train = req.model.train.to_spec()
-        except ValueError as exc:
-            raise RequestError(str(exc), loc=("body", "model", "train")) from None
-        explicit = req.model.explicit()
+    model, train, explicit = model_parts(req.model)
     q = req.query
     return ExplainRequest(
         model=model,

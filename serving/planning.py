@@ -7,12 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from memgnn.predictor.answer.plan import PlanRequest, plan
-from memgnn.predictor.answer.types import ModelRef
-from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.answers import EngineBackend
 from memgnn.serving.captures import Work
 from memgnn.serving.engine import Engine
-from memgnn.serving.graphs import RequestError
+from memgnn.serving.predicting import model_parts
 from memgnn.serving.routing import Route
 
 __all__ = ["run_plan", "to_plan_request"]
@@ -21,16 +19,7 @@ __all__ = ["run_plan", "to_plan_request"]
 def to_plan_request(req: Any) -> PlanRequest:
     """A validated `serving.schemas.PlanRequest` as the answer layer's request: the
     search space's fields the caller set (the rest take the layer's defaults)."""
-    model, train = None, TrainSpec()
-    explicit: frozenset[str] = frozenset()
-    if req.model is not None:
-        if req.model.spec is not None:
-            model = ModelRef(spec=req.model.spec, args=req.model.args(), task=req.model.task)
-        try:
-            train = req.model.train.to_spec()
-        except ValueError as exc:
-            raise RequestError(str(exc), loc=("body", "model", "train")) from None
-        explicit = req.model.explicit()
+    model, train, explicit = model_parts(req.model)
     return PlanRequest(
         model=model,
         train=train,

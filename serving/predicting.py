@@ -14,22 +14,29 @@ from memgnn.serving.engine import Engine
 from memgnn.serving.graphs import RequestError, build_graph
 from memgnn.serving.routing import Route
 
-__all__ = ["run_predict", "to_request"]
+__all__ = ["model_parts", "run_predict", "to_request"]
+
+
+def model_parts(model: Any) -> tuple[ModelRef | None, TrainSpec, frozenset[str]]:
+    """A request's validated `model` object (`serving.schemas.ModelIn`, or None) as the
+    answer layer takes it: the model named (None: an uploaded graph's or a config file's),
+    its training spec (the default without one) and the options the caller set."""
+    if model is None:
+        return None, TrainSpec(), frozenset()
+    ref = None
+    if model.spec is not None:
+        ref = ModelRef(spec=model.spec, args=model.args(), task=model.task)
+    try:
+        train = model.train.to_spec()
+    except ValueError as exc:
+        raise RequestError(str(exc), loc=("body", "model", "train")) from None
+    return ref, train, model.explicit()
 
 
 def to_request(req: Any, *, max_nodes: int) -> PredictRequest:
     """A validated `serving.schemas.PredictRequest` as the answer layer's request (an
     inline graph checked and built here: untrusted input)."""
-    model = train = None
-    explicit: frozenset[str] = frozenset()
-    if req.model is not None:
-        if req.model.spec is not None:
-            model = ModelRef(spec=req.model.spec, args=req.model.args(), task=req.model.task)
-        try:
-            train = req.model.train.to_spec()
-        except ValueError as exc:
-            raise RequestError(str(exc), loc=("body", "model", "train")) from None
-        explicit = req.model.explicit()
+    model, train, explicit = model_parts(req.model)
     graph = None
     if req.graph is not None:
         graph = build_graph(req.graph, max_nodes=max_nodes, loc=("body", "graph"))
@@ -39,7 +46,7 @@ def to_request(req: Any, *, max_nodes: int) -> PredictRequest:
             for c in req.configs
         ],
         model=model,
-        train=train or TrainSpec(),
+        train=train,
         graph_id=req.graph_id,
         graph=graph,
         method=req.method,
