@@ -12,12 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from memgnn.cli.options import (
-    METRIC_HELP,
     add_cache_args,
-    add_device_args,
-    add_model_args,
-    add_size_args,
-    add_train_args,
+    add_query_args,
     device_name,
     explicit_train_options,
     model_ref,
@@ -33,7 +29,6 @@ from memgnn.predictor.answer.explain_html import render_html
 from memgnn.predictor.answer.types import QueryConfig
 from memgnn.predictor.answer.whatif import WHATIFS
 from memgnn.predictor.errors import UserError
-from memgnn.predictor.ir.vocab import METRICS, SCENARIOS
 from memgnn.predictor.spec.devices import get_profile
 from memgnn.predictor.spec.train import TrainSpec
 
@@ -43,15 +38,7 @@ __all__ = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p, config=True)
-    add_size_args(p)
-    add_train_args(p)
-    add_device_args(p)
-    p.add_argument("--metric", choices=METRICS, default=None, help=METRIC_HELP)
-    p.add_argument(
-        "--scenario", choices=SCENARIOS, default="worst",
-        help="data-dependent sizes at their min | balanced | worst (default: %(default)s)",
-    )  # fmt: skip
+    add_query_args(p)
     p.add_argument("--top", type=int, default=15, help="rows per table (default: %(default)s)")
     p.add_argument(
         "--whatif", action="append", choices=WHATIFS, default=None, dest="whatifs",

@@ -11,6 +11,7 @@ from memgnn.predictor.answer.runconfig import RunConfig
 from memgnn.predictor.answer.types import ModelRef
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.frameworks.base import FORMATS
+from memgnn.predictor.ir.vocab import METRICS, SCENARIOS
 from memgnn.predictor.spec.bundle import ModelBundle
 from memgnn.predictor.spec.devices import custom_profile
 from memgnn.predictor.spec.limits import MemoryLimit, resolve_limit
@@ -221,6 +222,20 @@ METRIC_HELP = (
 )
 
 
+def add_query_args(p: argparse.ArgumentParser) -> None:
+    """What `predict` and `explain` both ask: the model (or a --config file), the sizes,
+    the training options, the device, the metric and the scenario."""
+    add_model_args(p, config=True)
+    add_size_args(p)
+    add_train_args(p)
+    add_device_args(p)
+    p.add_argument("--metric", choices=METRICS, default=None, help=METRIC_HELP)
+    p.add_argument(
+        "--scenario", choices=SCENARIOS, default="worst",
+        help="data-dependent sizes at their min | balanced | worst (default: %(default)s)",
+    )  # fmt: skip
+
+
 def model_ref(args: argparse.Namespace) -> ModelRef | None:
     """The --model flags as the answer layer takes them (None: the --config file's)."""
     if args.model is None:
@@ -288,6 +303,7 @@ __all__ = [
     "resolve_bundle",
     "add_limit_args",
     "add_model_args",
+    "add_query_args",
     "add_size_args",
     "add_train_args",
     "explicit_train_options",

@@ -10,13 +10,9 @@ import sys
 from typing import Any
 
 from memgnn.cli.options import (
-    METRIC_HELP,
     add_cache_args,
-    add_device_args,
     add_limit_args,
-    add_model_args,
-    add_size_args,
-    add_train_args,
+    add_query_args,
     device_name,
     explicit_train_options,
     memory_limit,
@@ -37,7 +33,7 @@ from memgnn.cli.snapshot import plot_prediction
 from memgnn.predictor.answer.backend import CLI_REPLAY_BUDGET_MS, LocalBackend
 from memgnn.predictor.answer.predict import predict
 from memgnn.predictor.answer.types import PredictRequest, QueryConfig
-from memgnn.predictor.ir.vocab import METHOD_CHOICES, METRICS, SCENARIOS
+from memgnn.predictor.ir.vocab import METHOD_CHOICES
 from memgnn.predictor.spec.devices import DeviceProfile, get_profile
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.client import remote_predict
@@ -46,15 +42,7 @@ __all__ = ["add_arguments", "predict_lines", "predict_request", "run"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_args(p, config=True)
-    add_size_args(p)
-    add_train_args(p)
-    add_device_args(p)
-    p.add_argument("--metric", choices=METRICS, default=None, help=METRIC_HELP)
-    p.add_argument(
-        "--scenario", choices=SCENARIOS, default="worst",
-        help="data-dependent sizes at their min | balanced | worst (default: %(default)s)",
-    )  # fmt: skip
+    add_query_args(p)
     p.add_argument("--url", default=None, help="ask a running `memgnn serve` instead")
     p.add_argument("--token", default=None, help="bearer token for --url")
     p.add_argument("--plot", default=None, help="also draw the simulated step (OUT.png|svg)")
