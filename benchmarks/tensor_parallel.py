@@ -40,6 +40,7 @@ from memgnn.predictor.spec.bundle import default_blocks
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.predictor.zoo.resolve import resolve
 from memgnn.serving.client import free_port
+from sharding import profiled_peak  # the same profiler reading as the sharding runs
 
 OUT = Path(__file__).parent / "results"
 SMALL = ("llama", {"layers": "4", "hidden": "128", "ffn": "344", "vocab": "2048"})
@@ -115,19 +116,6 @@ def _real_rank(
                 opt.zero_grad(set_to_none=True)
     Path(out, f"rank{rank}.json").write_text(json.dumps({"peak": profiled_peak(prof)}))
     dist.destroy_process_group()
-
-
-def profiled_peak(prof: Any, region: str = "steps") -> int:
-    """Peak live bytes of torch.profiler's CPU allocator events from the start of the
-    `region` record_function on (bytes allocated before it count as live)."""
-    events = prof.profiler.kineto_results.events()
-    start = min(e.start_ns() for e in events if e.name() == region)
-    live = peak = 0
-    for e in sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns()):
-        live += e.nbytes()
-        if e.start_ns() >= start:
-            peak = max(peak, live)
-    return peak
 
 
 def real_peaks(spec, args, sizes, world: int, tp: int) -> list[int]:
