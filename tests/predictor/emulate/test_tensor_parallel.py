@@ -298,12 +298,13 @@ def test_rank_peak_matches_a_real_gloo_run(tmp_path):
     each real rank: the same peak as the prediction, to the byte. torch.profiler's
     allocator events (state before + the step's delta): gloo's worker
     thread sometimes frees an all-reduced buffer after the main thread's next allocations
-    (one hidden-sized buffer more, at random, on either rank): the lowest over the ranks
-    and up to three runs, within 1 KB (memgnn counts ~1 KB more than the profiler in the
+    (one hidden-sized buffer more, at random, on either rank; on a loaded 2-core machine
+    three runs in a row once had it on every rank): the lowest over the ranks and up to
+    six runs, within 1 KB (memgnn counts ~1 KB more than the profiler in the
     DDP/FSDP checks, benchmarks/results/sharding.md; here it was 0)."""
     ours = _predict(_captured(gpus=2, tp=2)).predicted_peak_bytes
     profiled: list[int] = []
-    for _attempt in range(3):
+    for _attempt in range(6):
         ranks = _real_ranks(tmp_path)
         for real in ranks:
             assert real["recorded"] == ours
