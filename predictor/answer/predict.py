@@ -44,7 +44,7 @@ from memgnn.predictor.spec.train import TrainSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_BYTES", "answer_entry", "model_info", "predict", "skipped"]
+__all__ = ["MAX_BYTES", "answer_entry", "model_info", "precision_warning", "predict", "skipped"]
 
 MAX_BYTES = 1 << 62  # a prediction past this overflowed int64 arithmetic
 
@@ -96,6 +96,8 @@ def predict(req: PredictRequest, backend: Backend) -> PredictAnswer:
         _answer(req, i, entries[i], served[i], sizes[i], bundle, seconds[i])
         for i in range(len(queries))
     ]
+    if report is None and (warning := precision_warning(bundle, req.train, req.explicit)):
+        answers = [replace(a, warnings=[*a.warnings, warning]) for a in answers]
     if report is not None:
         answers = [replace(a, config=report.to_dict()) for a in answers]
     unknown = sorted(
@@ -182,6 +184,28 @@ def answer_entry(
 def _routed(p, choice: Choice, note: dict[str, Any]):
     p = with_route(p, choice)
     return replace(p, breakdown={**p.breakdown, **note}) if note else p
+
+
+_LOW = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def precision_warning(
+    bundle: ModelBundle | None, train: TrainSpec, explicit: frozenset[str]
+) -> str | None:
+    """A warning when the step trains float32 weights (the default `--precision fp32`, not
+    chosen by the caller) of a checkpoint stored in bf16/fp16: transformers 5's
+    `from_pretrained` loads the checkpoint's dtype unless told otherwise, so a script that
+    does not say would train the stored dtype, at about half the weights' bytes."""
+    stored = _LOW.get(bundle.stored_dtype or "") if bundle is not None else None
+    if stored is None or train.numerics.precision != "fp32" or "precision" in explicit:
+        return None
+    return (
+        f"the checkpoint is stored in {bundle.stored_dtype} (config.json dtype); the answer "
+        "trains float32 weights (--precision fp32, the default: from_pretrained(dtype="
+        "torch.float32)). transformers 5's from_pretrained loads the stored dtype unless "
+        f"told otherwise: --precision {stored} if your script trains the weights as loaded "
+        f"(no fp32 master copy), amp-{stored} for fp32 weights with {stored} autocast"
+    )
 
 
 def model_info(

@@ -52,6 +52,10 @@ class ModelBundle:
     fingerprint: str = ""
     # How the user named it: "zoo", "hf" or "py" (set by the resolver; "" = from the name).
     origin: str = ""
+    # The dtype the model's checkpoint is stored in (an hf: config's `dtype`, e.g.
+    # "bfloat16"), when the bundle knows it: the answer warns when the step trains fp32
+    # weights of a bf16/fp16 checkpoint by default (`answer.predict.precision_warning`).
+    stored_dtype: str | None = None
     # Depth knob: `layers` identical blocks, and `with_layers(n)` the same model with n of
     # them (a config's num_hidden_layers); capture then records a few and replicates one
     # (`predictor.capture.replicate`). None: the model is captured in full.

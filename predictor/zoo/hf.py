@@ -256,6 +256,8 @@ def _bundle_from_config(
     common["fingerprint"] = json.dumps(
         {"task": task, "config": config.to_dict()}, sort_keys=True, default=str
     )
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    common["stored_dtype"] = str(stored).replace("torch.", "") if stored else None
     if task == "image-cls":
         # a composite config (SigLIP) keeps the image fields in its vision_config
         vision = getattr(config, "vision_config", None) or config

@@ -136,3 +136,24 @@ def test_the_rank_line_names_tensor_parallelism():
     assert _ranks({"sharding": "fsdp"}) == "fsdp"
     assert _ranks({"sharding": "none", "tp": 2, "dp": 1}) == "tp 2"
     assert _ranks({"sharding": "fsdp", "tp": 2, "dp": 4}) == "fsdp dp 4 x tp 2"
+
+
+def test_fp32_by_default_over_a_bf16_checkpoint_warns_and_a_chosen_precision_does_not(
+    tmp_path, capsys
+):
+    """transformers 5 loads a checkpoint's dtype by default: fp32 weights of a bf16
+    checkpoint, never chosen, are named with the two precisions that mean otherwise."""
+    from tiny_models import write_tiny_gpt2_config
+
+    path = write_tiny_gpt2_config(tmp_path / "cfg" / "config.json")
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"dtype": "bfloat16"}))
+    base = ["predict", "--model", f"hf:{path}", "--batch", "2", "--seq", "16", "--json"]
+    base += ["--method", "analytic", "--device", "a100-80gb"]
+    said = {}
+    for extra in ([], ["--precision", "fp32"], ["--precision", "bf16"]):
+        code, text, err = run_cli(capsys, *base, *extra)
+        assert code == 0, err
+        said[" ".join(extra)] = [w for w in json.loads(text)["warnings"] if "stored in" in w]
+    assert said["--precision fp32"] == said["--precision bf16"] == []
+    (warning,) = said[""]
+    assert "--precision bf16" in warning and "amp-bf16" in warning

@@ -194,3 +194,10 @@ def test_multi_head_latent_attention_captures_for_a_cuda_target(tmp_path):
     small = graph.storage_bytes(0, graph.resolve_sizes({"B": 2, "S": 16})).sum()
     large = graph.storage_bytes(0, graph.resolve_sizes({"B": 3, "S": 40})).sum()
     assert large > small
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+def test_a_bundle_knows_the_dtype_its_checkpoint_is_stored_in(tmp_path, key):
+    assert zoo.resolve(f"hf:{_hub_style_config(tmp_path, **{key: 'bfloat16'})}").stored_dtype == (
+        "bfloat16"
+    )
