@@ -22,6 +22,7 @@ from memgnn.serving.errors import install_error_handlers
 from memgnn.serving.metrics import Metrics
 from memgnn.serving.middleware import LimitsAndMetrics
 from memgnn.serving.models import load_model
+from memgnn.serving.ratelimit import RateLimiter
 from memgnn.serving.routes import (
     admin,
     explain,
@@ -103,6 +104,7 @@ def create_app(
     app.state.config, app.state.engine, app.state.load_model = config, None, load
     app.state.metrics = Metrics()
     app.state.replay = replay or ReplayWarmup()
+    app.state.snapshot_limiter = RateLimiter(config.snapshot_limit)
     app.add_middleware(
         LimitsAndMetrics, max_bytes=config.max_request_bytes, metrics=app.state.metrics
     )

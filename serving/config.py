@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memgnn.serving.ratelimit import RateLimit
 from memgnn.serving.writers import (
     TOKENS_ENV_VAR,
     check_distinct,
@@ -73,6 +74,10 @@ class ServeConfig:
       auto replays when its estimate fits; requests may pass their own);
       `warm_replay`: compile the replay JIT in the background at start (`serving.routing`);
       `replay_wait_s`: how long a request asking `method: replay` waits for it.
+    - `snapshot_limit`: `POST /snapshots/replay` needs no token (it stores nothing) and
+      is bounded instead (`serving.ratelimit`): per client (its writer name with a valid
+      token, else its address) `rate_per_min` calls a minute in bursts of `burst`, and
+      `slots` replays at once across clients; past either, 429 with Retry-After.
     """
 
     model: str | None = None
@@ -100,9 +105,14 @@ class ServeConfig:
     replay_budget_ms: float = 250.0
     warm_replay: bool = True
     replay_wait_s: float = 300.0
+    snapshot_limit: RateLimit = field(default_factory=RateLimit)
 
     def __post_init__(self) -> None:
         self.state_dir = Path(self.state_dir).expanduser()
+        if isinstance(self.snapshot_limit, dict):  # from_env's JSON
+            self.snapshot_limit = RateLimit(**self.snapshot_limit)
+        if not isinstance(self.snapshot_limit, RateLimit):
+            raise ValueError(f"snapshot_limit must be a RateLimit, got {self.snapshot_limit!r}")
         if self.token is not None and not self.token.strip():
             raise ValueError("token must not be blank (leave it unset for no auth)")
         if not isinstance(self.writers, dict):

@@ -10,6 +10,7 @@ not be able to poison the corrections every client gets.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -21,6 +22,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from memgnn.serving.captures import Work
 from memgnn.serving.config import ServeConfig
 from memgnn.serving.engine import Engine
+from memgnn.serving.ratelimit import Limited
 
 _bearer = HTTPBearer(auto_error=False, description="the server's token (write endpoints)")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
@@ -74,6 +76,24 @@ async def may_persist(request: Request, creds: Credentials) -> bool:
     return _writer(config, creds) is not None
 
 
+async def snapshot_slot(request: Request, creds: Credentials) -> Any:
+    """A slot for one snapshot replay (`serving.ratelimit`), held for the request: the
+    client is its writer name with a valid token, else its address; 429 past the limit."""
+    config = get_config(request)
+    writer = _writer(config, creds)
+    client = f"writer:{writer}" if writer else f"addr:{getattr(request.client, 'host', '?')}"
+    limiter = request.app.state.snapshot_limiter
+    try:
+        limiter.acquire(client)
+    except Limited as exc:
+        retry = str(max(1, math.ceil(exc.retry_after_s)))
+        raise HTTPException(429, f"snapshot replay: {exc.what}", {"Retry-After": retry}) from None
+    try:
+        yield
+    finally:
+        limiter.release()
+
+
 def new_work(request: Request) -> Work:
     """The request's budget for captures (time, count); cancelled when it disconnects."""
     config = get_config(request)
@@ -118,5 +138,6 @@ __all__ = [
     "get_config",
     "get_engine",
     "require_writer",
+    "snapshot_slot",
     "run_watched",
 ]

@@ -16,6 +16,7 @@ import os
 import uvicorn
 
 from memgnn.serving.config import TOKEN_ENV_VAR, ServeConfig, default_state_dir
+from memgnn.serving.ratelimit import RateLimit
 from memgnn.serving.server import GRACEFUL_S, Server
 from memgnn.serving.writers import (
     TOKENS_ENV_VAR,
@@ -86,6 +87,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="accept hf:PATH and py:module:factory specs (trusted clients only)",
     )
     g.add_argument(
+        "--snapshot-rate", type=float, default=None, metavar="PER_MIN",
+        help="POST /snapshots/replay (no token needed): calls a minute per client "
+        "(30, bursts of 8)",
+    )  # fmt: skip
+    g.add_argument(
+        "--snapshot-slots", type=int, default=None, metavar="N",
+        help="POST /snapshots/replay: replays at once across clients (1); past it, 429",
+    )  # fmt: skip
+    g.add_argument(
         "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
     )
 
@@ -122,6 +132,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         value = getattr(args, arg)
         if value is not None:
             fields[name] = value
+    given = {"rate_per_min": args.snapshot_rate, "slots": args.snapshot_slots}
+    fields["snapshot_limit"] = RateLimit(**{k: v for k, v in given.items() if v is not None})
     return ServeConfig(**fields)
 
 

@@ -4,7 +4,9 @@ allocator simulator (the `memgnn snapshot replay` report, same fields, all bytes
 The body is the snapshot file itself (pickle, plain or gzip), loaded by the data-only
 loader (`predictor.snapshot.loader`: no code is ever imported from it). Limits: the body
 (the server's `max_request_bytes`), the decompressed pickle (`max_decompressed_bytes`)
-and the number of trace events (`MAX_EVENTS`). Nothing is stored, so no token is needed.
+and the number of trace events (`MAX_EVENTS`). Nothing is stored, so no token is needed;
+instead each client's calls a minute and the replays at once are bounded (`ServeConfig.
+snapshot_limit`, `serving.ratelimit`): past them, 429 with Retry-After.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ from __future__ import annotations
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from memgnn.predictor.snapshot.loader import LoadLimits, loads_snapshot
 from memgnn.predictor.snapshot.whatif import replay_report
+from memgnn.serving.deps import snapshot_slot
 from memgnn.serving.graphs import RequestError
 from pydantic import BaseModel, ConfigDict
 
@@ -55,7 +58,10 @@ class SnapshotReplayOut(BaseModel):
     alloc_conf: str
 
 
-@router.post("/snapshots/replay", response_model=SnapshotReplayOut, openapi_extra=_SNAPSHOT_BODY)
+@router.post(
+    "/snapshots/replay", response_model=SnapshotReplayOut, openapi_extra=_SNAPSHOT_BODY,
+    dependencies=[Depends(snapshot_slot)],
+)  # fmt: skip
 async def replay_snapshot(
     request: Request,
     alloc_conf: Annotated[

@@ -25,13 +25,17 @@ from memgnn.predictor.spec.train import TrainSpec  # noqa: E402
 from memgnn.serving.app import create_app  # noqa: E402
 from memgnn.serving.config import ServeConfig  # noqa: E402
 from memgnn.serving.graphs import graph_bytes  # noqa: E402
+from memgnn.serving.ratelimit import RateLimit  # noqa: E402
 from memgnn.serving.store import Store  # noqa: E402
 from tiny_models import tiny_mlp_bundle  # noqa: E402
 
 TOKEN = "fuzz"
 _STATE = Path(tempfile.mkdtemp(prefix="memgnn-fuzz-"))
 atexit.register(shutil.rmtree, _STATE, True)
-_CONFIG = ServeConfig(model="analytic", state_dir=_STATE, token=TOKEN, max_request_bytes=1 << 20)
+_CONFIG = ServeConfig(
+    model="analytic", state_dir=_STATE, token=TOKEN, max_request_bytes=1 << 20,
+    snapshot_limit=RateLimit(rate_per_min=1e6, burst=10_000),  # fuzz the loader, not the limit
+)  # fmt: skip
 schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(_CONFIG))
 schema.config.generation.update(max_examples=25, deterministic=True, database="none")
 

@@ -11,12 +11,16 @@ from memgnn.predictor.snapshot.export import SnapshotRecorder
 from memgnn.predictor.snapshot.whatif import CONTRACT_FIELDS
 from memgnn.serving.app import create_app
 from memgnn.serving.config import ServeConfig
+from memgnn.serving.ratelimit import RateLimit
 
 
 @pytest.fixture(scope="module")
 def client(tmp_path_factory):
     state = tmp_path_factory.mktemp("serve-snap")
-    cfg = ServeConfig(model="analytic", state_dir=state, max_request_bytes=64 * 1024)
+    cfg = ServeConfig(
+        model="analytic", state_dir=state, max_request_bytes=64 * 1024,
+        snapshot_limit=RateLimit(rate_per_min=1e6, burst=10_000),  # the limit: its own test
+    )  # fmt: skip
     with TestClient(create_app(cfg)) as c:
         yield c
 
@@ -102,3 +106,21 @@ def test_nonsense_geometry_and_a_bomb_are_422_naming_what(client):
         r = client.post("/snapshots/replay", content=body)
         assert r.status_code == 422, r.text
         assert message in r.text
+
+
+def test_each_client_is_rate_limited_and_a_token_holder_counts_apart(tmp_path):
+    """No token needed, but bounded: a client's burst, then 429 with Retry-After; a valid
+    writer token is its own client (the limit is per writer, not per address)."""
+    cfg = ServeConfig(
+        model="analytic", state_dir=tmp_path, token="T",
+        snapshot_limit=RateLimit(rate_per_min=1, burst=2),
+    )  # fmt: skip
+    body = snapshot_bytes()
+    with TestClient(create_app(cfg)) as c:
+        codes = [c.post("/snapshots/replay", content=body).status_code for _ in range(3)]
+        assert codes == [200, 200, 429]
+        r = c.post("/snapshots/replay", content=body)
+        assert r.status_code == 429 and "calls a minute" in r.json()["detail"]
+        assert 1 <= int(r.headers["retry-after"]) <= 60
+        auth = {"authorization": "Bearer T"}
+        assert c.post("/snapshots/replay", content=body, headers=auth).status_code == 200
