@@ -15,7 +15,7 @@ from memgnn.cli.options import (
     train_spec,
 )
 from memgnn.predictor.capture.capture import CaptureConfig, capture
-from memgnn.predictor.capture.query import Progress
+from memgnn.predictor.capture.progress import Progress
 
 __all__ = ["add_arguments", "run"]
 

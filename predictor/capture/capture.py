@@ -26,6 +26,7 @@ from memgnn.predictor.capture.branches import (
     patched_cond,
 )
 from memgnn.predictor.capture.model_info import ModelInfo, describe, describe_bundle
+from memgnn.predictor.capture.progress import StepProgress
 from memgnn.predictor.capture.replicate import replicate
 from memgnn.predictor.capture.step import TrainingStep, step_plan
 from memgnn.predictor.emulate.attention import check_attention, unpacked_positions
@@ -161,6 +162,11 @@ class _Run:
         state = BranchState(prefix=prefix)
         warmup, recorded = step_plan(self.train)
         sharded = world is not None
+        # how far this path's steps have got, for the running Progress's estimate
+        self._progress = StepProgress(
+            None, steps=len(warmup or ()) + len(recorded),
+            micro=min(self.train.loop.grad_accum, 2),
+        )  # fmt: skip
         with self.mode:
             if self.make_step is not None:
                 step = self.make_step(self.cfg.target)
@@ -265,6 +271,7 @@ class _Run:
             observer = RecorderObserver(rec, on_forward=state.reset_counters)
         if rec.layers is not None:
             observer = PhaseReset(observer, rec.layers)
+        self._progress.inner, observer = observer, self._progress
         try:
             step.run(sizes, observer, steps=steps)
         except CaptureError:

@@ -1,22 +1,21 @@
 """A captured graph for a query's sizes, and how long captures say they are running.
 
 `graph_for_query` takes the cached capture of a model's step when its shape guards hold at
-the query's sizes, else captures at those sizes; `Progress` tells the user a long capture
-is still running; `unused_sizes` warns of a size no tensor depends on.
+the query's sizes, else captures at those sizes (`Progress`: how long it has left);
+`unused_sizes` warns of a size no tensor depends on.
 """
 
 from __future__ import annotations
 
 import logging
 import re
-import threading
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from memgnn.predictor.capture.branches import CaptureError
 from memgnn.predictor.capture.cache import capture_cached
 from memgnn.predictor.capture.capture import CaptureConfig, capture
+from memgnn.predictor.capture.progress import Progress
 from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.memory.base import GuardViolation
 from memgnn.predictor.spec.bundle import ModelBundle
@@ -24,7 +23,7 @@ from memgnn.predictor.spec.train import TrainSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Progress", "graph_for_query", "unused_sizes"]
+__all__ = ["graph_for_query", "unused_sizes"]
 
 
 def graph_for_query(
@@ -91,38 +90,3 @@ def unused_sizes(graph: StepGraph, names: Sequence[str]) -> list[str]:
 
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class Progress:
-    """`with Progress("capturing gpt2"):` says on the `predictor.progress` logger (the CLI
-    shows it on stderr) that the block is still running, after `first` seconds and then
-    every `every` seconds, and when it ends; a block faster than `first` says nothing."""
-
-    first = 2.0
-    every = 10.0
-
-    def __init__(self, what: str):
-        self.what = what
-        self._done = threading.Event()
-        self._t0 = 0.0
-        self._said = False
-
-    def _beat(self) -> None:
-        wait = self.first
-        while not self._done.wait(wait):
-            self._said = True
-            _progress.info("%s ... (%.0f s)", self.what, time.perf_counter() - self._t0)
-            wait = self.every
-
-    def __enter__(self) -> Progress:
-        self._t0 = time.perf_counter()
-        threading.Thread(target=self._beat, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        if self._said and exc[0] is None:
-            _progress.info("%s: done in %.1f s", self.what, time.perf_counter() - self._t0)
-
-
-_progress = logging.getLogger("predictor.progress")

@@ -169,7 +169,7 @@ def test_help_describes_the_tool_and_shows_defaults(capsys):
 
 
 def test_capture_progress_goes_to_stderr(user_dir, capsys, caplog, monkeypatch):
-    from memgnn.predictor.capture.query import Progress
+    from memgnn.predictor.capture.progress import Progress
 
     monkeypatch.setattr(Progress, "first", 0.0)  # this capture is quicker than 2 s
     caplog.set_level(logging.INFO, logger="predictor.progress")
