@@ -225,8 +225,39 @@ def _slice_backward(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     return out
 
 
+def _grouped_mm(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """`aten._grouped_mm` (MoE experts: transformers' `grouped_mm` experts) in any dtype.
+
+    The fake rule (`meta_grouped_mm`) refuses inputs other than bf16, as CUDA's fast
+    (CUTLASS, sm90+) path does; but `_grouped_mm_cuda` runs every other case by
+    `_grouped_mm_fallback` (a loop of mm into the output) and the CPU kernel takes fp32 too
+    (PyTorch v2.13 native/cuda/GroupedBlas.cpp, native/GroupedMMUtils.h), so an fp32 MoE
+    trains where its capture failed. Its output is what `create_grouped_gemm_output_tensor`
+    makes in either case: the fake rule's sizes, the last dimension's stride padded to 16
+    bytes, in `out_dtype` (default: the inputs')."""
+    a, b = args[0], args[1]
+    if a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16:
+        out = func(*args, **kwargs)
+    else:
+        rest = dict(zip(("offs", "bias", "out_dtype"), args[2:])) | kwargs
+        dtype = rest.get("out_dtype") or a.dtype
+        bias = rest.get("bias")
+        sized = func(
+            a.to(torch.bfloat16), b.to(torch.bfloat16), offs=rest.get("offs"),
+            bias=None if bias is None else bias.to(torch.bfloat16),
+        )  # fmt: skip
+        align = max(16 // torch.empty((), dtype=dtype).element_size(), 1)
+        shape = list(sized.shape)
+        padded = (shape[-1] + align - 1) // align * align
+        stride = [padded, 1] if len(shape) == 2 else [shape[1] * padded, padded, 1]
+        out = torch.empty_strided(shape, stride, dtype=dtype, device=a.device)
+    rec.record_op("_grouped_mm.default", (args, kwargs), out)
+    return out
+
+
 def eager_hooks() -> dict[Any, Any]:
-    """Dispatch hooks that keep what eager indexing skips out of a symbolic capture.
+    """Dispatch hooks for both targets: `_grouped_mm` in every dtype its kernels take, and
+    what eager indexing skips kept out of a symbolic capture.
 
     Python indexing with an open slice (`x[:, :]`, `x[:, 0:]`) returns the tensor itself in
     eager mode when the sizes are concrete: no slice op, no SliceBackward, so no gradient
@@ -235,7 +266,11 @@ def eager_hooks() -> dict[Any, Any]:
     gradient-sized buffer eager never allocates (e.g. HF causal LMs' `logits_to_keep=0`).
     Here an open slice becomes an alias and its backward passes the gradient through.
     """
-    return {aten.slice.Tensor: _slice, aten.slice_backward.default: _slice_backward}
+    return {
+        aten.slice.Tensor: _slice,
+        aten.slice_backward.default: _slice_backward,
+        aten._grouped_mm.default: _grouped_mm,
+    }
 
 
 def _baddbmm(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:

@@ -200,3 +200,31 @@ def test_polar_keeps_batch_and_sequence_symbolic():
         nbytes = graph.storage_bytes(0, graph.resolve_sizes({"B": b, "S": s}))
         for node in polar:  # one (1, S, 4) complex64 output each
             assert [int(nbytes[u]) for u in np.flatnonzero(alloc == node)] == [s * 4 * 8]
+
+
+def _tiny_mixtral(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from memgnn.predictor import zoo
+
+    transformers.AutoConfig.for_model(
+        "mixtral", num_hidden_layers=1, hidden_size=32, intermediate_size=64,
+        num_attention_heads=4, num_key_value_heads=2, vocab_size=64, num_local_experts=4,
+        num_experts_per_tok=2,
+    ).save_pretrained(str(tmp_path))  # fmt: skip
+    return zoo.resolve(f"hf:{tmp_path}/config.json")
+
+
+@pytest.mark.slow  # a real and a simulated step, ~10 s
+def test_an_fp32_moe_captures_and_its_sim_equals_a_real_cpu_step(tmp_path):
+    """transformers' grouped_mm experts in fp32: the fake rule refused them (bf16 only),
+    the kernels run them (CPU here; CUDA by its fallback); the step as the CPU runs it."""
+    from memgnn.dataset.profile import ProfileConfig, profile
+
+    bundle = _tiny_mixtral(tmp_path)
+    train = TrainSpec.of(steps="first")
+    sizes = {"B": 2, "S": 16}
+    real = profile(bundle, train, sizes, ProfileConfig(backend="cpu"))
+    sim = profile(bundle, train, sizes, ProfileConfig(backend="sim", device="cpu"))
+    assert sim.peak_allocated_bytes == real.peak_allocated_bytes
+    graph = capture(bundle, train, CaptureConfig(target="cuda"))
+    assert "_grouped_mm.default" in list(graph.paths[0].nodes["op"])
