@@ -116,7 +116,7 @@ def compile_lines(train: TrainSpec) -> list[str]:
     """What the answer assumed of `--compile` (nothing when the step is eager)."""
     from memgnn.predictor.emulate.compile import assumption
 
-    text = assumption(train.kernels.compile)
+    text = assumption(train.kernels.compile, train.parallel.sharding)
     return [] if text is None else [text]
 
 

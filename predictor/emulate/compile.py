@@ -12,6 +12,15 @@ recomputes the rest (`Region`).
 What inductor then allocates is approximated (`predictor.emulate.inductor.run_fused`:
 fused intermediates are no allocations). The real step (not fake) runs `torch.compile`
 itself.
+
+Under `--sharding fsdp` (FSDP2) or `ddp` each block is compiled first and wrapped after, as
+torchtitan applies compile before `fully_shard`: the wrapper's hooks (FSDP2's all-gather
+before the block's forward and backward, its reshard and reduce-scatter after; DDP's
+gradient hooks) run outside the region, whose parameters are the unsharded ones FSDP2 puts
+on the module while it runs. The region saves what it saves on one GPU; a saved parameter
+(or a view of it) shares the unsharded storage FSDP2 frees at reshard. Checked against a
+real 2-rank gloo job with inductor-compiled blocks (tests/predictor/emulate/
+test_compile_sharded.py).
 """
 
 from __future__ import annotations
@@ -229,11 +238,17 @@ def _torch_before(major: int, minor: int) -> bool:
     return (int(parts[0]), int(parts[1])) < (major, minor)
 
 
-def assumption(mode: str) -> str | None:
+def assumption(mode: str, sharding: str = "none") -> str | None:
     """What an answer under `--compile` assumed (None: eager)."""
     if mode == "none":
         return None
     where = "the whole model" if mode == "full" else "each repeated block"
+    wrapped = (
+        f"; each block compiled, then wrapped ({_WRAPPERS[sharding]}): the wrapper's hooks "
+        "run outside the compiled region, which traces the unsharded parameters"
+        if sharding in _WRAPPERS
+        else ""
+    )
     return (
         f"compile: torch.compile (inductor) of {where}; modelled: what AOTAutograd's min-cut "
         "partitioner saves for backward and recomputes (run on the capture); approximate: "
@@ -241,8 +256,14 @@ def assumption(mode: str) -> str | None:
         "and in-kernel scratch not modelled; CUDA and CPU code generation assumed alike); "
         "a region AOTAutograd cannot trace compiles its child modules (a graph break); "
         "a checkpointed block compiled recomputes its whole forward in backward but for "
-        "random ops (dropout), whose values it saves"
+        "random ops (dropout), whose values it saves" + wrapped
     )
+
+
+_WRAPPERS = {
+    "fsdp": "FSDP2 fully_shard per block, then the root, as torchtitan",
+    "ddp": "DistributedDataParallel",
+}
 
 
 def apply_compile(

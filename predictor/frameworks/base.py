@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from memgnn.predictor.spec.train import BY_NAME
+from memgnn.predictor.spec.train import BY_NAME, TrainSpec
 
 __all__ = [
     "FORMATS",
@@ -249,29 +249,28 @@ class Builder:
     def compile_switch(self, key: str, mode: str, what: str) -> None:
         """The file's torch.compile switch `key`, which compiles the model or each block
         (`mode`, `what`: how the framework does it): off, or `--compile MODE` where memgnn models
-        it with the other options read (`predictor.emulate.compile.check_compile`), else a
+        it with the other options read (`TrainSpec`'s `_check_compile`), else a
         warning that the answer is the eager step's."""
         value = self.flat[key]
         if is_off(value):
             self.read(key, "off")
             return
-        blocking = {
-            "checkpointing": "activation checkpointing",
-            "sharding": "sharding",
-            "quantize_base": "a quantised base",
-            "offload_activations": "activation offloading",
-        }
-        opts = self.reading.options
-        if mode == "blocks" and opts.get("checkpointing") != "hf":
-            del blocking["checkpointing"]  # each block compiled over its checkpoint: modelled
-        with_ = [w for dest, w in blocking.items() if opts.get(dest, "none") != "none"]
-        if with_:
-            self.warn(
-                f"{key}: {_show(value)}: torch.compile with {', '.join(with_)} is not modelled "
-                "yet; the answer is the eager step's",
-                key=key,
-            )
-            return
+        # what --compile is modelled with is said in one place: TrainSpec's _check_compile
+        options = {k: v for k, v in self.reading.options.items() if k in BY_NAME}
+        if "gpus" not in options:  # the query's: as many as the parallelism read needs
+            tp = int(options.get("tp", 1))
+            options["gpus"] = tp if options.get("sharding", "none") == "none" else 8 * tp
+        refused = f"--compile {mode} with "
+        try:
+            TrainSpec.of(**(options | {"compile": mode}))
+        except ValueError as exc:  # another option's own error is the reading's to report
+            if str(exc).startswith(refused):
+                self.warn(
+                    f"{key}: {_show(value)}: torch.compile with {str(exc)[len(refused) :]}; "
+                    "the answer is the eager step's",
+                    key=key,
+                )
+                return
         self.read(key, self.option("compile", mode, f"{key}: {_show(value)}") + f" ({what})")
 
     def size(self, symbol: str, value: Any, source: str) -> str:

@@ -888,7 +888,9 @@ def _check_float8(train: TrainSpec) -> None:
 
 
 def _check_compile(train: TrainSpec) -> None:
-    """The options `--compile` is modelled with (`predictor.emulate.compile`)."""
+    """The options `--compile` is modelled with (`predictor.emulate.compile`); checked
+    against real compiled CPU steps (tests/predictor/emulate/test_compile.py, and for DDP
+    and FSDP2 over 2 gloo ranks, test_compile_sharded.py)."""
     mode = train.kernels.compile
     if mode == "none":
         return
@@ -897,13 +899,22 @@ def _check_compile(train: TrainSpec) -> None:
         why.append("--checkpointing hf")
     elif mode == "full" and train.activations.checkpointing != "none":
         why.append(f"--checkpointing {train.activations.checkpointing} (use --compile blocks)")
-    if train.parallel.sharding != "none":
-        why.append(f"--sharding {train.parallel.sharding}")
+    sharding = train.parallel.sharding
+    if sharding != "none":  # each block compiled, then wrapped: DDP and FSDP2 are checked
+        if mode == "full" or sharding not in ("ddp", "fsdp"):
+            why.append(f"--sharding {sharding} (--compile blocks runs with ddp and fsdp)")
+        else:
+            if train.activations.checkpointing != "none":
+                why.append(f"--checkpointing {train.activations.checkpointing} and --sharding")
+            if train.adapter.method != "none":
+                why.append(f"--peft {train.adapter.method} and --sharding")
+            if train.parallel.grad_sync != "every":
+                why.append(f"--grad-sync {train.parallel.grad_sync}")
     if train.quant.base != "none":
         why.append(f"--quantize-base {train.quant.base}")
     if train.offload.activations != "none":
         why.append(f"--offload-activations {train.offload.activations}")
-    if train.numerics.float8 != "none":
+    if train.numerics.float8 != "none":  # inductor realises the casts' inputs (docs/how-to)
         why.append(f"--float8 {train.numerics.float8}")
     if train.parallel.tp > 1:
         why.append(f"--tp {train.parallel.tp}")

@@ -194,12 +194,14 @@ def test_compile_options_are_checked():
     for options in (
         {"compile": "full", "checkpointing": "full"},
         {"compile": "blocks", "checkpointing": "hf"},
-        {"compile": "blocks", "sharding": "fsdp", "gpus": 2},
+        {"compile": "blocks", "sharding": "hsdp", "gpus": 4},
         {"compile": "blocks", "offload_activations": "save_on_cpu"},
     ):
         with pytest.raises(ValueError, match="is not modelled yet"):
             TrainSpec.of(**options)
     TrainSpec.of(compile="blocks", checkpointing="blocks:1")  # each block over its checkpoint
+    for sharding in ("fsdp", "ddp"):  # test_compile_sharded.py
+        TrainSpec.of(compile="blocks", sharding=sharding, gpus=2)
 
 
 class Branchy(nn.Module):

@@ -401,6 +401,6 @@ def test_torch_compile_reads_as_the_whole_model_compiled(write):
     r = read_config(write("args.json", json.dumps(args)))
     assert "compile" not in r.options
     assert any(
-        w.startswith("torch_compile: true: torch.compile with activation checkpointing")
+        w.startswith("torch_compile: true: torch.compile with --checkpointing hf is not")
         for w in r.warnings
     )

@@ -345,3 +345,21 @@ filter_fqns = ["output"]
     bad = text.replace('"rowwise"', '"mxfp8"')
     with pytest.raises(ValueError, match="recipe_name"):
         read_config(write("bad.toml", bad))
+
+
+def test_compile_with_fsdp_is_each_block_compiled_and_float8_keeps_it_eager(write):
+    """torchtitan's apply_compile then apply_fsdp: `--compile blocks --sharding fsdp`
+    (tests/predictor/emulate/test_compile_sharded.py); with the float8 converter the
+    answer is the eager step's, as `--compile` with `--float8` is not modelled."""
+    text = LLAMA3_8B.replace("[compile]\nenable = false", "[compile]\nenable = true")
+    text = text.replace('mode = "selective"', 'mode = "none"')
+    r = read_config(write("compiled.toml", text))
+    assert (r.options["compile"], r.options["sharding"]) == ("blocks", "fsdp")
+    assert not any("torch.compile" in w for w in r.warnings)
+    text = text.replace("[model]\n", '[model]\nconverters = ["float8"]\n')
+    r = read_config(write("float8.toml", text))
+    assert "compile" not in r.options and r.options["float8"] == "tensorwise"
+    assert any(
+        w.startswith("compile.enable: true: torch.compile with --float8 tensorwise is not")
+        for w in r.warnings
+    ), r.warnings

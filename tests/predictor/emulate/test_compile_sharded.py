@@ -1,0 +1,168 @@
+"""`--compile blocks` with `--sharding fsdp` (FSDP2) and `ddp`: each block compiled, then
+wrapped (torchtitan's order), so the wrappers' hooks run outside the compiled region and it
+traces the unsharded parameters. The capture (a `Region` per block over the fake process
+group) against a real 2-rank gloo job whose blocks `torch.compile` really compiles
+(inductor's CPU backend), torch.profiler's allocator peak on each rank."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import multiprocessing as mp
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+from memgnn.predictor.capture.capture import CaptureConfig, capture
+from memgnn.predictor.memory.analytic import AnalyticModel
+from memgnn.predictor.memory.base import Query
+from memgnn.predictor.spec.train import TrainSpec
+
+log = logging.getLogger(__name__)
+
+SIZES = {"B": 3, "S": 40}  # an odd batch, not the trace sizes (B=4, S=64)
+# inductor's CPU step allocates 1,280 B more than the capture at these sizes, unsharded
+# too (`--compile blocks` alone: 3,647,356 real, 3,646,076 predicted): its in-kernel
+# scratch, which `predictor.emulate.inductor` does not model
+SLACK = 2048
+
+
+@functools.cache
+def _llama():
+    from memgnn.predictor.zoo.resolve import resolve
+
+    return resolve("llama")
+
+
+@functools.cache
+def _peak(**kwargs: Any) -> tuple[int, dict[str, int]]:
+    train = TrainSpec.of(steps="steady", **kwargs)
+    graph = capture(_llama(), train, CaptureConfig(target="cpu"))
+    answer = AnalyticModel().predict(graph, [Query(sizes=SIZES, device="cpu")])[0]
+    return answer.predicted_peak_bytes, answer.breakdown["categories"]
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"sharding": "hsdp", "gpus": 4}, "--sharding hsdp"),
+        ({"sharding": "zero1"}, "--sharding zero1"),
+        ({"sharding": "zero2"}, "--sharding zero2"),
+        ({"sharding": "zero3"}, "--sharding zero3"),
+        ({"sharding": "fsdp1"}, "--sharding fsdp1"),
+        ({"sharding": "fsdp", "compile": "full"}, "--compile full with --sharding fsdp"),
+        ({"sharding": "fsdp", "checkpointing": "full"}, "--checkpointing full and --sharding"),
+        ({"sharding": "ddp", "peft": "lora"}, "--peft lora and --sharding"),
+        ({"sharding": "fsdp", "grad_sync": "last"}, "--grad-sync last"),
+        ({"sharding": "fsdp", "float8": "rowwise"}, "--float8 rowwise"),
+        ({"float8": "tensorwise"}, "--float8 tensorwise"),
+    ],
+)
+def test_what_is_not_checked_stays_refused(options, needle):
+    options = {"compile": "blocks", "gpus": 2, **options}
+    if "sharding" not in options:
+        options["gpus"] = 1
+    with pytest.raises(ValueError, match=f"{needle}.*is not modelled yet"):
+        TrainSpec.of(**options)
+    TrainSpec.of(compile="blocks", sharding="fsdp", gpus=2, fsdp_reshard_after_forward=False)
+
+
+@pytest.mark.slow  # four captures, ~40 s on 2 shared cores
+def test_a_sharded_compiled_block_holds_what_an_unsharded_one_holds():
+    """Sharding changes the parameters, gradients and buffers around the block, not what
+    the compiled block saves: compiling saves the same activation bytes under FSDP2 as on
+    one GPU, and the parameters and collective buffers are FSDP2's eager ones."""
+    one, one_eager = _peak(compile="blocks")[1], _peak()[1]
+    fsdp, fsdp_eager = (
+        _peak(gpus=2, sharding="fsdp", compile="blocks")[1],
+        _peak(gpus=2, sharding="fsdp")[1],
+    )
+    saved = one_eager["activation"] - one["activation"]
+    assert saved > 0
+    assert fsdp_eager["activation"] - fsdp["activation"] == saved
+    for category in ("parameter", "optimizer_state", "comm"):
+        assert fsdp[category] == fsdp_eager[category]
+
+
+# ---- a real 2-rank gloo job, its blocks compiled by torch.compile ---------------------------
+
+
+def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
+    """One rank on CPU over gloo: memgnn's TrainingStep on real tensors (real
+    `torch.compile` per block, then the real wrapper); torch.profiler's allocator events
+    from the model's build on, the peak read over the steady step. memgnn's tensor-level
+    recorder is a dispatch mode, and inductor's generated code allocates its buffers
+    outside the dispatcher (`empty_strided_cpu`): the allocator is what can tell."""
+    from memgnn.predictor.capture.step import TrainingStep
+    from memgnn.predictor.emulate.parallel import World
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    train = TrainSpec.of(steps="steady", **options)
+    world = World(size=2, rank=rank, mesh=init_device_mesh("cpu", (2,), mesh_dim_names=("dp",)))
+    torch.manual_seed(0)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step = TrainingStep(_llama(), train, device=torch.device("cpu"), target="cpu", world=world)
+        step.run(SIZES, steps=(0,))  # compiles
+        with record_function("steady"):
+            step.run(SIZES, steps=(1,))
+    events = prof.profiler.kineto_results.events()
+    start = min(e.start_ns() for e in events if e.name() == "steady")
+    live = peak = 0
+    for e in sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns()):
+        live += e.nbytes()
+        peak = max(peak, live) if e.start_ns() >= start else peak
+    Path(out, f"rank{rank}.json").write_text(json.dumps(peak))
+    dist.destroy_process_group()
+
+
+def _real_peaks(tmp: Path, options: dict[str, Any]) -> list[int]:
+    from memgnn.serving.client import free_port
+
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp), options)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(900)
+        assert p.exitcode == 0
+    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow  # two spawned ranks compiling two blocks, 1-3 min each on 2 shared cores
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"sharding": "fsdp"},
+        {"sharding": "fsdp", "fsdp_reshard_after_forward": False},
+        {"sharding": "ddp"},
+    ],
+    ids=["fsdp", "fsdp-no-reshard", "ddp"],
+)
+def test_compiled_blocks_rank_peak_matches_a_real_gloo_run(tmp_path, options):
+    """Rank 0's predicted steady-step peak against the real job's ranks, within SLACK (the
+    CPU compiled step's own unmodelled bytes, 1,280 B here on every rank of every
+    sharding, as unsharded; measured 3,152,636 / 3,151,356 fsdp, 3,334,396 / 3,333,116
+    fsdp without reshard, 4,273,276 / 4,271,996 ddp). gloo's worker thread sometimes frees
+    a staging copy after the main thread's next allocations (a rank then reads one
+    all-gather or bucket more): the lowest rank, over up to three runs."""
+    options = {"gpus": 2, "compile": "blocks", **options}
+    ours = _peak(**options)[0]
+    eager = _peak(**{**options, "compile": "none"})[0]
+    assert ours < eager - 100_000  # compiling the blocks matters at this size
+    real: list[int] = []
+    for _attempt in range(3):
+        real += _real_peaks(tmp_path, options)
+        if 0 <= min(real) - ours <= SLACK:
+            break
+    log.info("%s: predicted %d, eager %d, real ranks %s", options, ours, eager, real)
+    assert 0 <= min(real) - ours <= SLACK, (ours, real)
+    assert not dist.is_initialized()
