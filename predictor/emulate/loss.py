@@ -61,9 +61,7 @@ class ChunkedCrossEntropy(nn.Module):
     fp32, cross entropy summed over its labelled tokens."""
 
     def forward(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(
-            logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum"
-        )
+        return F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 def _base(model: nn.Module) -> nn.Module:
