@@ -32,7 +32,10 @@ def _profile(train: TrainSpec, backend: str, sizes=SIZES):
     return profile(_llama(), train, sizes, config)
 
 
-@pytest.mark.parametrize(("loss", "seq"), [("chunked-ce:8", 64), ("chunked-ce:3", 21)])
+@pytest.mark.parametrize(
+    ("loss", "seq"),
+    [pytest.param("chunked-ce:8", 64, marks=pytest.mark.slow), ("chunked-ce:3", 21)],
+)
 def test_the_chunked_loss_equals_a_real_cpu_step(loss, seq):
     train = TrainSpec.of(loss=loss, precision="bf16", optimizer="sgd")
     sizes = {"B": 2, "S": seq}
@@ -48,10 +51,10 @@ def test_chunking_lowers_the_forward_peak_by_the_upcast_logits():
     log_softmax (4E) + one chunk's upcast (4E/N). Lower by 4E(1 - 1/N) bytes, to within
     the per-chunk labels and loss scalars (measured: 1,064 B at N=8, 1,048 B at N=4)."""
     peaks = {}
-    for loss in ("model", "chunked-ce:8", "chunked-ce:4"):
+    for loss in ("model", "chunked-ce:8"):
         train = TrainSpec.of(loss=loss, precision="bf16", optimizer="sgd")
         peaks[loss] = _profile(train, "sim").breakdown["tensor_phase_peaks"]
-    for n in (8, 4):
+    for n in (8,):
         saved = peaks["model"]["forward"] - peaks[f"chunked-ce:{n}"]["forward"]
         assert saved == pytest.approx(4 * LOGITS * (1 - 1 / n), abs=2048)
     # backward: the model's own loss holds its fp32 log_softmax, nll_loss's gradient and
@@ -59,6 +62,7 @@ def test_chunking_lowers_the_forward_peak_by_the_upcast_logits():
     assert peaks["chunked-ce:8"]["backward"] < peaks["model"]["backward"] - 4 * LOGITS
 
 
+@pytest.mark.slow
 def test_the_compiled_chunk_keeps_no_fp32_logits():
     """Compiled per chunk (torchtune's compile_loss): AOTAutograd's partitioner saves the
     chunk's bf16 logits (alive anyway) and recomputes the upcast and softmax in backward,
