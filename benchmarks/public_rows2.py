@@ -24,7 +24,8 @@ REASONS = {
     "pp": "pipeline parallel",
     "fsdp2_mp": "FSDP2 MixedPrecisionPolicy (fp32 sharded params, bf16 compute) not modelled",
     "selective_ac": "per-op selective activation checkpointing not modelled",
-    "chunked_ce": "chunked cross entropy (CEWithChunkedOutputLoss) not modelled",
+    "compile_offload": "torch.compile of the layers with activation offloading (torchtune's "
+    "OffloadActivations hooks around compiled layers) not modelled",
     "torchao_nf4": "torchao NF4Tensor base weights (memgnn models bitsandbytes' nf4)",
     "cpu_offload": "CPU offload of params (FSDP) not modelled",
     "timm": "timm model (not in the catalog)",
@@ -112,6 +113,25 @@ def _dino(id: str, **kw) -> Row:
     )  # fmt: skip
 
 
+TT_NOV_NOTE = (
+    "; the table logs peak active bytes, read as allocated (the same bytes outside pending "
+    "cross-stream frees); A100 80GB assumed"
+)
+
+
+def _tt_nov(id: str, config: str, step: str) -> Row:
+    """A step of torchtune's cumulative Nov 2024 optimization-flags table (Llama-3.2-3B,
+    full_finetune_single_device, packed alpaca at 4096, batch 2, bf16): the config file
+    the step's flags make (benchmarks/configs/torchtune/)."""
+    return row(
+        id=id, model="hf:meta-llama/Llama-3.2-3B", batch=2, seq=4096, config=CONFIGS + config,
+        device="a100-80gb", metric="allocated", unit="GiB", approximate=True, method="replay",
+        source=TT_NOV, notes=TORCHTUNE_NOTE + TT_NOV_NOTE + f"; the cumulative table's "
+        f"'{step}' step (see the config file); compile: each decoder layer compiled, the "
+        "loss's compile modelled only for the chunked cross entropy (per chunk)",
+    )  # fmt: skip
+
+
 AOF8 = ("compile", "selective_ac", "fsdp2_mp")
 AOF8_NOTE = (
     "the same nominal config logs 47.65 / 39.09 / 33.71 GiB on H100 / MI300X / B200 (versions)"
@@ -139,14 +159,16 @@ ROWS_2: list[Row] = [
         notes=TORCHTUNE_NOTE + "; the table logs peak active bytes, read as allocated (the "
         "same bytes outside pending cross-stream frees); the cumulative table's '+ Packed "
         "Dataset' step: every later flag off (see the config file); A100 80GB assumed"),
-    not_row("ttune11", "compile"),
-    not_row("ttune12", "compile", "chunked_ce"),
-    not_row("ttune13", "compile", "chunked_ce"),
-    not_row("ttune14", "compile", "chunked_ce"),
-    not_row("ttune15", "compile", "chunked_ce"),
-    not_row("ttune16", "compile", "chunked_ce"),
-    not_row("ttune17", "compile", "chunked_ce"),
-    not_row("ttune18", "compile", "chunked_ce", "torchao_nf4"),
+    *[_tt_nov(id, f"llama3_2_3B_full_single_device_{name}.yaml", step)
+      for id, name, step in (
+          ("ttune11", "compile", "+ Compile"),
+          ("ttune12", "chunked_ce", "+ Chunked Cross Entropy"),
+          ("ttune13", "ac", "+ Activation Checkpointing"),
+          ("ttune14", "opt_in_bwd", "+ Fuse optimizer step into backward"))],
+    not_row("ttune15", "compile_offload"),
+    not_row("ttune16", "compile_offload"),
+    not_row("ttune17", "compile_offload"),
+    not_row("ttune18", "compile_offload", "torchao_nf4"),
     not_row("ttune19", "compile", "torchao_nf4"),
     row(id="ttune20", model="hf:meta-llama/Llama-2-7b-hf", batch=4, seq=2048,
         config=CONFIGS + "llama2_7B_lora_single_device.yaml",

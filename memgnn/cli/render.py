@@ -113,11 +113,16 @@ def loop_line(train: TrainSpec) -> str:
 
 
 def compile_lines(train: TrainSpec) -> list[str]:
-    """What the answer assumed of `--compile` (nothing when the step is eager)."""
+    """What the answer assumed of `--compile` and `--loss` (nothing when the step is eager
+    with the model's own loss)."""
+    from memgnn.predictor.emulate import loss
     from memgnn.predictor.emulate.compile import assumption
 
-    text = assumption(train.kernels.compile, train.parallel.sharding)
-    return [] if text is None else [text]
+    texts = [
+        assumption(train.kernels.compile, train.parallel.sharding),
+        loss.assumption(train.kernels.loss, train.kernels.compile != "none"),
+    ]
+    return [t for t in texts if t is not None]
 
 
 def verdict_line(verdict: dict[str, Any], what: str) -> str:

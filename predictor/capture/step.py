@@ -21,6 +21,7 @@ import torch
 from memgnn.predictor.emulate.attention import apply_attention, check_attention
 from memgnn.predictor.emulate.compile import apply_compile
 from memgnn.predictor.emulate.float8 import apply_float8, check_float8
+from memgnn.predictor.emulate.loss import apply_chunked_loss
 from memgnn.predictor.emulate.offload import apply_activation_offload
 from memgnn.predictor.emulate.offload_optim import CPUOffloadOptimizer
 from memgnn.predictor.emulate.optim8bit import AdamW8bit
@@ -298,6 +299,12 @@ class TrainingStep:
         )
         if self.compiled:
             _no_kv_cache(model)
+        # --loss chunked-ce:N: the head per chunk, cross entropy per chunk (emulate.loss)
+        self.loss_fn = bundle.loss
+        n_chunks = train.kernels.loss_chunks
+        if n_chunks is not None:
+            compiled_loss = train.kernels.compile != "none"
+            self.loss_fn = apply_chunked_loss(model, n_chunks, compiled=compiled_loss, fake=fake)
         if world is not None:
             hold_quant_state(model)  # bitsandbytes' quant state is no module state
             model = self.model = parallelize(model, blocks, train, world)
@@ -415,7 +422,7 @@ class TrainingStep:
         obs.on_phase("forward", step, micro)
         with gradient_sync(self.model, self.train, last):
             with self._autocast():
-                loss = self.bundle.loss(self.model, inputs)
+                loss = self.loss_fn(self.model, inputs)
                 # the loop rebinds `loss`: the previous micro-step's goes now (its outputs
                 # went when the forward returned, `_hold_outputs`)
                 self._held_loss = None

@@ -35,8 +35,10 @@ Key (default) -> memgnn:
   activation checkpoint where enabled; the loss's own compile is not modelled: it runs
   eager), unless read with an option --compile is not modelled with (sharding, activation
   offloading): then a warning, the eager step
-Not modelled (warnings): ac_mode/ac_option (selective), chunked losses
-(CEWithChunkedOutputLoss, LinearCrossEntropyLoss), fsdp_cpu_offload, tensor/context
+- loss._component_: torchtune.modules.loss.CEWithChunkedOutputLoss, loss.num_output_chunks
+  (8) -> --loss chunked-ce:N (the recipe's model.set_num_output_chunks(N))
+Not modelled (warnings): ac_mode/ac_option (selective), LinearCrossEntropyLoss, the compile
+of an unchunked loss (it runs eager), fsdp_cpu_offload, tensor/context
 parallel dims. torchtune runs its own model code (TransformerDecoder): the answer captures
 transformers' class of the same shapes.
 """
@@ -456,14 +458,25 @@ def _optimizer(b: Builder) -> None:
 
 
 def _loss(b: Builder) -> None:
+    """CEWithChunkedOutputLoss (num_output_chunks, default 8) -> --loss chunked-ce:N (the
+    recipe sets the model's output chunks from it); other losses: the model's own."""
     key = "loss._component_"
     component = str(b.get(key) or "")
     name = component.rpartition(".")[2]
-    if name in ("CEWithChunkedOutputLoss", "LinearCrossEntropyLoss"):
+    if name == "CEWithChunkedOutputLoss":
+        chunks_key = "loss.num_output_chunks"
+        n = b.number(chunks_key) if b.given(chunks_key) else 8
+        became = b.option("loss", f"chunked-ce:{n}", f"{key}: {component}")
+        b.read(key, became + " (the output head and fp32 cross entropy per chunk)")
+        if b.has(chunks_key):
+            b.read(chunks_key, became)
+        else:
+            b.default(chunks_key, 8, f"{became} (the class's default)")
+    elif name == "LinearCrossEntropyLoss":
         b.warn(
-            f"{key}: {component}: a chunked loss (the output projection and cross entropy "
-            "in chunks) is not modelled yet; the answer computes the full B x S x vocab "
-            "logits",
+            f"{key}: {component}: a chunked linear cross entropy (output projection and cross "
+            "entropy fused per chunk) is not modelled yet; the answer computes the full "
+            "B x S x vocab logits",
             key=key,
         )
     elif component:

@@ -4,7 +4,7 @@
       numerics     NumericsSpec(precision, float8, float8_filter_fqns)
       optim        OptimSpec(name, impl, lr, set_to_none)
       activations  ActivationSpec(checkpointing)
-      kernels      KernelSpec(attention)
+      kernels      KernelSpec(attention, compile, loss)
       adapter      AdapterSpec(method, r, alpha, dropout, targets, dtype, args, config)
       quant        QuantSpec(base, bnb_version, quant_storage)
       parallel     ParallelSpec(gpus, sharding, reshard_after_forward, hsdp_shard_size, grad_sync,
@@ -81,6 +81,8 @@ __all__ = [
 _CKPT_RE = re.compile(r"^(none|full|hf|blocks:(\d+))$")
 # --float8-filter-fqns: comma-separated module-name substrings (may be empty)
 _FQNS_PATTERN = r"^([A-Za-z0-9_.]+(,[A-Za-z0-9_.]+)*)?$"
+# --loss: the model's own, or torchtune's chunked cross entropy over N chunks
+_LOSS_PATTERN = r"^(model|chunked-ce:([0-9]{1,4}))$"
 
 
 def _choice(value: Any, choices: tuple, what: str) -> None:
@@ -223,9 +225,28 @@ class KernelSpec:
         "block, regional compilation as torchtune/torchtitan apply it)",
     )  # fmt: skip
 
+    # how the loss is computed from the model's last hidden states (`emulate.loss`)
+    loss: str = opt(
+        "model", name="loss", pattern=_LOSS_PATTERN, max_length=24,
+        help="model: the model's own loss; chunked-ce:N: torchtune's CEWithChunkedOutputLoss "
+        "(num_output_chunks=N): the output head on each of N chunks of the sequence, cross "
+        "entropy per chunk upcast to fp32 and summed (under --compile blocks each chunk's "
+        "cross entropy is compiled, as torchtune's compile_loss); causal LMs",
+    )  # fmt: skip
+
     def __post_init__(self) -> None:
         _choice(self.attention, ATTENTIONS, "--attention")
         _choice(self.compile, COMPILES, "--compile")
+        m = re.fullmatch(_LOSS_PATTERN, self.loss)
+        if m is None or (m[2] is not None and not 1 <= int(m[2]) <= 1024):
+            raise ValueError(
+                f"--loss {self.loss!r}: expected model or chunked-ce:N (N chunks, 1..1024)"
+            )
+
+    @property
+    def loss_chunks(self) -> int | None:
+        """--loss chunked-ce:N -> N; None: the model's own loss."""
+        return None if self.loss == "model" else int(self.loss.split(":", 1)[1])
 
 
 @dataclass(kw_only=True, slots=True)
@@ -797,6 +818,7 @@ class TrainSpec:
             )
         _check_offload(self)
         _check_compile(self)
+        _check_loss(self)
 
     def _check_tp(self) -> None:
         """--tp with what memgnn has not run under tensor parallelism: named, refused."""
@@ -914,12 +936,25 @@ def _check_compile(train: TrainSpec) -> None:
         why.append(f"--quantize-base {train.quant.base}")
     if train.offload.activations != "none":
         why.append(f"--offload-activations {train.offload.activations}")
+    if mode == "full" and train.kernels.loss != "model":
+        why.append(f"--loss {train.kernels.loss} (use --compile blocks)")
     if train.numerics.float8 != "none":  # inductor realises the casts' inputs (docs/how-to)
         why.append(f"--float8 {train.numerics.float8}")
     if train.parallel.tp > 1:
         why.append(f"--tp {train.parallel.tp}")
     if why:
         raise ValueError(f"--compile {mode} with {', '.join(why)} is not modelled yet")
+
+
+def _check_loss(train: TrainSpec) -> None:
+    """--loss chunked-ce:N is modelled on one GPU (the head's weight a plain tensor)."""
+    if train.kernels.loss == "model":
+        return
+    if train.parallel.sharding != "none" or train.parallel.tp > 1:
+        raise ValueError(
+            f"--loss {train.kernels.loss} with --sharding {train.parallel.sharding} --tp "
+            f"{train.parallel.tp} is not modelled yet: the chunked loss is modelled on one GPU"
+        )
 
 
 def _check_offload(train: TrainSpec) -> None:

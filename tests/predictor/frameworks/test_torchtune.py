@@ -296,3 +296,52 @@ def test_compile_reads_as_each_layer_compiled(write, catalog):
     r = read_config(write("t.yaml", text), catalog=catalog)
     assert r.options["compile"] == "blocks"
     assert not any("torch.compile" in w for w in r.warnings)
+
+
+# recipes/configs/llama3_2/3B_full_single_device.yaml as torchtune's README optimization-flags
+# table (pytorch/torchtune@1814feb17) runs its '+ Chunked Cross Entropy' step
+CHUNKED = """\
+model:
+  _component_: torchtune.models.llama3_2.llama3_2_3b
+tokenizer:
+  _component_: torchtune.models.llama3.llama3_tokenizer
+  path: /tmp/Llama-3.2-3B-Instruct/original/tokenizer.model
+  max_seq_len: 4096
+dataset:
+  _component_: torchtune.datasets.alpaca_cleaned_dataset
+  packed: True
+batch_size: 2
+optimizer:
+  _component_: torch.optim.AdamW
+  lr: 2e-5
+  fused: True
+loss:
+  _component_: torchtune.modules.loss.CEWithChunkedOutputLoss
+gradient_accumulation_steps: 1
+compile: True
+enable_activation_checkpointing: False
+dtype: bf16
+"""
+
+
+def test_the_chunked_cross_entropy_becomes_the_chunked_loss(write, catalog, became, valid_spec):
+    r = read_config(write("3B_full_single_device.yaml", CHUNKED), catalog=catalog)
+    assert r.options["loss"] == "chunked-ce:8"  # CEWithChunkedOutputLoss's default chunks
+    assert not any("loss" in w for w in r.warnings)
+    assert became(r)["loss._component_"].startswith("--loss chunked-ce:8")
+    spec = valid_spec(r)
+    assert (spec.kernels.loss_chunks, spec.kernels.compile) == (8, "blocks")
+    text = CHUNKED.replace(
+        "CEWithChunkedOutputLoss\n", "CEWithChunkedOutputLoss\n  num_output_chunks: 16\n"
+    )
+    r = read_config(write("16.yaml", text), catalog=catalog)
+    assert r.options["loss"] == "chunked-ce:16"
+    assert became(r)["loss.num_output_chunks"] == "--loss chunked-ce:16"
+
+
+def test_the_plain_cross_entropy_is_the_models_loss(write, catalog):
+    text = CHUNKED.replace(
+        "torchtune.modules.loss.CEWithChunkedOutputLoss", "torch.nn.CrossEntropyLoss"
+    )
+    r = read_config(write("ce.yaml", text), catalog=catalog)
+    assert "loss" not in r.options
