@@ -23,6 +23,7 @@ the writer they name (NULL: "unknown").
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -55,8 +56,8 @@ from sqlalchemy import (
     select,
     text,
 )
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,7 @@ log = logging.getLogger(__name__)
 RATIO_MIN, RATIO_MAX = 1e-3, 1e3  # what a stored ratio can hold
 PROVENANCE = ("principal", "client", "source")  # columns added after the first release
 WRITER_INDEX = "ix_memgnn_samples_writer"  # added with per-writer corrections
+SCHEMA_LOCK = 0x6D656D676E6E  # "memgnn": PostgreSQL advisory lock key of schema changes
 
 
 class Base(DeclarativeBase):
@@ -72,7 +74,10 @@ class Base(DeclarativeBase):
 
 class SampleRow(Base):
     __tablename__ = "memgnn_samples"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    # 64-bit ids everywhere (SQLite's rowid alias must be spelled INTEGER)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     key: Mapped[str | None] = mapped_column(String(128), unique=True, nullable=True)
     graph_id: Mapped[str] = mapped_column(String(64))
     device: Mapped[str] = mapped_column(String(64))
@@ -185,6 +190,8 @@ class Store:
         )
         self.url, self.window, self.prior, self.max_scale = url, window, prior, max_scale
         self.writer_max_scale = writer_max_scale
+        url = _with_driver(url)
+        self.where = _shown(url)  # for messages and logs: no password
         kwargs: dict[str, Any] = {"pool_pre_ping": True}
         if url.startswith("sqlite"):
             kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
@@ -192,42 +199,45 @@ class Store:
         try:
             self.engine = create_engine(url, **kwargs)
         except Exception as exc:  # bad URL, missing driver
-            raise ValueError(f"cannot open database {url!r}: {exc}") from None
+            raise ValueError(f"cannot open database {self.where!r}: {exc}") from None
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._create_tables()
 
     def _create_tables(self) -> None:
-        for attempt in range(3):  # replicas starting together race on CREATE TABLE
+        """Create or migrate the tables in one transaction. Replicas starting together:
+        on PostgreSQL they take turns (an advisory lock held to the commit: DDL is
+        transactional there); on SQLite the loser of a race retries."""
+        for attempt in range(3):
             try:
-                Base.metadata.create_all(self.engine)
-                self._add_provenance_columns()
+                with self.engine.begin() as conn:
+                    if conn.dialect.name == "postgresql":
+                        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK})
+                    Base.metadata.create_all(conn)
+                    self._add_provenance_columns(conn)
                 return
-            except OperationalError as exc:
+            except DBAPIError as exc:  # a table, column or index created meanwhile
                 if attempt == 2:
-                    raise ValueError(f"cannot create tables in {self.url!r}: {exc}") from None
+                    raise ValueError(f"cannot create tables in {self.where!r}: {exc}") from None
                 time.sleep(0.2 * (attempt + 1))
 
-    def _add_provenance_columns(self) -> None:
+    def _add_provenance_columns(self, conn: Connection) -> None:
         """A database created before samples kept their provenance gains its columns, and
         one created before corrections were per writer the index that reads them."""
-        found = inspect(self.engine)
+        found = inspect(conn)
         have = {c["name"] for c in found.get_columns(SampleRow.__tablename__)}
         indexes = {i["name"] for i in found.get_indexes(SampleRow.__tablename__)}
-        with self.engine.begin() as conn:
-            for name in PROVENANCE:
-                if name not in have:
-                    conn.execute(
-                        text(
-                            f"ALTER TABLE {SampleRow.__tablename__} ADD COLUMN {name} VARCHAR(128)"
-                        )
-                    )
-                    log.info("database %s: added column samples.%s", self.url, name)
-            if WRITER_INDEX not in indexes:
-                index = next(i for i in SampleRow.__table__.indexes if i.name == WRITER_INDEX)
-                index.create(conn, checkfirst=True)
-                log.info("database %s: added index %s", self.url, WRITER_INDEX)
+        for name in PROVENANCE:
+            if name not in have:
+                conn.execute(
+                    text(f"ALTER TABLE {SampleRow.__tablename__} ADD COLUMN {name} VARCHAR(128)")
+                )
+                log.info("database %s: added column samples.%s", self.where, name)
+        if WRITER_INDEX not in indexes:
+            index = next(i for i in SampleRow.__table__.indexes if i.name == WRITER_INDEX)
+            index.create(conn, checkfirst=True)
+            log.info("database %s: added index %s", self.where, WRITER_INDEX)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -350,6 +360,24 @@ class Store:
         with self.sessions() as session:
             row = session.get(GraphRow, graph_id)
             return None if row is None else row.blob
+
+
+def _with_driver(url: str) -> str:
+    """`postgresql://` names SQLAlchemy's default driver, psycopg2; with only psycopg (3)
+    installed (`pip install 'memgnn[postgres]'`) the URL uses that one."""
+    try:
+        parsed = make_url(url)
+    except Exception as exc:  # unparsable URL
+        raise ValueError(f"bad database URL {url!r}: {exc}") from None
+    if parsed.drivername != "postgresql" or importlib.util.find_spec("psycopg2") is not None:
+        return url
+    if importlib.util.find_spec("psycopg") is None:
+        return url  # create_engine names the missing driver
+    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def _shown(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def _make_parent(url: str) -> None:
