@@ -2,7 +2,11 @@
 
 SQLite by default (WAL journal, synchronous=FULL: a committed sample survives a kill -9
 and a power cut); any database URL (PostgreSQL) lets several replicas share samples and
-graphs. Every write commits before the call returns.
+graphs. Every write commits before the call returns. Tested on SQLite and PostgreSQL 15
+(psycopg 3; `postgresql://` uses it when psycopg2 is absent): replicas starting together
+create or migrate the tables one at a time (a PostgreSQL advisory lock), and a sample
+`key` sent to two replicas at once is stored once (the unique key; the loser reads the
+winner's id). Messages and logs show the URL without its password.
 
 Residual correction for (graph id, device, metric, model version), from each writer's
 last `window` samples, combined across writers so that no single writer controls it
@@ -23,14 +27,12 @@ the writer they name (NULL: "unknown").
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import math
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from memgnn.predictor.answer.types import Correction
@@ -41,6 +43,7 @@ from memgnn.serving.corrections import (
     UNKNOWN_WRITER,
     correction_of_writers,
 )
+from memgnn.serving.database import open_engine
 from sqlalchemy import (
     BigInteger,
     Float,
@@ -49,14 +52,12 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
-    create_engine,
-    event,
     func,
     inspect,
     select,
     text,
 )
-from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
@@ -163,14 +164,6 @@ def correction_from(
     )
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA busy_timeout=10000")
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=FULL")
-    cur.close()
-
-
 class Store:
     """Samples and graphs in one database (see the module docstring)."""
 
@@ -190,18 +183,7 @@ class Store:
         )
         self.url, self.window, self.prior, self.max_scale = url, window, prior, max_scale
         self.writer_max_scale = writer_max_scale
-        url = _with_driver(url)
-        self.where = _shown(url)  # for messages and logs: no password
-        kwargs: dict[str, Any] = {"pool_pre_ping": True}
-        if url.startswith("sqlite"):
-            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
-            _make_parent(url)
-        try:
-            self.engine = create_engine(url, **kwargs)
-        except Exception as exc:  # bad URL, missing driver
-            raise ValueError(f"cannot open database {self.where!r}: {exc}") from None
-        if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.engine, self.where = open_engine(url)  # where: the URL without its password
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._create_tables()
 
@@ -360,33 +342,6 @@ class Store:
         with self.sessions() as session:
             row = session.get(GraphRow, graph_id)
             return None if row is None else row.blob
-
-
-def _with_driver(url: str) -> str:
-    """`postgresql://` names SQLAlchemy's default driver, psycopg2; with only psycopg (3)
-    installed (`pip install 'memgnn[postgres]'`) the URL uses that one."""
-    try:
-        parsed = make_url(url)
-    except Exception as exc:  # unparsable URL
-        raise ValueError(f"bad database URL {url!r}: {exc}") from None
-    if parsed.drivername != "postgresql" or importlib.util.find_spec("psycopg2") is not None:
-        return url
-    if importlib.util.find_spec("psycopg") is None:
-        return url  # create_engine names the missing driver
-    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
-
-
-def _shown(url: str) -> str:
-    return make_url(url).render_as_string(hide_password=True)
-
-
-def _make_parent(url: str) -> None:
-    try:
-        database = make_url(url).database
-    except Exception as exc:  # unparsable URL
-        raise ValueError(f"bad database URL {url!r}: {exc}") from None
-    if database and database != ":memory:" and not database.startswith("file:"):
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
 
 
 def _sample_dict(r: SampleRow) -> dict[str, Any]:
