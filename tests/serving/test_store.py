@@ -5,7 +5,6 @@ PostgreSQL server (skipped where none can start)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import sqlite3
 import threading
@@ -329,21 +328,3 @@ def test_a_large_graph_blob_round_trips(store):
     blob = b"\x1f\x8b" + bytes(range(256)) * (24 * 4096)  # 24 MiB
     assert store.put_graph("big", blob, 10**5) is True
     assert store.get_graph("big") == blob
-
-
-def test_a_plain_postgresql_url_uses_psycopg(postgres):
-    """`postgresql://` names psycopg2; with only psycopg (3) installed it is used."""
-    url = postgres.create_database("plain_url")
-    store = Store(url.replace("postgresql+psycopg://", "postgresql://"))
-    assert store.ping()
-    if importlib.util.find_spec("psycopg2") is None:
-        assert store.engine.dialect.driver == "psycopg"
-    store.close()
-    postgres.drop_database("plain_url")
-
-
-def test_messages_do_not_show_the_password():
-    pytest.importorskip("psycopg")
-    with pytest.raises(ValueError, match="cannot create tables") as err:
-        Store("postgresql+psycopg://memgnn:s3cret@127.0.0.1:1/nothing")
-    assert "s3cret" not in str(err.value) and "***" in str(err.value)
