@@ -2,7 +2,11 @@
 
 SQLite by default (WAL journal, synchronous=FULL: a committed sample survives a kill -9
 and a power cut); any database URL (PostgreSQL) lets several replicas share samples and
-graphs. Every write commits before the call returns.
+graphs. Every write commits before the call returns. Tested on SQLite and PostgreSQL 15
+(psycopg 3; `postgresql://` uses it when psycopg2 is absent): replicas starting together
+create or migrate the tables one at a time (a PostgreSQL advisory lock), and a sample
+`key` sent to two replicas at once is stored once (the unique key; the loser reads the
+winner's id). Messages and logs show the URL without its password.
 
 Residual correction for (graph id, device, metric, model version), from each writer's
 last `window` samples, combined across writers so that no single writer controls it
@@ -29,7 +33,6 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from memgnn.predictor.answer.types import Correction
@@ -40,6 +43,7 @@ from memgnn.serving.corrections import (
     UNKNOWN_WRITER,
     correction_of_writers,
 )
+from memgnn.serving.database import open_engine
 from sqlalchemy import (
     BigInteger,
     Float,
@@ -48,15 +52,13 @@ from sqlalchemy import (
     LargeBinary,
     String,
     Text,
-    create_engine,
-    event,
     func,
     inspect,
     select,
     text,
 )
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, sessionmaker
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ log = logging.getLogger(__name__)
 RATIO_MIN, RATIO_MAX = 1e-3, 1e3  # what a stored ratio can hold
 PROVENANCE = ("principal", "client", "source")  # columns added after the first release
 WRITER_INDEX = "ix_memgnn_samples_writer"  # added with per-writer corrections
+SCHEMA_LOCK = 0x6D656D676E6E  # "memgnn": PostgreSQL advisory lock key of schema changes
 
 
 class Base(DeclarativeBase):
@@ -72,7 +75,10 @@ class Base(DeclarativeBase):
 
 class SampleRow(Base):
     __tablename__ = "memgnn_samples"
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    # 64-bit ids everywhere (SQLite's rowid alias must be spelled INTEGER)
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
     key: Mapped[str | None] = mapped_column(String(128), unique=True, nullable=True)
     graph_id: Mapped[str] = mapped_column(String(64))
     device: Mapped[str] = mapped_column(String(64))
@@ -158,14 +164,6 @@ def correction_from(
     )
 
 
-def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
-    cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA busy_timeout=10000")
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA synchronous=FULL")
-    cur.close()
-
-
 class Store:
     """Samples and graphs in one database (see the module docstring)."""
 
@@ -185,49 +183,43 @@ class Store:
         )
         self.url, self.window, self.prior, self.max_scale = url, window, prior, max_scale
         self.writer_max_scale = writer_max_scale
-        kwargs: dict[str, Any] = {"pool_pre_ping": True}
-        if url.startswith("sqlite"):
-            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 10}
-            _make_parent(url)
-        try:
-            self.engine = create_engine(url, **kwargs)
-        except Exception as exc:  # bad URL, missing driver
-            raise ValueError(f"cannot open database {url!r}: {exc}") from None
-        if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+        self.engine, self.where = open_engine(url)  # where: the URL without its password
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._create_tables()
 
     def _create_tables(self) -> None:
-        for attempt in range(3):  # replicas starting together race on CREATE TABLE
+        """Create or migrate the tables in one transaction. Replicas starting together:
+        on PostgreSQL they take turns (an advisory lock held to the commit: DDL is
+        transactional there); on SQLite the loser of a race retries."""
+        for attempt in range(3):
             try:
-                Base.metadata.create_all(self.engine)
-                self._add_provenance_columns()
+                with self.engine.begin() as conn:
+                    if conn.dialect.name == "postgresql":
+                        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": SCHEMA_LOCK})
+                    Base.metadata.create_all(conn)
+                    self._add_provenance_columns(conn)
                 return
-            except OperationalError as exc:
+            except DBAPIError as exc:  # a table, column or index created meanwhile
                 if attempt == 2:
-                    raise ValueError(f"cannot create tables in {self.url!r}: {exc}") from None
+                    raise ValueError(f"cannot create tables in {self.where!r}: {exc}") from None
                 time.sleep(0.2 * (attempt + 1))
 
-    def _add_provenance_columns(self) -> None:
+    def _add_provenance_columns(self, conn: Connection) -> None:
         """A database created before samples kept their provenance gains its columns, and
         one created before corrections were per writer the index that reads them."""
-        found = inspect(self.engine)
+        found = inspect(conn)
         have = {c["name"] for c in found.get_columns(SampleRow.__tablename__)}
         indexes = {i["name"] for i in found.get_indexes(SampleRow.__tablename__)}
-        with self.engine.begin() as conn:
-            for name in PROVENANCE:
-                if name not in have:
-                    conn.execute(
-                        text(
-                            f"ALTER TABLE {SampleRow.__tablename__} ADD COLUMN {name} VARCHAR(128)"
-                        )
-                    )
-                    log.info("database %s: added column samples.%s", self.url, name)
-            if WRITER_INDEX not in indexes:
-                index = next(i for i in SampleRow.__table__.indexes if i.name == WRITER_INDEX)
-                index.create(conn, checkfirst=True)
-                log.info("database %s: added index %s", self.url, WRITER_INDEX)
+        for name in PROVENANCE:
+            if name not in have:
+                conn.execute(
+                    text(f"ALTER TABLE {SampleRow.__tablename__} ADD COLUMN {name} VARCHAR(128)")
+                )
+                log.info("database %s: added column samples.%s", self.where, name)
+        if WRITER_INDEX not in indexes:
+            index = next(i for i in SampleRow.__table__.indexes if i.name == WRITER_INDEX)
+            index.create(conn, checkfirst=True)
+            log.info("database %s: added index %s", self.where, WRITER_INDEX)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -350,15 +342,6 @@ class Store:
         with self.sessions() as session:
             row = session.get(GraphRow, graph_id)
             return None if row is None else row.blob
-
-
-def _make_parent(url: str) -> None:
-    try:
-        database = make_url(url).database
-    except Exception as exc:  # unparsable URL
-        raise ValueError(f"bad database URL {url!r}: {exc}") from None
-    if database and database != ":memory:" and not database.startswith("file:"):
-        Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
 
 
 def _sample_dict(r: SampleRow) -> dict[str, Any]:

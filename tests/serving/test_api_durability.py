@@ -1,63 +1,30 @@
-"""Acknowledged samples survive a kill -9 of the server (uvicorn in a subprocess)."""
+"""Acknowledged samples survive a kill -9 of the server (uvicorn in a subprocess), on
+SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
-import pytest
 from memgnn.predictor.capture.capture import capture
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.serving.client import free_port
+from serve_process import start_serve, stop
 from tiny_models import tiny_mlp_bundle
 
-ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "durable"
 
 
-def start(db: Path, port: int) -> subprocess.Popen:
-    cmd = [
-        sys.executable,
-        "-m",
-        "memgnn.cli",
-        "serve",
-        "--port",
-        str(port),
-        "--model",
-        "analytic",
-        "--db",
-        f"sqlite:///{db}",
-        "--token",
-        TOKEN,
-        "--log-level",
-        "warning",
-    ]
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env)
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"server exited with {proc.returncode}"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    pytest.fail("server did not become ready")
+def start(db_url: str, port: int):
+    return start_serve(db_url, port, "--token", TOKEN)
 
 
-def test_samples_survive_kill_9(tmp_path):
+def test_samples_survive_kill_9(db_url, tmp_path):
     graph = capture(tiny_mlp_bundle(), TrainSpec())
-    db = tmp_path / "samples.db"
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     auth = {"authorization": f"Bearer {TOKEN}"}
-    proc = start(db, port)
+    proc = start(db_url, port)
     try:
         gid = httpx.post(f"{url}/graphs", json=graph.content(), headers=auth, timeout=30).json()[
             "graph_id"
@@ -83,8 +50,9 @@ def test_samples_survive_kill_9(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert (tmp_path / "samples.db-wal").exists()  # the rows live in the WAL
-    proc = start(db, port)
+    if db_url.startswith("sqlite"):
+        assert (tmp_path / "samples.db-wal").exists()  # the rows live in the WAL
+    proc = start(db_url, port)
     try:
         listed = httpx.get(
             f"{url}/samples", params={"graph_id": gid, "device": "a100-80gb", "metric": "allocated"}
@@ -101,5 +69,4 @@ def test_samples_survive_kill_9(tmp_path):
         )
         assert r.status_code == 200 and r.json()["predictions"][0]["correction"] == before
     finally:
-        proc.terminate()
-        proc.wait(20)
+        stop(proc)

@@ -27,11 +27,15 @@ def graph():
 
 
 @pytest.fixture
-def client(tmp_path):
+def client(tmp_path, db_url):
     # one writer trusted fully (no writer bound): the one-writer statistics under test;
-    # test_api_writers.py tests the bound across writers
+    # test_api_writers.py tests the bound across writers. On SQLite and PostgreSQL.
     cfg = ServeConfig(
-        model="analytic", state_dir=tmp_path, token=TOKEN, correction_writer_max_scale=4.0
+        model="analytic",
+        state_dir=tmp_path,
+        database_url=db_url,
+        token=TOKEN,
+        correction_writer_max_scale=4.0,
     )
     with TestClient(create_app(cfg)) as c:
         yield c
@@ -91,10 +95,11 @@ def test_one_sample_moves_half_way_and_no_step_exceeds_the_bound(client, graph):
     assert p["predictions"][0]["predicted_peak_bytes"] <= 4 * before
 
 
-def test_the_prior_and_the_step_bound_are_configurable(tmp_path, graph):
+def test_the_prior_and_the_step_bound_are_configurable(tmp_path, db_url, graph):
     cfg = ServeConfig(
         model="analytic",
         state_dir=tmp_path,
+        database_url=db_url,
         token=TOKEN,
         correction_prior=0,
         correction_max_scale=10,
