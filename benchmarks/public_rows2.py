@@ -119,6 +119,26 @@ TT_NOV_NOTE = (
 )
 
 
+TT_SEP_NOTE = (
+    "; torchtune's log_peak_memory_stats logs peak active, allocated and reserved bytes and "
+    "the table does not say which: read as allocated, as torchtune's Nov 2024 table states "
+    "its statistic (peak active); the README's note: batch 2 without gradient accumulation, "
+    "packed to 2048, torch compile on (each decoder layer compiled, the chunked loss per "
+    "chunk)"
+)
+
+
+def _tt_sep(id: str, config: str, device: str, what: str, extra: str = "", **kw) -> Row:
+    """A row of torchtune's Sep 2024 'Memory and training speed' table (Llama 3.1 8B on one
+    GPU): the recipe config at that commit in the table's form (benchmarks/configs/)."""
+    return row(
+        id=id, model="hf:meta-llama/Llama-3.1-8B", batch=2, seq=2048, config=CONFIGS + config,
+        device=device, metric="allocated", unit="GiB", approximate=True, method="replay",
+        source=TT_SEP + f" + recipes/configs/llama3_1/{what}", notes=TORCHTUNE_NOTE
+        + TT_SEP_NOTE + extra, **kw,
+    )  # fmt: skip
+
+
 def _tt_nov(id: str, config: str, step: str) -> Row:
     """A step of torchtune's cumulative Nov 2024 optimization-flags table (Llama-3.2-3B,
     full_finetune_single_device, packed alpaca at 4096, batch 2, bf16): the config file
@@ -140,12 +160,16 @@ TITAN = ("compile", "float8")
 
 # fmt: off
 ROWS_2: list[Row] = [
-    not_row("ttune1", "compile"),
-    not_row("ttune2", "contradicts", "compile",
-            extra="the same config as ttune1 on a 48 GB card logs 2x the memory"),
-    not_row("ttune3", "compile"),
-    not_row("ttune4", "contradicts", "compile",
-            extra="the same config as ttune3 on a 48 GB card logs ~2x the memory"),
+    _tt_sep("ttune1", "llama3_1_8B_full_single_device_sep2024.yaml", "rtx4090-24gb",
+            "8B_full_single_device.yaml"),
+    _tt_sep("ttune2", "llama3_1_8B_full_single_device_sep2024.yaml", "rtxa6000-48gb",
+            "8B_full_single_device.yaml", suspect=True,
+            extra="; the same config as ttune1 on a 48 GB card logs 2x the memory"),
+    _tt_sep("ttune3", "llama3_1_8B_lora_single_device_sep2024.yaml", "rtx4090-24gb",
+            "8B_lora_single_device.yaml"),
+    _tt_sep("ttune4", "llama3_1_8B_lora_single_device_sep2024.yaml", "rtxa6000-48gb",
+            "8B_lora_single_device.yaml", suspect=True,
+            extra="; the same config as ttune3 on a 48 GB card logs ~2x the memory"),
     not_row("ttune5", "compile", "torchao_nf4"),
     not_row("ttune6", "compile", "cpu_offload"),
     not_row("ttune7", "compile"),
