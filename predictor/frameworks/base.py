@@ -262,7 +262,7 @@ class Builder:
             "offload_activations": "activation offloading",
         }
         opts = self.reading.options
-        if mode == "blocks" and opts.get("checkpointing") != "hf":
+        if mode == "blocks" and opts.get("checkpointing") not in ("hf", "selective-op"):
             del blocking["checkpointing"]  # each block compiled over its checkpoint: modelled
         with_ = [w for dest, w in blocking.items() if opts.get(dest, "none") != "none"]
         if with_:
