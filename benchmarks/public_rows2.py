@@ -22,10 +22,10 @@ REASONS = {
     "tp": "tensor parallel",
     "cp": "context parallel",
     "pp": "pipeline parallel",
-    "fsdp2_mp": "FSDP2 MixedPrecisionPolicy (fp32 sharded params, bf16 compute) not modelled",
-    "selective_ac": "per-op selective activation checkpointing not modelled",
     "compile_offload": "torch.compile of the layers with activation offloading (torchtune's "
     "OffloadActivations hooks around compiled layers) not modelled",
+    "fp8_allgather": "FSDP's float8 all-gather of the weights not modelled",
+    "mx": "MX (mxfp8) training not modelled",
     "torchao_nf4": "torchao NF4Tensor base weights (memgnn models bitsandbytes' nf4)",
     "cpu_offload": "CPU offload of params (FSDP) not modelled",
     "timm": "timm model (not in the catalog)",
@@ -51,8 +51,10 @@ def reason_keys(text: str) -> list[str]:
     return found or ["other"]
 
 
-def not_row(id: str, *keys: str, extra: str = "") -> Row:
-    return row(id=id, why_not=why(*keys, extra=extra))
+def not_row(id: str, *keys: str, extra: str = "", config: str = "") -> Row:
+    """A row memgnn cannot express yet; `config`: its framework config all the same (what
+    memgnn reads of it, the reasons warned)."""
+    return row(id=id, why_not=why(*keys, extra=extra), config=config)
 
 
 TT_SEP = "pytorch/torchtune@30b8519e8 README.md (memory table, Sep 2024)"
@@ -152,11 +154,21 @@ def _tt_nov(id: str, config: str, step: str) -> Row:
     )  # fmt: skip
 
 
-AOF8 = ("compile", "selective_ac", "fsdp2_mp")
 AOF8_NOTE = (
     "the same nominal config logs 47.65 / 39.09 / 33.71 GiB on H100 / MI300X / B200 (versions)"
 )
-TITAN = ("compile", "float8")
+AOF8_MORE = {2: ("fp8_allgather",), 10: ("mx",), 11: ("mx",)}  # beyond compile
+TITAN = ("compile", "fp8_allgather")
+TITAN_CONFIGS = "benchmarks/configs/torchtitan/"
+
+
+def _aof8(k: int, *more: str) -> Row:
+    """torchao's float8 table: FSDP2 with MixedPrecisionPolicy(bf16, fp32) and op-level
+    selective checkpointing (both modelled), compiled: not expressible until torch.compile
+    with FSDP is (the config reads with a warning for it)."""
+    return not_row(f"aof8{k}", "compile", *more, extra=AOF8_NOTE,
+                   config=f"{TITAN_CONFIGS}aof8{k}.toml")  # fmt: skip
+
 
 # fmt: off
 ROWS_2: list[Row] = [
@@ -246,22 +258,17 @@ ROWS_2: list[Row] = [
     not_row("aoopt16", "compile", "timm"),
     not_row("aoopt17", "compile", "timm"),
     _dino("aoopt18", precision="amp-bf16", offload_optimizer="torchao"),
-    not_row("aof81", *AOF8, extra=AOF8_NOTE),
-    not_row("aof82", *AOF8, "float8", extra=AOF8_NOTE),
-    not_row("aof83", *AOF8, "float8", extra=AOF8_NOTE),
-    not_row("aof84", *AOF8, extra=AOF8_NOTE),
-    *[not_row(f"aof8{k}", *AOF8, "float8", extra=AOF8_NOTE) for k in (5, 6, 7, 9, 10, 11, 12)],
-    not_row("aof88", *AOF8, extra=AOF8_NOTE),
-    not_row("ttitan1", *TITAN, "selective_ac", "fsdp2_mp"),
-    not_row("ttitan2", *TITAN, "fsdp2_mp"),
-    *[not_row(f"ttitan{k}", *TITAN, "cp", "fsdp2_mp") for k in (3, 4, 5)],
-    not_row("ttitan6", *TITAN, "selective_ac", "fsdp2_mp"),
-    not_row("ttitan7", *TITAN, "tp", "fsdp2_mp"),
-    not_row("ttitan8", *TITAN, "tp", "fsdp2_mp"),
-    not_row("ttitan9", *TITAN, "tp", "pp", "fsdp2_mp"),
-    not_row("ttitan10", *TITAN, "tp", "pp", "fsdp2_mp"),
-    not_row("ttitan11", "float8", "tp", "pp", "fsdp2_mp"),
-    *[not_row(f"ttitan{k}", "float8", "tp", "pp", "cp", "fsdp2_mp") for k in (12, 13, 14)],
+    *[_aof8(k, *AOF8_MORE.get(k, ())) for k in range(1, 13)],
+    not_row("ttitan1", *TITAN, config=TITAN_CONFIGS + "ttitan1.toml"),
+    not_row("ttitan2", *TITAN, config=TITAN_CONFIGS + "ttitan2.toml"),
+    *[not_row(f"ttitan{k}", *TITAN, "cp") for k in (3, 4, 5)],
+    not_row("ttitan6", *TITAN, config=TITAN_CONFIGS + "ttitan6.toml"),
+    not_row("ttitan7", *TITAN, "tp"),
+    not_row("ttitan8", *TITAN, "tp"),
+    not_row("ttitan9", *TITAN, "tp", "pp"),
+    not_row("ttitan10", *TITAN, "tp", "pp"),
+    not_row("ttitan11", "float8", "tp", "pp"),
+    *[not_row(f"ttitan{k}", "float8", "tp", "pp", "cp") for k in (12, 13, 14)],
     _unsloth("unsloth1", L8, 932, "rtx4090-24gb"),
     _unsloth("unsloth2", L8, 2551, "rtx4090-24gb"),
     _unsloth("unsloth3", L8, 5789, "rtx4090-24gb"),

@@ -53,7 +53,12 @@ Device = Annotated[
     Field(examples=["h100-80gb", "custom-48gib-sm89"]),
 ]
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
-Checkpointing = Annotated[str, StringConstraints(pattern=r"^(none|full|hf|blocks:[0-9]{1,6})$")]
+Checkpointing = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^(none|full|hf|selective-op|blocks:[0-9]{1,6}|every:[1-9][0-9]{0,5})$"
+    ),
+]
 Bytes = Annotated[StrictInt, Field(ge=0, le=1 << 60)]
 # which path answers (serving.routing): auto = replay within the budget, else the model
 ReplayBudget = Annotated[

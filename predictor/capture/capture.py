@@ -401,8 +401,8 @@ def blocks_ineligible(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig)
         return f"--gpus {train.parallel.gpus} (one rank of a process group) is captured in full"
     if train.offload.activations == "torchtune":  # its forward stash spans blocks
         return "torchtune's offloading keeps each tensor until 5 more are saved, across blocks"
-    ck = train.activations.checkpoint_blocks
-    if ck is not None and 0 < ck < bundle.layers:
+    ck = len(train.activations.checkpointed(bundle.layers))
+    if 0 < ck < bundle.layers:
         return f"checkpointing {ck} of {bundle.layers} blocks: the blocks differ"
     return blocks_unsafe(train)
 

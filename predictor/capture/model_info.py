@@ -155,6 +155,11 @@ def describe(model: nn.Module, bundle: ModelBundle, train: TrainSpec) -> ModelIn
     info.compute_dtype = _dtype_name(autocast) if autocast is not None else info.param_dtype
     if quantised and autocast is None:  # bnb_4bit_compute_dtype (predictor.emulate.quant)
         info.compute_dtype = _dtype_name(compute_dtype(train))
+    gathered = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(
+        train.parallel.fsdp_param_dtype
+    )
+    if gathered is not None and autocast is None:  # FSDP's mixed precision: gathered dtype
+        info.compute_dtype = _dtype_name(gathered)
     return info
 
 

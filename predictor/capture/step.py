@@ -40,6 +40,7 @@ from memgnn.predictor.emulate.parallel import (
 )
 from memgnn.predictor.emulate.peft import apply_peft
 from memgnn.predictor.emulate.quant import hold_quant_state, quant_state_tensors, quantize_model
+from memgnn.predictor.emulate.selective import op_sac_context_fn
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.spec.bundle import ModelBundle, default_blocks
 from memgnn.predictor.spec.optimizer_names import LIBRARY_OPTIMIZERS, torch_class
@@ -125,20 +126,23 @@ class _FakeSafeGradScaler(torch.amp.GradScaler):
         return optimizer.step(*args, **kwargs)
 
 
-def _apply_checkpointing(model: nn.Module, blocks: list[nn.Module], n: int) -> int:
-    """Wrap the first n blocks' forward (all if n < 0) in non-reentrant checkpointing."""
+def _apply_checkpointing(blocks: list[nn.Module], train: TrainSpec) -> list[nn.Module]:
+    """Wrap the forward of the blocks `train` names (`ActivationSpec.checkpointed`) in
+    non-reentrant checkpointing; under `selective-op` with torchtitan's op-level policy
+    (`emulate.selective`). Returns the wrapped blocks."""
     from torch.utils.checkpoint import checkpoint
 
-    chosen = blocks if n < 0 else blocks[:n]
+    chosen = [blocks[i] for i in train.activations.checkpointed(len(blocks))]
+    extra = {"context_fn": op_sac_context_fn} if train.activations.selective else {}
     for block in chosen:
         inner = block.forward
 
         def forward(*args, _inner=inner, **kwargs):
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            return checkpoint(_inner, *args, use_reentrant=False, **extra, **kwargs)
 
         forward.checkpointed = inner  # what a compiled region traces (emulate.compile)
         block.forward = forward
-    return len(chosen)
+    return chosen
 
 
 def _no_kv_cache(model: nn.Module) -> None:
@@ -278,22 +282,20 @@ class TrainingStep:
         self.float8 = apply_float8(model, train, device=device, target=target)
         self.checkpointed = 0
         blocks = (bundle.blocks or default_blocks)(model)
+        wrapped: list[nn.Module] = []
         if train.activations.checkpointing == "hf":
             self.checkpointed = _apply_hf_checkpointing(model, bundle.name)
         elif train.activations.checkpoint_blocks is not None:
             if not blocks:
                 raise ValueError(f"model {bundle.name!r} has no repeated blocks to checkpoint")
-            self.checkpointed = _apply_checkpointing(
-                model, blocks, train.activations.checkpoint_blocks
-            )
+            wrapped = _apply_checkpointing(blocks, train)
+            self.checkpointed = len(wrapped)
             _no_kv_cache(model)
         if train.adapter.method != "none":
             with torch.device(device):
                 model = self.model = apply_peft(model, train)
         # torch.compile: the whole model or each block (emulate.compile); a compiled
         # transformers model runs without its KV cache (training does not read it)
-        ckpt = train.activations.checkpoint_blocks
-        wrapped = [] if ckpt is None else blocks if ckpt < 0 else blocks[:ckpt]
         self.compiled = apply_compile(
             model, blocks, train.kernels.compile, fake=fake, checkpointed=wrapped
         )

@@ -9,7 +9,11 @@ FSDP2's prefetching are PyTorch's, recorded node for node by the same `StepRecor
 - `ddp`: `DistributedDataParallel` (default `bucket_cap_mb`, `gradient_as_bucket_view=False`):
   parameters, gradients and optimizer state replicated, plus the gradient buckets (`comm`).
 - `fsdp`: FSDP2 `fully_shard` on every repeated block, then on the root (as torchtitan does),
-  `reshard_after_forward` from the spec. Parameters, gradients and optimizer state are
+  `reshard_after_forward` from the spec, and `mp_policy=MixedPrecisionPolicy(param_dtype,
+  reduce_dtype)` from `--fsdp-param-dtype` / `--fsdp-reduce-dtype` where given (torchtitan's
+  bf16 / fp32 over fp32 shards: the all-gathered unsharded parameters and the compute in
+  bf16, the bf16 unsharded gradients cast to fp32 for the reduce-scatter into fp32 sharded
+  gradients, the optimizer on the fp32 shards). Parameters, gradients and optimizer state are
   sharded (rank 0 holds the largest, padded shard); unsharded groups live between their
   all-gather and their reshard. A 4-bit base's codes in uint8 storage stay whole on every
   rank (`ignored_params`, as accelerate's fully_shard path leaves them); in a float
@@ -73,10 +77,11 @@ from memgnn.predictor.emulate.tensor_parallel import (
     unrecorded_propagation,
 )
 from memgnn.predictor.ir.recorder import RecorderObserver, StepRecorder
-from memgnn.predictor.spec.train import BY_NAME, OPTIONS_FSDP1, TrainSpec
+from memgnn.predictor.spec.train import BY_NAME, MP_POLICY_OPTIONS, OPTIONS_FSDP1, TrainSpec
 from torch import nn
 
 log = logging.getLogger(__name__)
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 __all__ = [
     "World",
@@ -85,6 +90,7 @@ __all__ = [
     "comm_hooks",
     "fake_world",
     "gradient_sync",
+    "mp_policy",
     "unsharded_gradients",
     "parallelize",
     "resident_tensors",
@@ -178,13 +184,28 @@ def parallelize(
         for m in model.modules()
         if isinstance(m, Linear4bitSim) and not m.weight.is_floating_point()
     }
-    kw = {"ignored_params": ignored} if ignored else {}
+    kw: dict[str, Any] = {"ignored_params": ignored} if ignored else {}
+    policy = mp_policy(train)
+    if policy is not None:
+        kw["mp_policy"] = policy
     for block in blocks:
         fully_shard(block, mesh=world.mesh, reshard_after_forward=reshard, **kw)
     fully_shard(model, mesh=world.mesh, reshard_after_forward=reshard, **kw)
     if train.parallel.sharding == "zero2":
         model.set_reshard_after_backward(False)  # parameters stay whole (see docstring)
     return model
+
+
+def mp_policy(train: TrainSpec) -> Any:
+    """FSDP2's `MixedPrecisionPolicy(param_dtype, reduce_dtype)` from `--fsdp-param-dtype`
+    / `--fsdp-reduce-dtype` (None where both are none: the parameters' own dtype)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    p = train.parallel
+    param, reduce = _DTYPES.get(p.fsdp_param_dtype), _DTYPES.get(p.fsdp_reduce_dtype)
+    if param is None and reduce is None:
+        return None
+    return MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
 
 
 class _NoBucketRebuild:
@@ -374,6 +395,11 @@ def rank_note(train: Mapping[str, Any]) -> dict[str, Any] | None:
             "fsdp_reshard_after_forward": spec.parallel.reshard_after_forward,
         }
         | (_fsdp1_note(spec) if sharding == "fsdp1" else {})
+        | (
+            {n: getattr(spec.parallel, BY_NAME[n].field) for n in MP_POLICY_OPTIONS}
+            if sharding in ("fsdp", "hsdp")
+            else {}
+        )
         | (tp_note(spec) if spec.parallel.tp > 1 else {})
     )
 

@@ -16,24 +16,27 @@ Key (default) -> memgnn:
 - training.seq_len (2048) -> --seq (S)
 - training.global_batch_size (-1: no accumulation) -> --grad-accum = global / (local x
   data-parallel degree)
-- training.dtype (float32) / mixed_precision_param (bfloat16) -> --precision bf16 / amp-bf16
-  / fp32
+- training.dtype (float32) -> --precision bf16 / fp32; under FSDP/HSDP
+  mixed_precision_param (bfloat16) / mixed_precision_reduce (float32) -> --fsdp-param-dtype /
+  --fsdp-reduce-dtype (FSDP2's MixedPrecisionPolicy over fp32 shards, as apply_fsdp passes
+  it); on one GPU or DDP mixed_precision_param bfloat16 -> --precision amp-bf16 (autocast)
 - parallelism.data_parallel_shard_degree (-1: every rank left) / replicate_degree (1) ->
   --sharding fsdp / hsdp / ddp, --gpus when the degrees say
 - parallelism.fsdp_reshard_after_forward (default: true) -> --fsdp-reshard-after-forward
 - activation_checkpoint.mode (selective) + selective_ac_option ("2") -> full ->
-  --checkpointing full; selective N -> blocks:(layers // N) (as many blocks checkpointed);
-  none
+  --checkpointing full; selective N -> every:N (blocks N, 2N, ... counted from 1, as
+  _apply_layer_sac); selective op -> selective-op (_apply_op_sac's policy); none
 - optimizer.name (AdamW) / implementation (fused) -> --optimizer / --optimizer-impl
 - model.converters ["float8"] / ["quantize.linear.float8"] with [float8] / [quantize.linear.
   float8] recipe_name (None: tensorwise) and filter_fqns ([]; torchtitan's names mapped to
   transformers' q_proj ... ; `output` the head) -> --float8 RECIPE --float8-filter-fqns
 Not modelled (warnings): tensor / pipeline / context / expert parallel degrees > 1,
-op-level selective and memory-budget activation checkpointing (the answer checkpoints
-nothing), compile, MX converters, float8's FSDP float8 all-gather, CPU offload, the
-optimizer in backward, FSDP's MixedPrecisionPolicy (modelled as autocast over fp32
-parameters). torchtitan's own model code is captured as transformers' class of the same
-shapes.
+memory-budget activation checkpointing (the answer checkpoints nothing), compile with
+sharding or op-level selective checkpointing (the answer is the eager step's), MX
+converters, float8's FSDP float8 all-gather, CPU offload, the optimizer in backward.
+torchtitan's own model code is captured as transformers' class of the same shapes; newer
+torchtitan shards tok_embeddings and [norm, output] as FSDP groups of their own (memgnn:
+one root group).
 """
 
 from __future__ import annotations
@@ -103,7 +106,6 @@ _NO_EFFECT = {
             "training.dataloader.*",
             "training.seed",
             "training.deterministic",
-            "training.mixed_precision_reduce",
             "model.hf_assets_path",
             "model.tokenizer_path",
             "model.print_after_conversion",
@@ -302,32 +304,52 @@ def _accumulation(b: Builder, shard: int, replicate: int) -> None:
     )
 
 
+_MP_DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
+
+
 def _precision(b: Builder, sharded: bool) -> None:
+    """training.dtype (the parameters') and the mixed-precision dtypes: under FSDP/HSDP
+    torchtitan's apply_fsdp passes MixedPrecisionPolicy(param_dtype=mixed_precision_param,
+    reduce_dtype=mixed_precision_reduce) to fully_shard (--fsdp-param-dtype /
+    --fsdp-reduce-dtype); on one GPU or under DDP it runs the step under autocast
+    (amp-bf16) with mixed_precision_param."""
     dtype = b.get("training.dtype", "float32")
-    param = b.get("training.mixed_precision_param", "bfloat16")
+    param_key, reduce_key = "training.mixed_precision_param", "training.mixed_precision_reduce"
+    param, reduce = b.get(param_key, "bfloat16"), b.get(reduce_key, "float32")
+    for key, value in ((param_key, param), (reduce_key, reduce)):
+        if value not in _MP_DTYPES:
+            raise ValueError(f"{key}: {value!r}; expected bfloat16 or float32")
+    if dtype not in _MP_DTYPES:
+        raise ValueError(f"training.dtype: {dtype!r}; expected float32 or bfloat16")
     if dtype == "bfloat16":
         precision = "bf16"
-    elif dtype == "float32":
-        precision = {"bfloat16": "amp-bf16", "float32": "fp32"}.get(param)
-        if precision is None:
-            raise ValueError(
-                f"training.mixed_precision_param: {param!r}; expected bfloat16 or float32"
-            )
+    elif sharded:
+        precision = "fp32"  # fp32 shards; the policy below casts the gathered copies
     else:
-        raise ValueError(f"training.dtype: {dtype!r}; expected float32 or bfloat16")
-    source = f"training.dtype: {dtype}, training.mixed_precision_param: {param}"
+        precision = {"bfloat16": "amp-bf16", "float32": "fp32"}[param]
+    source = f"training.dtype: {dtype}"
     became = b.option("precision", precision, source)
-    for key in ("training.dtype", "training.mixed_precision_param"):
-        if b.has(key):
-            b.read(key, became)
-    if not b.has("training.mixed_precision_param") and dtype == "float32":
-        b.default("training.mixed_precision_param", "bfloat16", f"{became} (torchtitan's default)")
-    if precision == "amp-bf16" and sharded:
-        b.warn(
-            "FSDP2's MixedPrecisionPolicy(param_dtype=bfloat16) all-gathers bf16 copies of "
-            "fp32 shards: modelled as fp32 parameters under autocast (amp-bf16), whose "
-            "unsharded parameters are fp32"
+    if b.has("training.dtype"):
+        b.read("training.dtype", became)
+    if sharded:
+        policy = (
+            b.option("fsdp_param_dtype", _MP_DTYPES[param], f"{param_key}: {param}")
+            + " "
+            + b.option("fsdp_reduce_dtype", _MP_DTYPES[reduce], f"{reduce_key}: {reduce}")
+            + " (FSDP2's MixedPrecisionPolicy, as torchtitan's apply_fsdp)"
         )
+        for key, value in ((param_key, param), (reduce_key, reduce)):
+            if b.has(key):
+                b.read(key, policy)
+            else:
+                b.default(key, value, f"{policy} (torchtitan's default)")
+        return
+    if b.has(param_key):
+        b.read(param_key, became)
+    elif dtype == "float32":
+        b.default(param_key, "bfloat16", f"{became} (torchtitan's default)")
+    if b.has(reduce_key):
+        b.read(reduce_key, "no memory effect: no FSDP (autocast on one GPU or under DDP)")
 
 
 def _checkpointing(b: Builder, layers: int | None) -> None:
@@ -336,13 +358,12 @@ def _checkpointing(b: Builder, layers: int | None) -> None:
     checkpointing, why = None, ""
     if mode in ("none", "full"):
         checkpointing = mode
+    elif mode == "selective" and option == "op":
+        checkpointing = "selective-op"
     elif mode == "selective" and option.isdigit() and int(option) > 0:
-        if layers is None:
-            why = "the layer count is unknown"
-        else:
-            checkpointing = f"blocks:{layers // int(option)}" if int(option) > 1 else "full"
+        checkpointing = f"every:{option}" if int(option) > 1 else "full"
     else:
-        why = f"{'op-level selective' if mode == 'selective' else mode} checkpointing"
+        why = f"{mode} checkpointing"
     if checkpointing is None:
         b.warn(
             f"{key}: {mode} ({option_key}: {option}): {why} is not modelled yet; the answer "
@@ -353,10 +374,11 @@ def _checkpointing(b: Builder, layers: int | None) -> None:
             b.read(option_key, "see activation_checkpoint.mode")
         return
     became = b.option("checkpointing", checkpointing, f"{key}: {mode}, {option_key}: {option}")
-    if checkpointing.startswith("blocks:"):
-        became += (
-            f" (torchtitan checkpoints one block in {option} of {layers}; memgnn the first as many)"
-        )
+    if checkpointing.startswith("every:"):
+        became += f" (torchtitan's _apply_layer_sac: blocks {option}, {2 * int(option)}, ... of "
+        became += f"{layers if layers is not None else 'the model'}, counted from 1)"
+    elif checkpointing == "selective-op":
+        became += " (torchtitan's _apply_op_sac policy on every block)"
     for k in (key, option_key):
         if b.has(k):
             b.read(

@@ -317,12 +317,14 @@ def config_features(train: dict[str, Any], target: str) -> np.ndarray:
     spec = TrainSpec.of(**{k: v for k, v in train.items() if k in BY_NAME})
     impl = resolve_optimizer_impl(spec, target)
     blocks = spec.activations.checkpoint_blocks
+    # every:N (blocks < -1: one block in N) has no count without the depth: 0
+    count = 0.0 if blocks is None or blocks < 0 else log_scale(blocks, 4)
     lora = spec.adapter.method == "lora"
     return np.concatenate([
         [spec.numerics.precision == p for p in PRECISIONS],
         [spec.optim.name == o for o in OPTIMIZERS],
         [impl == i for i in IMPLS],
-        [blocks is None, blocks == -1, 0.0 if blocks in (None, -1) else log_scale(blocks, 4)],
+        [blocks is None, blocks == -1, count],
         [log_scale(spec.loop.grad_accum, 4), float(spec.optim.set_to_none)],
         [float(lora), log_scale(spec.adapter.r, 8) if lora else 0.0,
          spec.adapter.dropout if lora else 0.0],

@@ -94,10 +94,10 @@ def cost(train: TrainSpec, n_blocks: int | None = None) -> float:
     blocks = train.activations.checkpoint_blocks
     if blocks is None:
         recompute = 0.0
-    elif blocks < 0 or not n_blocks:
-        recompute = RECOMPUTE_COST
-    else:
-        recompute = RECOMPUTE_COST * min(blocks, n_blocks) / n_blocks
+    elif n_blocks:
+        recompute = RECOMPUTE_COST * len(train.activations.checkpointed(n_blocks)) / n_blocks
+    else:  # every:N without the depth: one block in N
+        recompute = RECOMPUTE_COST / (-blocks if blocks < -1 else 1)
     volume = COMM_VOLUME[train.parallel.sharding]
     if train.parallel.sharding in ("fsdp", "hsdp") and not train.parallel.reshard_after_forward:
         volume = 1.0

@@ -76,9 +76,11 @@ __all__ = [
     "TrainSpec",
 ]
 
-# none | full | blocks:N (memgnn's wrapper around the first N blocks) | hf (transformers'
-# own gradient checkpointing of every decoder layer, non-reentrant)
-_CKPT_RE = re.compile(r"^(none|full|hf|blocks:(\d+))$")
+# none | full | blocks:N (memgnn's wrapper around the first N blocks) | every:N (every N-th
+# block: the N-th, 2N-th, ...; torchtitan's selective_ac_option N) | selective-op (every block
+# under torchtitan's op-level selective policy, `emulate.selective`) | hf (transformers' own
+# gradient checkpointing of every decoder layer, non-reentrant)
+_CKPT_RE = re.compile(r"^(none|full|hf|selective-op|blocks:(\d+)|every:([1-9]\d*))$")
 # --float8-filter-fqns: comma-separated module-name substrings (may be empty)
 _FQNS_PATTERN = r"^([A-Za-z0-9_.]+(,[A-Za-z0-9_.]+)*)?$"
 # --loss: the model's own, or torchtune's chunked cross entropy over N chunks
@@ -190,24 +192,51 @@ class ActivationSpec:
     """What the step keeps of its activations for backward."""
 
     checkpointing: str = opt(
-        "none", name="checkpointing", pattern=r"^(none|full|hf|blocks:[0-9]{1,6})$",
-        help="none | full | blocks:N (the first N blocks) | hf (transformers' own, every layer)",
+        "none", name="checkpointing",
+        pattern=r"^(none|full|hf|selective-op|blocks:[0-9]{1,6}|every:[1-9][0-9]{0,5})$",
+        help="none | full | blocks:N (the first N blocks) | every:N (every N-th block, the "
+        "last of each N: torchtitan's selective_ac_option N) | selective-op (every block, "
+        "torchtitan's op-level selective policy: mm outputs but every second, attention, "
+        "max and reduce-scatter saved, the rest recomputed) | hf (transformers' own, every "
+        "layer)",
     )  # fmt: skip
 
     def __post_init__(self) -> None:
-        if not _CKPT_RE.match(self.checkpointing):
+        if not isinstance(self.checkpointing, str) or not _CKPT_RE.match(self.checkpointing):
             raise ValueError(
-                f"bad checkpointing {self.checkpointing!r}; expected none, full, hf or blocks:N"
+                f"bad checkpointing {self.checkpointing!r}; expected none, full, hf, "
+                "selective-op, blocks:N or every:N (N >= 1)"
             )
 
     @property
     def checkpoint_blocks(self) -> int | None:
-        """None: no checkpointing; -1: every block (full, hf); N: the first N blocks."""
+        """None: no checkpointing; -1: every block wrapped (full, hf, selective-op,
+        every:1); N: the first N blocks; every:N (N > 1): -N (`checkpointed` says which)."""
         if self.checkpointing == "none":
             return None
-        if self.checkpointing in ("full", "hf"):
+        if self.checkpointing in ("full", "hf", "selective-op", "every:1"):
             return -1
-        return int(self.checkpointing.split(":", 1)[1])
+        n = int(self.checkpointing.split(":", 1)[1])
+        return -n if self.checkpointing.startswith("every:") else n
+
+    @property
+    def selective(self) -> bool:
+        """torchtitan's op-level selective checkpointing (`emulate.selective`)."""
+        return self.checkpointing == "selective-op"
+
+    def checkpointed(self, n_blocks: int) -> list[int]:
+        """Indices of the blocks wrapped in checkpointing, of `n_blocks` (hf: every layer,
+        by transformers' own wrapper). every:N is torchtitan's `_apply_layer_sac`: a
+        counter from 1 over the blocks, the block checkpointed where it is a multiple of N
+        (blocks N-1, 2N-1, ...: the last block is one when N divides the depth)."""
+        ck = self.checkpoint_blocks
+        if ck is None:
+            return []
+        if ck == -1:
+            return list(range(n_blocks))
+        if ck < 0:
+            return [i for i in range(n_blocks) if (i + 1) % -ck == 0]
+        return list(range(min(ck, n_blocks)))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -559,13 +588,18 @@ class ParallelSpec:
         False, name="fsdp1_cpu_offload", cli="bool",
         help="fsdp1: CPUOffload(offload_params=True) (not modelled yet: refused)",
     )  # fmt: skip
+    # the mixed-precision policy: FSDP1's MixedPrecision, FSDP2's (fsdp/hsdp)
+    # MixedPrecisionPolicy(param_dtype, reduce_dtype) as torchtitan passes it to fully_shard
     fsdp_param_dtype: str = opt(
         "none", name="fsdp_param_dtype", choices=FSDP_DTYPES,
-        help="fsdp1: MixedPrecision.param_dtype (none: the parameters' own)",
+        help="fsdp1, fsdp, hsdp: the dtype parameters are all-gathered and computed in "
+        "(FSDP1 MixedPrecision / FSDP2 MixedPrecisionPolicy param_dtype; none: the "
+        "parameters' own)",
     )  # fmt: skip
     fsdp_reduce_dtype: str = opt(
         "none", name="fsdp_reduce_dtype", choices=FSDP_DTYPES,
-        help="fsdp1: MixedPrecision.reduce_dtype (none: param_dtype's)",
+        help="fsdp1, fsdp, hsdp: the dtype gradients are reduced in (reduce_dtype; none: "
+        "param_dtype's)",
     )  # fmt: skip
     fsdp_buffer_dtype: str = opt(
         "none", name="fsdp_buffer_dtype", choices=FSDP_DTYPES,
@@ -666,11 +700,16 @@ class ParallelSpec:
             _choice(value, FSDP_DTYPES, flag)
         if self.sharding != "fsdp1":
             for o in OPTIONS_FSDP1:
-                if getattr(self, o.field) != o.default:
-                    raise ValueError(
-                        f"--{o.name.replace('_', '-')} applies to --sharding fsdp1 "
-                        f"(FullyShardedDataParallel), not {self.sharding}"
-                    )
+                if getattr(self, o.field) == o.default:
+                    continue
+                if self.sharding in ("fsdp", "hsdp") and o.name in MP_POLICY_OPTIONS:
+                    continue  # FSDP2's MixedPrecisionPolicy (emulate.parallel)
+                also = " or fsdp/hsdp (FSDP2's MixedPrecisionPolicy)"
+                raise ValueError(
+                    f"--{o.name.replace('_', '-')} applies to --sharding fsdp1 "
+                    f"(FullyShardedDataParallel){also if o.name in MP_POLICY_OPTIONS else ''}"
+                    f", not {self.sharding}"
+                )
         if self.fsdp1_cpu_offload:
             raise ValueError(
                 "--fsdp1-cpu-offload true (FSDP1 CPUOffload(offload_params=True)) is not "
@@ -917,8 +956,8 @@ def _check_compile(train: TrainSpec) -> None:
     if mode == "none":
         return
     why = []
-    if train.activations.checkpointing == "hf":
-        why.append("--checkpointing hf")
+    if train.activations.checkpointing in ("hf", "selective-op"):
+        why.append(f"--checkpointing {train.activations.checkpointing}")
     elif mode == "full" and train.activations.checkpointing != "none":
         why.append(f"--checkpointing {train.activations.checkpointing} (use --compile blocks)")
     sharding = train.parallel.sharding
@@ -1030,3 +1069,5 @@ OPTIONS_FSDP1: tuple[Option, ...] = tuple(
     and o.name != "fsdp_reshard_after_forward"
 )
 assert len(BY_NAME) == len(OPTIONS), "option names must be unique"
+# the FSDP1 options FSDP2 (--sharding fsdp|hsdp) takes too: its MixedPrecisionPolicy's dtypes
+MP_POLICY_OPTIONS = ("fsdp_param_dtype", "fsdp_reduce_dtype")

@@ -110,7 +110,7 @@ def test_hf_checkpointing_needs_a_transformers_model():
             device=torch.device("cpu"),
             target="cpu",
         )
-    with pytest.raises(ValueError, match="none, full, hf or blocks:N"):
+    with pytest.raises(ValueError, match="none, full, hf, selective-op, blocks:N or every:N"):
         TrainSpec.of(checkpointing="hf:2")
 
 

@@ -195,6 +195,7 @@ def test_fsdp_peak_matches_pytorchs_fsdp2_mem_tracker(gpus):
     assert answer.breakdown["parallel"] == {
         "per_rank": True, "rank": 0, "world_size": gpus, "sharding": "fsdp",
         "shard_group_size": gpus, "fsdp_reshard_after_forward": True,
+        "fsdp_param_dtype": "none", "fsdp_reduce_dtype": "none",
     }  # fmt: skip
     assert not dist.is_initialized()  # the fake process group is gone
 
