@@ -17,7 +17,9 @@ from public_rows import AAI, AAI_NOTE, AAI_QLORA, BY_ID2, Row, _lora, row
 # the reasons a row is not expressible yet, by key (the summary counts them)
 REASONS = {
     "contradicts": "the source contradicts itself (reported, not fitted)",
-    "compile": "torch.compile not modelled",
+    "compile": "torch.compile with this row's other techniques not modelled (--compile "
+    "blocks is, alone and with ddp/fsdp; not with checkpointing under sharding, float8, "
+    "offloading or a quantised base)",
     "float8": "float8 training not modelled",
     "tp": "tensor parallel",
     "cp": "context parallel",
