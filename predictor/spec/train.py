@@ -487,6 +487,12 @@ class ParallelSpec:
         True, name="fsdp_reshard_after_forward", cli="bool",
         help="fsdp/hsdp: free all-gathered parameters after forward (default true)",
     )  # fmt: skip
+    fsdp_cpu_offload: bool = opt(
+        False, name="fsdp_cpu_offload", cli="bool",
+        help="fsdp: FSDP2 CPUOffloadPolicy() (torchtune's fsdp_cpu_offload): parameter and "
+        "gradient shards in pinned host memory, the optimizer steps on the CPU (its state in "
+        "host memory); the answer gives the device peak and the host bytes apart",
+    )  # fmt: skip
     hsdp_shard_size: int = opt(0, name="hsdp_shard_size", lo=0, hi=65_536,
                                help="hsdp: ranks per shard group (0: the default)")  # fmt: skip
     # tensor parallelism (predictor/emulate/tensor_parallel.py): DTensor parallelize_module
@@ -536,7 +542,9 @@ class ParallelSpec:
     )  # fmt: skip
     fsdp1_cpu_offload: bool = opt(
         False, name="fsdp1_cpu_offload", cli="bool",
-        help="fsdp1: CPUOffload(offload_params=True) (not modelled yet: refused)",
+        help="fsdp1: CPUOffload(offload_params=True): parameter and gradient shards in pinned "
+        "host memory, the optimizer steps on the CPU (its state in host memory); the answer "
+        "gives the device peak and the host bytes apart",
     )  # fmt: skip
     fsdp_param_dtype: str = opt(
         "none", name="fsdp_param_dtype", choices=FSDP_DTYPES,
@@ -650,12 +658,20 @@ class ParallelSpec:
                         f"--{o.name.replace('_', '-')} applies to --sharding fsdp1 "
                         f"(FullyShardedDataParallel), not {self.sharding}"
                     )
-        if self.fsdp1_cpu_offload:
+        if self.fsdp1_cpu_offload and self.fsdp1_strategy not in OFFLOAD_FSDP1_STRATEGIES:
             raise ValueError(
-                "--fsdp1-cpu-offload true (FSDP1 CPUOffload(offload_params=True)) is not "
-                "modelled yet: the answer would keep parameters, gradients and optimizer "
-                "state on the GPU; drop it"
+                f"--fsdp1-cpu-offload true with --fsdp1-sharding-strategy "
+                f"{self.fsdp1_strategy} is not modelled (FSDP1's NO_SHARD and HYBRID_* "
+                f"offload paths); use one of {', '.join(OFFLOAD_FSDP1_STRATEGIES)}"
             )
+        if self.fsdp_cpu_offload and self.sharding != "fsdp":
+            raise ValueError(
+                f"--fsdp-cpu-offload applies to --sharding fsdp (FSDP2 CPUOffloadPolicy), "
+                f"not {self.sharding}"
+                + ("; FSDP1: --fsdp1-cpu-offload true" if self.sharding == "fsdp1" else "")
+            )
+        if self.fsdp_cpu_offload and self.tp > 1:
+            raise ValueError("--fsdp-cpu-offload with --tp is not modelled")
 
     @property
     def hybrid(self) -> bool:
@@ -934,6 +950,7 @@ def _check_offload(train: TrainSpec) -> None:
                 "--optimizer-in-bwd frees each gradient after its step (zero_grad(set_to_none"
                 "=True) in the hook): --zero-grad zero does not apply"
             )
+    _check_param_offload(train)
     if off.optimizer == "torchao":
         if train.parallel.sharding != "none":
             raise ValueError(
@@ -961,6 +978,30 @@ def _check_offload(train: TrainSpec) -> None:
             )
 
 
+def _check_param_offload(train: TrainSpec) -> None:
+    """FSDP's CPU offload of parameters (`emulate.fsdp_offload`) with what memgnn has not
+    run under it: named, refused."""
+    p = train.parallel
+    flag = "--fsdp1-cpu-offload true" if p.sharding == "fsdp1" else "--fsdp-cpu-offload true"
+    if not ((p.sharding == "fsdp1" and p.fsdp1_cpu_offload) or p.fsdp_cpu_offload):
+        return
+    others = {
+        "--offload-optimizer": train.offload.optimizer != "none",
+        "--optimizer-in-bwd": train.optim.in_backward,
+        "amp-fp16 (GradScaler over host gradients)": train.numerics.uses_grad_scaler,
+        "--grad-sync last": p.grad_sync != "every",
+    }
+    named = [k for k, on in others.items() if on]
+    if named:
+        raise ValueError(f"{flag} with {', '.join(named)} is not modelled; drop one")
+    torch_optim = train.optim.name in ("sgd", "adam", "adamw", "adafactor")
+    if not (torch_optim or train.optim.name.startswith("torch.optim.")):
+        raise ValueError(
+            f"{flag}: the optimizer steps the host shards on the CPU; memgnn models "
+            f"torch.optim's there, not --optimizer {train.optim.name}"
+        )
+
+
 _GROUPS: dict[str, type] = {
     "numerics": NumericsSpec,
     "optim": OptimSpec,
@@ -981,6 +1022,8 @@ OPTIONS_FSDP1: tuple[Option, ...] = tuple(
     for o in OPTIONS
     if o.group == "parallel"
     and o.name.startswith(("fsdp1_", "fsdp_"))
-    and o.name != "fsdp_reshard_after_forward"
+    and o.name not in ("fsdp_reshard_after_forward", "fsdp_cpu_offload")
 )
+# FSDP1 strategies whose CPU offload memgnn models (predictor/emulate/fsdp_offload.py)
+OFFLOAD_FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP")
 assert len(BY_NAME) == len(OPTIONS), "option names must be unique"
