@@ -66,7 +66,8 @@ def offload_warnings(train: Any) -> list[str]:
     return [
         f"{flag}: the predicted peak is the GPU's; each rank's parameter shards and their "
         "gradients (pinned) and the optimizer state (pageable) are host memory, given apart "
-        "in the breakdown (host_pinned_peak_bytes, host_pageable_peak_bytes, host_peak_bytes)",
+        "in the breakdown (host_pinned_peak_bytes, host_pageable_peak_bytes, host_peak_bytes) "
+        "by --method replay or analytic (the learned route gives the device figure only)",
         f"{flag}: the optimizer steps the host shards on the CPU with what PyTorch picks for "
         "CPU tensors; each unit's shard is copied to the GPU for its all-gather (freed once "
         "gathered) and each gradient shard copied to the host after its reduce-scatter, as "
