@@ -101,6 +101,8 @@ def run_row(row: Row, csv_row: dict[str, str], timeout: float, dry: bool = False
         "method": pred["method"],
         "warnings": pred.get("warnings", []),
         "categories": pred["breakdown"].get("categories", {}),
+        # off-device figures (FSDP / optimizer / activation offload), not in the prediction
+        **{k: v for k, v in pred["breakdown"].items() if k.startswith("host_")},
         "rel_error": (predicted - out["measured_bytes"]) / out["measured_bytes"],
     }
 

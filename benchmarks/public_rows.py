@@ -382,7 +382,22 @@ AAI_NOTE = (
     "transformers 5's); caching-allocator pools per stream (FSDP1 all-gathers on its own "
     "stream) are not simulated: the reserved figure is a single-stream replay"
 )
-AAI_OFFLOAD = "FSDP1 CPUOffload(offload_params=True) is not modelled yet (--fsdp1-cpu-offload)"
+# `--use_cpu_offload True`: FSDP(cpu_offload=CPUOffload(offload_params=True)); train.py's
+# torch AdamW then steps CPU tensors (PyTorch's for-loop implementation there)
+AAI_OFFLOAD_NOTE = (
+    "; FSDP1 CPUOffload(offload_params=True): the parameter and gradient shards in pinned "
+    "host memory, AdamW stepping on the CPU (host figures in the breakdown, not in the "
+    "device figure); the H2D copy of each unit's shard and its device gradient shard "
+    "(kept until backward ends) counted on the device"
+)
+AAI_CPU_OFFLOAD = {"fsdp1_cpu_offload": True}
+# "Mistral 7B v0.2 Base" (hub id not stated): Mistral-7B-v0.1's shapes (v0.2 changed
+# rope_theta and dropped the sliding window, neither a shape): the window widened past the
+# longest row's length (32768, v0.2's context) as v0.2 has none
+AAI_MISTRAL = {
+    "model": "hf:mistralai/Mistral-7B-v0.1",
+    "model_args": {"use_cache": "false", "sliding_window": "32768"},
+}
 LLAMA2_7B = "hf:meta-llama/Llama-2-7b-hf"
 
 
@@ -391,10 +406,12 @@ def _aai(id: str, batch: int, seq: int, device: str, quant: bool, strategy: str 
     train = AAI_QLORA if quant else AAI_LORA
     if strategy:
         train = train | {"fsdp1_sharding_strategy": strategy}
+    kw.setdefault("model", LLAMA2_7B)
+    kw.setdefault("model_args", {"use_cache": "false"})
+    notes = AAI_NOTE + (AAI_OFFLOAD_NOTE if kw.get("fsdp1_cpu_offload") else "")
     return row(
-        id=id, model=LLAMA2_7B, batch=batch, seq=seq, device=device, metric="reserved",
-        unit="GiB", method="replay", source=AAI, notes=AAI_NOTE,
-        model_args={"use_cache": "false"}, **train, **kw,
+        id=id, batch=batch, seq=seq, device=device, metric="reserved",
+        unit="GiB", method="replay", source=AAI, notes=notes, **train, **kw,
     )  # fmt: skip
 
 
@@ -411,16 +428,17 @@ ROWS2: list[Row] = [
     _aai("aai9", 8, 2048, "rtx3090-24gb", True, "NO_SHARD"),
     _aai("aai10", 4, 2048, "rtx3090-24gb", False, "NO_SHARD"),
     row(id="aai11", why_not="01-ai/Yi-34B is not in memgnn's offline catalog"),
-    row(id="aai12", why_not=AAI_OFFLOAD + "; 01-ai/Yi-34B is not in the catalog"),
-    row(id="aai13", why_not=AAI_OFFLOAD),
+    row(id="aai12", why_not="01-ai/Yi-34B is not in memgnn's offline catalog"),
+    _aai("aai13", 2, 2048, "rtx3090-24gb", True, model="hf:meta-llama/Llama-2-70b-hf",
+         **AAI_CPU_OFFLOAD),
     _aai("aai14", 4, 2048, "rtx4090-24gb", False, "NO_SHARD"),
     _aai("aai15", 6, 2048, "rtx4090-24gb", False),
-    row(id="aai16", why_not=AAI_OFFLOAD),
+    _aai("aai16", 10, 2048, "rtx4090-24gb", False, **AAI_CPU_OFFLOAD),
     _aai("aai17", 8, 2048, "rtx4090-24gb", True, "NO_SHARD"),
     _aai("aai18", 10, 2048, "rtx4090-24gb", True),
-    row(id="aai19", why_not=AAI_OFFLOAD),
-    row(id="aai20", why_not=AAI_OFFLOAD),
-    row(id="aai21", why_not=AAI_OFFLOAD),
+    _aai("aai19", 12, 2048, "rtx4090-24gb", True, **AAI_CPU_OFFLOAD),
+    _aai("aai20", 12, 2048, "rtx4090-24gb", True, **AAI_MISTRAL, **AAI_CPU_OFFLOAD),
+    _aai("aai21", 1, 24576, "rtx4090-24gb", True, **AAI_MISTRAL, **AAI_CPU_OFFLOAD),
     # torchtune's distributed recipes of May 2024 (FSDP1): its own Llama-2 code (memgnn
     # captures HF's, the same shapes), bf16 model, LoRA q/v r 8 alpha 16 in the model's
     # dtype, lora_fsdp_wrap_policy (adapters + decoder layers), activation checkpointing;

@@ -12,7 +12,17 @@ benchmarks/configs/) or `why_not`, the named reasons it is not expressible yet, 
 
 from __future__ import annotations
 
-from public_rows import AAI, AAI_NOTE, AAI_QLORA, BY_ID2, Row, _lora, row
+from public_rows import (
+    AAI,
+    AAI_CPU_OFFLOAD,
+    AAI_NOTE,
+    AAI_OFFLOAD_NOTE,
+    AAI_QLORA,
+    BY_ID2,
+    Row,
+    _lora,
+    row,
+)
 
 # the reasons a row is not expressible yet, by key (the summary counts them)
 REASONS = {
@@ -185,7 +195,8 @@ ROWS_2: list[Row] = [
             "8B_lora_single_device.yaml", suspect=True,
             extra="; the same config as ttune3 on a 48 GB card logs ~2x the memory"),
     not_row("ttune5", "compile", "torchao_nf4"),
-    not_row("ttune6", "compile", "cpu_offload"),
+    not_row("ttune6", "compile",
+            extra="its fsdp_cpu_offload alone is expressible (--fsdp-cpu-offload true)"),
     not_row("ttune7", "compile"),
     not_row("ttune8", "contradicts", "compile", "torchao_nf4",
             extra="README batch 2 vs the config's batch 1 x accumulation 16"),
@@ -246,7 +257,11 @@ ROWS_2: list[Row] = [
         device="rtx3090-24gb", metric="reserved", unit="GiB", method="replay", source=AAI,
         notes=AAI_NOTE + "; 01-ai/Yi-34B from its published config.json (benchmarks/configs/"
         "hf/yi-34b/)", model_args={"use_cache": "false"}, **AAI_QLORA),
-    not_row("aai12", "cpu_offload", extra="Yi-34B itself is expressible (aai11)"),
+    row(id="aai12", model="hf:benchmarks/configs/hf/yi-34b/config.json", batch=4, seq=2048,
+        device="rtx3090-24gb", metric="reserved", unit="GiB", method="replay", source=AAI,
+        notes=AAI_NOTE + "; 01-ai/Yi-34B from its published config.json (benchmarks/configs/"
+        "hf/yi-34b/)" + AAI_OFFLOAD_NOTE, model_args={"use_cache": "false"}, **AAI_QLORA,
+        **AAI_CPU_OFFLOAD),
     *[BY_ID2[f"aai{k}"] for k in range(13, 22)],
     *[not_row(f"aoopt{k}", "compile", "timm") for k in (1, 2, 3, 4, 6)],
     not_row("aoopt5", "compile", "timm", "lpmm"),

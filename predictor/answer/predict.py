@@ -32,6 +32,7 @@ from memgnn.predictor.answer.types import (
 )
 from memgnn.predictor.capture.model_info import describe_bundle
 from memgnn.predictor.capture.query import unused_sizes
+from memgnn.predictor.emulate.fsdp_offload import offload_warnings
 from memgnn.predictor.emulate.parallel import annotate
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.graph import StepGraph
@@ -252,7 +253,7 @@ def _answer(
         graph_id=entry.graph_id,
         model=model_info(graph, bundle, train or req.train, target),
         train=train.to_dict() if train is not None else None,
-        warnings=unused_sizes(graph, list(config.sizes)),
+        warnings=unused_sizes(graph, list(config.sizes)) + offload_warnings(train),
         verdict=verdict,
         correction=served.correction.to_dict(),
         uncorrected_peak_bytes=served.raw.predicted_peak_bytes,

@@ -21,6 +21,7 @@ import torch
 from memgnn.predictor.emulate.attention import apply_attention, check_attention
 from memgnn.predictor.emulate.compile import apply_compile
 from memgnn.predictor.emulate.float8 import apply_float8, check_float8
+from memgnn.predictor.emulate.fsdp_offload import HostOptimizer, offloads_params
 from memgnn.predictor.emulate.loss import apply_chunked_loss
 from memgnn.predictor.emulate.offload import apply_activation_offload
 from memgnn.predictor.emulate.offload_optim import CPUOffloadOptimizer
@@ -309,7 +310,7 @@ class TrainingStep:
             self.loss_fn = apply_chunked_loss(model, n_chunks, compiled=compiled_loss, fake=fake)
         if world is not None:
             hold_quant_state(model)  # bitsandbytes' quant state is no module state
-            model = self.model = parallelize(model, blocks, train, world)
+            model = self.model = parallelize(model, blocks, train, world, target)
         # offloading: saved activations to the host (emulate.offload)
         offloaded = apply_activation_offload(model, train, target)
         if offloaded:
@@ -320,6 +321,8 @@ class TrainingStep:
             self.optimizer = zero_optimizer(self.params, make)
         elif train.optim.in_backward:  # torchtune's optimizer_in_bwd
             self.optimizer = OptimizerInBackward(self.params, make)
+        elif offloads_params(train):  # FSDP CPU offload: the optimizer steps host shards
+            self.optimizer = HostOptimizer(build_optimizer(self.params, train, "cpu"))
         elif train.offload.optimizer == "torchao":
             self.optimizer = CPUOffloadOptimizer(
                 self.params,
@@ -373,6 +376,8 @@ class TrainingStep:
         """Optimizer state PyTorch keeps on the host when training on CUDA (the `step`
         counters of non-fused, non-capturable torch.optim classes, Adafactor's, torchao's):
         read off each class's own state (`emulate.optimizers.host_state`)."""
+        if offloads_params(self.train):  # all its state is on the host, counted there
+            return []
         optimizer = self.local_optimizer
         optimizers = getattr(optimizer, "device_optimizers", [optimizer])
         return host_state(optimizers, self.target)

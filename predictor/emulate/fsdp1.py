@@ -21,7 +21,8 @@ precision are PyTorch's, recorded node for node:
   thread against CUDA events; memgnn records the program order of allocations, which it
   does not change, so the allocated answer is the same either way (on a GPU the flag
   bounds how far all-gather buffers run ahead of their frees: a reserved-memory effect).
-- `cpu_offload` is refused (`ParallelSpec`).
+- `cpu_offload`: `CPUOffload(offload_params=True)` where `--fsdp1-cpu-offload true`, its
+  host shards and copies placed by `predictor.emulate.fsdp_offload`.
 
 Fake tensors have no addresses (`data_ptr()` is 0 plus the offset), and FSDP1 compares
 them: its post-backward catch-all reshard skips a unit whose flat parameter "already"
@@ -39,6 +40,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from memgnn.predictor.emulate.fsdp_offload import fsdp1_offload_places
 from memgnn.predictor.spec.train import TrainSpec
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
@@ -118,13 +120,15 @@ def _mixed_precision(train: TrainSpec) -> Any:
 
 
 def fsdp1_wrap(
-    model: nn.Module, blocks: list[nn.Module], train: TrainSpec, world: Any
+    model: nn.Module, blocks: list[nn.Module], train: TrainSpec, world: Any, target: str = "cpu"
 ) -> nn.Module:
     """`FullyShardedDataParallel(model, ...)` with `train.parallel`'s FSDP1 arguments on
     `world`'s process group (2-D mesh for the HYBRID strategies). FSDP1's own refusals
     (a unit mixing dtypes, or frozen and trainable weights without use_orig_params) come
-    back as a ValueError naming the options that change them."""
-    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+    back as a ValueError naming the options that change them. With CPU offload, `target`
+    ("cpu" or "cuda") says whether the shards' host-device copies are made
+    (`emulate.fsdp_offload`)."""
+    from torch.distributed.fsdp import BackwardPrefetch, CPUOffload, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     p = train.parallel
@@ -146,8 +150,10 @@ def fsdp1_wrap(
     }
     if p.hybrid:
         kwargs["device_mesh"] = world.mesh
+    if p.fsdp1_cpu_offload:
+        kwargs["cpu_offload"] = CPUOffload(offload_params=True)
     try:
-        return FSDP(model, **kwargs)
+        wrapped = FSDP(model, **kwargs)
     except ValueError as exc:
         if "integer dtype" in str(exc):
             hint = "store a 4-bit base's codes in a float dtype: --bnb-quant-storage bf16"
@@ -161,6 +167,9 @@ def fsdp1_wrap(
         raise ValueError(
             f"--sharding fsdp1: FullyShardedDataParallel refuses this model: {exc} ({hint})"
         ) from exc
+    if p.fsdp1_cpu_offload:
+        fsdp1_offload_places(flat_handles(wrapped), target)
+    return wrapped
 
 
 def flat_handles(model: nn.Module) -> list[Any]:

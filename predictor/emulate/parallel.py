@@ -18,6 +18,8 @@ FSDP2's prefetching are PyTorch's, recorded node for node by the same `StepRecor
   all-gather and their reshard. A 4-bit base's codes in uint8 storage stay whole on every
   rank (`ignored_params`, as accelerate's fully_shard path leaves them); in a float
   `--bnb-quant-storage` they are sharded with the rest (FSDP-QLoRA).
+  `--fsdp-cpu-offload true`: `CPUOffloadPolicy()`, shards on the host
+  (`predictor.emulate.fsdp_offload`).
 - `zero3`: the same as `fsdp` with `reshard_after_forward=True` (ZeRO-3 = full sharding).
 - `hsdp`: `fully_shard` over a 2-D mesh (replicate x shard, `TrainSpec.shard_group_size`
   ranks per shard group): sharded within a group, gradients all-reduced across groups.
@@ -68,6 +70,7 @@ from unittest import mock
 import torch
 import torch.distributed as dist
 from memgnn.predictor.emulate.fsdp1 import fake_addresses, fsdp1_gradients, fsdp1_wrap
+from memgnn.predictor.emulate.fsdp_offload import cpu_stream_sync, fsdp2_offload_places
 from memgnn.predictor.emulate.quant import Linear4bitSim
 from memgnn.predictor.emulate.tensor_parallel import (
     apply_tp,
@@ -148,6 +151,8 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
         with contextlib.ExitStack() as stack:
             stack.enter_context(unrecorded_propagation())
             stack.enter_context(addresses)
+            if train.parallel.fsdp1_cpu_offload:
+                stack.enter_context(cpu_stream_sync())
             if tp > 1:  # DTensor under the capture's shape env (emulate.tensor_parallel)
                 stack.enter_context(unguarded_propagation())
                 stack.enter_context(real_mesh_concatenation())
@@ -157,10 +162,11 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
 
 
 def parallelize(
-    model: nn.Module, blocks: list[nn.Module], train: TrainSpec, world: World
+    model: nn.Module, blocks: list[nn.Module], train: TrainSpec, world: World, target: str = "cpu"
 ) -> nn.Module:
     """Wrap `model` as `train.parallel.sharding` says (module docstring), its linears split
-    first where `--tp` > 1 (`emulate.tensor_parallel`); returns what to call."""
+    first where `--tp` > 1 (`emulate.tensor_parallel`); returns what to call. `target`
+    ("cpu"/"cuda"): where CPU offload's host-device copies are made (`emulate.fsdp_offload`)."""
     if train.parallel.tp > 1:
         apply_tp(model, blocks, world.tp_mesh, train.parallel.tp)
         if train.parallel.sharding == "none":
@@ -168,8 +174,8 @@ def parallelize(
     if train.parallel.sharding in ("ddp", "zero1"):
         return _ddp(model, world)
     if train.parallel.sharding == "fsdp1":
-        return fsdp1_wrap(model, blocks, train, world)
-    from torch.distributed.fsdp import fully_shard
+        return fsdp1_wrap(model, blocks, train, world, target)
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     if not blocks:
         raise ValueError(
@@ -188,11 +194,15 @@ def parallelize(
     policy = mp_policy(train)
     if policy is not None:
         kw["mp_policy"] = policy
+    if train.parallel.fsdp_cpu_offload:  # pinned: marked below (no accelerator needed)
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
     for block in blocks:
         fully_shard(block, mesh=world.mesh, reshard_after_forward=reshard, **kw)
     fully_shard(model, mesh=world.mesh, reshard_after_forward=reshard, **kw)
     if train.parallel.sharding == "zero2":
         model.set_reshard_after_backward(False)  # parameters stay whole (see docstring)
+    if train.parallel.fsdp_cpu_offload:
+        fsdp2_offload_places(model, target)
     return model
 
 
@@ -394,6 +404,7 @@ def rank_note(train: Mapping[str, Any]) -> dict[str, Any] | None:
             "shard_group_size": spec.parallel.shard_group_size,
             "fsdp_reshard_after_forward": spec.parallel.reshard_after_forward,
         }
+        | ({"fsdp_cpu_offload": True} if spec.parallel.fsdp_cpu_offload else {})
         | (_fsdp1_note(spec) if sharding == "fsdp1" else {})
         | (
             {n: getattr(spec.parallel, BY_NAME[n].field) for n in MP_POLICY_OPTIONS}

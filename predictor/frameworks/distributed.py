@@ -14,7 +14,9 @@ accelerate's `fsdp_` prefix, which TrainingArguments strips; FSDP1's
 - FSDP1 (the default where no version is given) is modelled as FSDP2 (per-parameter
   shards instead of flat parameters): a warning says so.
 - `activation_checkpointing: true` -> --checkpointing full (a checkpoint wrapper per layer).
-- offload (CPU offload of parameters) is not modelled: a warning.
+- offload / offload_params / cpu_offload (CPU offload of parameters) ->
+  --fsdp-cpu-offload true (FSDP2 CPUOffloadPolicy) with full sharding; with another
+  strategy a warning.
 
 DeepSpeed (its config JSON, inline or a path): `zero_optimization.stage` 0 -> ddp, 1 ->
 zero1, 2 -> zero2, 3 -> zero3; optimizer/parameter offload is not modelled (a warning);
@@ -94,6 +96,18 @@ class DeepSpeed:
     stage: int | None = None
     bf16: Any = None
     fp16: Any = None
+
+
+def _offload(b: Builder, sharding: str, source: str) -> str:
+    """FSDP's CPU offload of parameters -> --fsdp-cpu-offload (FSDP2 CPUOffloadPolicy, as
+    the FSDP run is modelled) where the strategy shards fully; else a warning."""
+    if sharding == "fsdp":
+        return b.option("fsdp_cpu_offload", True, source)
+    b.warn(
+        f"{source}: FSDP's CPU offload with --sharding {sharding} is not modelled; the answer "
+        "keeps parameters, gradients and optimizer states on the GPU"
+    )
+    return f"not modelled with --sharding {sharding} (warned)"
 
 
 def read_deepspeed(b: Builder, key: str, base: Path) -> DeepSpeed | None:
@@ -216,12 +230,8 @@ def read_fsdp(
         became += " " + b.option("fsdp_reshard_after_forward", False, source)
     if b.has(key):
         b.read(key, became)
-    for w in words:
-        if w == "offload":
-            b.warn(
-                f"{key}: offload: FSDP's CPU offload is not modelled yet; the answer keeps "
-                "parameters, gradients and optimizer states on the GPU"
-            )
+    if "offload" in words:
+        _offload(b, sharding, f"{key}: offload")
     if str(version) != "2":
         b.warn(
             f"{key}: FSDP1's flat parameters are modelled as FSDP2's per-parameter shards "
@@ -243,7 +253,10 @@ def read_fsdp(
             else:
                 b.read(k, "off")
         elif name in ("offload_params", "cpu_offload"):
-            b.feature(k, "FSDP's CPU offload", "the answer keeps every state on the GPU")
+            if is_off(value):
+                b.read(k, "off")
+            else:
+                b.read(k, _offload(b, sharding, f"{k}: {value}"))
         elif name == "forward_prefetch":
             b.feature(
                 k,

@@ -30,7 +30,7 @@ Key (default) -> memgnn:
   --offload-activations torchtune
 - distributed keys (fsdp_cpu_offload, fsdp_reshard_after_forward, data_parallel_shard_dim,
   ...) -> --sharding fsdp (FSDP2 on every layer; the GPU count is tune run's
-  --nproc_per_node)
+  --nproc_per_node); fsdp_cpu_offload -> --fsdp-cpu-offload (CPUOffloadPolicy)
 - compile -> --compile blocks (training.compile_model compiles each layer, over its
   activation checkpoint where enabled; the loss's own compile is not modelled: it runs
   eager), unless read with an option --compile is not modelled with (sharding, activation
@@ -38,7 +38,7 @@ Key (default) -> memgnn:
 - loss._component_: torchtune.modules.loss.CEWithChunkedOutputLoss, loss.num_output_chunks
   (8) -> --loss chunked-ce:N (the recipe's model.set_num_output_chunks(N))
 Not modelled (warnings): ac_mode/ac_option (selective), LinearCrossEntropyLoss, the compile
-of an unchunked loss (it runs eager), fsdp_cpu_offload, tensor/context
+of an unchunked loss (it runs eager), tensor/context
 parallel dims. torchtune runs its own model code (TransformerDecoder): the answer captures
 transformers' class of the same shapes.
 """
@@ -168,7 +168,6 @@ _BWD_ASSUMED = "backward, then the optimizer step (modelled on one GPU only)"
 _FEATURES = {
     "ac_mode": ("selective activation checkpointing", "every layer or none, as enabled"),
     "ac_option": ("selective activation checkpointing", "every layer or none, as enabled"),
-    "fsdp_cpu_offload": ("FSDP's CPU offload", "every state on the GPU"),
     "custom_sharded_layers": (
         "separate FSDP units for the embeddings and output",
         "FSDP on every layer and the root",
@@ -500,6 +499,10 @@ def _distributed(b: Builder, path: Path) -> None:
         value = b.get(k)
         if name == "fsdp_reshard_after_forward":
             b.read(k, b.option("fsdp_reshard_after_forward", bool(value), f"{k}: {value}"))
+        elif name == "fsdp_cpu_offload":  # fully_shard(offload_policy=CPUOffloadPolicy())
+            b.read(
+                k, "off" if is_off(value) else b.option("fsdp_cpu_offload", True, f"{k}: {value}")
+            )
         elif name in ("data_parallel_shard_dim", "data_parallel_replicate_dim"):
             replicate = name == "data_parallel_replicate_dim" and b.number(k) > 1
             if replicate:

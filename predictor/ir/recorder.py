@@ -80,8 +80,13 @@ def placed(place: str):
 def mark_place(tensors: Iterable[torch.Tensor], place: str) -> None:
     """Remember that these tensors' storages live at `place`, for a recorder that first
     sees them later (state made before the recorded step, e.g. an optimizer's host state
-    created in an unrecorded warm-up step). Forgotten when the storage dies."""
+    created in an unrecorded warm-up step), and re-place them in the recorders running now
+    that track them already (a storage a library allocates first and hands to the host
+    later, e.g. FSDP1's lazily initialised shards). Forgotten when the storage dies."""
     _check_place(place)
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    active = [m for m in _get_current_dispatch_mode_stack() if isinstance(m, StepRecorder)]
     for t in leaves(tensors):
         storage = _storage_of(t)
         if storage is None:
@@ -90,6 +95,10 @@ def mark_place(tensors: Iterable[torch.Tensor], place: str) -> None:
         if key not in _MARKED:
             weakref.finalize(storage, _MARKED.pop, key, None)
         _MARKED[key] = place
+        for rec in active:  # a recorder that already tracks it (made before it was marked)
+            uid = rec._live.get(key)
+            if uid is not None:
+                rec.storages[uid].place = place
 
 
 def _storage_of(t: torch.Tensor) -> Any | None:

@@ -537,6 +537,12 @@ class ParallelSpec:
         True, name="fsdp_reshard_after_forward", cli="bool",
         help="fsdp/hsdp: free all-gathered parameters after forward (default true)",
     )  # fmt: skip
+    fsdp_cpu_offload: bool = opt(
+        False, name="fsdp_cpu_offload", cli="bool",
+        help="fsdp: FSDP2 CPUOffloadPolicy() (torchtune's fsdp_cpu_offload): parameter and "
+        "gradient shards in pinned host memory, the optimizer steps on the CPU (its state in "
+        "host memory); the answer gives the device peak and the host bytes apart",
+    )  # fmt: skip
     hsdp_shard_size: int = opt(0, name="hsdp_shard_size", lo=0, hi=65_536,
                                help="hsdp: ranks per shard group (0: the default)")  # fmt: skip
     # tensor parallelism (predictor/emulate/tensor_parallel.py): DTensor parallelize_module
@@ -586,7 +592,9 @@ class ParallelSpec:
     )  # fmt: skip
     fsdp1_cpu_offload: bool = opt(
         False, name="fsdp1_cpu_offload", cli="bool",
-        help="fsdp1: CPUOffload(offload_params=True) (not modelled yet: refused)",
+        help="fsdp1: CPUOffload(offload_params=True): parameter and gradient shards in pinned "
+        "host memory, the optimizer steps on the CPU (its state in host memory); the answer "
+        "gives the device peak and the host bytes apart",
     )  # fmt: skip
     # the mixed-precision policy: FSDP1's MixedPrecision, FSDP2's (fsdp/hsdp)
     # MixedPrecisionPolicy(param_dtype, reduce_dtype) as torchtitan passes it to fully_shard
@@ -710,12 +718,28 @@ class ParallelSpec:
                     f"(FullyShardedDataParallel){also if o.name in MP_POLICY_OPTIONS else ''}"
                     f", not {self.sharding}"
                 )
-        if self.fsdp1_cpu_offload:
+        if self.fsdp1_cpu_offload and self.fsdp1_strategy not in OFFLOAD_FSDP1_STRATEGIES:
             raise ValueError(
-                "--fsdp1-cpu-offload true (FSDP1 CPUOffload(offload_params=True)) is not "
-                "modelled yet: the answer would keep parameters, gradients and optimizer "
-                "state on the GPU; drop it"
+                f"--fsdp1-cpu-offload true with --fsdp1-sharding-strategy "
+                f"{self.fsdp1_strategy} is not modelled (FSDP1's NO_SHARD and HYBRID_* "
+                f"offload paths); use one of {', '.join(OFFLOAD_FSDP1_STRATEGIES)}"
             )
+        if self.fsdp_cpu_offload and self.sharding != "fsdp":
+            raise ValueError(
+                f"--fsdp-cpu-offload applies to --sharding fsdp (FSDP2 CPUOffloadPolicy), "
+                f"not {self.sharding}"
+                + ("; FSDP1: --fsdp1-cpu-offload true" if self.sharding == "fsdp1" else "")
+            )
+        if self.fsdp_cpu_offload and (self.fsdp_param_dtype, self.fsdp_reduce_dtype) != (
+            "none",
+            "none",
+        ):
+            raise ValueError(
+                "--fsdp-cpu-offload with --fsdp-param-dtype/--fsdp-reduce-dtype (FSDP2's "
+                "MixedPrecisionPolicy) is not modelled yet: each was checked alone"
+            )
+        if self.fsdp_cpu_offload and self.tp > 1:
+            raise ValueError("--fsdp-cpu-offload with --tp is not modelled")
 
     @property
     def hybrid(self) -> bool:
@@ -981,6 +1005,8 @@ def _check_compile(train: TrainSpec) -> None:
         why.append(f"--float8 {train.numerics.float8}")
     if train.parallel.tp > 1:
         why.append(f"--tp {train.parallel.tp}")
+    if train.parallel.fsdp_cpu_offload or train.parallel.fsdp1_cpu_offload:
+        why.append("FSDP CPU offload")
     if why:
         raise ValueError(f"--compile {mode} with {', '.join(why)} is not modelled yet")
 
@@ -1019,6 +1045,7 @@ def _check_offload(train: TrainSpec) -> None:
                 "--optimizer-in-bwd frees each gradient after its step (zero_grad(set_to_none"
                 "=True) in the hook): --zero-grad zero does not apply"
             )
+    _check_param_offload(train)
     if off.optimizer == "torchao":
         if train.parallel.sharding != "none":
             raise ValueError(
@@ -1046,6 +1073,30 @@ def _check_offload(train: TrainSpec) -> None:
             )
 
 
+def _check_param_offload(train: TrainSpec) -> None:
+    """FSDP's CPU offload of parameters (`emulate.fsdp_offload`) with what memgnn has not
+    run under it: named, refused."""
+    p = train.parallel
+    flag = "--fsdp1-cpu-offload true" if p.sharding == "fsdp1" else "--fsdp-cpu-offload true"
+    if not ((p.sharding == "fsdp1" and p.fsdp1_cpu_offload) or p.fsdp_cpu_offload):
+        return
+    others = {
+        "--offload-optimizer": train.offload.optimizer != "none",
+        "--optimizer-in-bwd": train.optim.in_backward,
+        "amp-fp16 (GradScaler over host gradients)": train.numerics.uses_grad_scaler,
+        "--grad-sync last": p.grad_sync != "every",
+    }
+    named = [k for k, on in others.items() if on]
+    if named:
+        raise ValueError(f"{flag} with {', '.join(named)} is not modelled; drop one")
+    torch_optim = train.optim.name in ("sgd", "adam", "adamw", "adafactor")
+    if not (torch_optim or train.optim.name.startswith("torch.optim.")):
+        raise ValueError(
+            f"{flag}: the optimizer steps the host shards on the CPU; memgnn models "
+            f"torch.optim's there, not --optimizer {train.optim.name}"
+        )
+
+
 _GROUPS: dict[str, type] = {
     "numerics": NumericsSpec,
     "optim": OptimSpec,
@@ -1066,8 +1117,10 @@ OPTIONS_FSDP1: tuple[Option, ...] = tuple(
     for o in OPTIONS
     if o.group == "parallel"
     and o.name.startswith(("fsdp1_", "fsdp_"))
-    and o.name != "fsdp_reshard_after_forward"
+    and o.name not in ("fsdp_reshard_after_forward", "fsdp_cpu_offload")
 )
+# FSDP1 strategies whose CPU offload memgnn models (predictor/emulate/fsdp_offload.py)
+OFFLOAD_FSDP1_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP")
 assert len(BY_NAME) == len(OPTIONS), "option names must be unique"
 # the FSDP1 options FSDP2 (--sharding fsdp|hsdp) takes too: its MixedPrecisionPolicy's dtypes
 MP_POLICY_OPTIONS = ("fsdp_param_dtype", "fsdp_reduce_dtype")

@@ -221,8 +221,9 @@ def test_fsdp1_refusals_name_the_options():
         TrainSpec.of(gpus=2, sharding="fsdp1", **(QLORA | {"bnb_quant_storage": "uint8"}))
     with pytest.raises(ValueError, match="--fsdp1-use-orig-params applies to --sharding fsdp1"):
         TrainSpec.of(gpus=2, sharding="fsdp", fsdp1_use_orig_params=True)
-    with pytest.raises(ValueError, match="--fsdp1-cpu-offload true .* not modelled"):
-        TrainSpec.of(gpus=2, sharding="fsdp1", fsdp1_cpu_offload=True)
+    with pytest.raises(ValueError, match="--fsdp1-cpu-offload true with --fsdp1-sharding-s"):
+        TrainSpec.of(gpus=4, sharding="fsdp1", fsdp1_cpu_offload=True,
+                     fsdp1_sharding_strategy="HYBRID_SHARD")  # fmt: skip
     with pytest.raises(ValueError, match="--sharding fsdp1 \\(sharded within groups\\)"):
         TrainSpec.of(gpus=2, sharding="fsdp1", fsdp1_sharding_strategy="HYBRID_SHARD")
     assert TrainSpec.of(gpus=4, sharding="fsdp1", fsdp1_sharding_strategy="HYBRID_SHARD") \

@@ -40,9 +40,22 @@ def test_an_accelerate_style_fsdp1_config_names_its_strategy():
         },
         config_enables=True,
     )
-    assert on and r.options == {"sharding": "fsdp", "fsdp_reshard_after_forward": False}
-    assert any(w.startswith("fsdp_config.fsdp_offload_params: true") for w in r.warnings)
+    assert on and r.options == {
+        "sharding": "fsdp",
+        "fsdp_reshard_after_forward": False,
+        "fsdp_cpu_offload": True,
+    }
+    assert r.key("fsdp_config.fsdp_offload_params").became == "--fsdp-cpu-offload true"
+    assert not any("offload" in w for w in r.warnings)
     assert r.key("fsdp_config.fsdp_forward_prefetch").became.startswith("off")
+
+
+def test_cpu_offload_without_full_sharding_is_warned():
+    on, r = _fsdp({"fsdp": "no_shard offload"})
+    assert on and r.options == {"sharding": "ddp"}
+    assert any(
+        w.startswith("fsdp: offload: FSDP's CPU offload with --sharding ddp") for w in r.warnings
+    )
 
 
 def test_an_fsdp_config_without_fsdp_is_off_for_the_trainer():

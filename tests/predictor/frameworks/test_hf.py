@@ -344,11 +344,11 @@ def test_memory_keys_memgnn_does_not_model_are_warned(write):
         "label_smoothing_factor: 0.1",
         "gradient_checkpointing_kwargs.use_reentrant: true: reentrant",
         "optim: lion_8bit: this optimizer is not modelled",
-        "fsdp: offload",
     )
     for start in starts:
         assert any(w.startswith(start) for w in r.warnings), start
     assert "optimizer" not in r.options  # memgnn's default AdamW, as the warning says
+    assert r.options["fsdp_cpu_offload"] is True  # fsdp: offload, read (FSDP2 CPUOffloadPolicy)
 
 
 def test_an_unknown_key_is_reported(write):

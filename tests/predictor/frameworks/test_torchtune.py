@@ -142,6 +142,17 @@ enable_activation_offloading: True
 """
 
 
+def test_fsdp_cpu_offload_is_read(write, catalog, became, valid_spec):
+    text = FULL_DISTRIBUTED.replace("fsdp_cpu_offload: False", "fsdp_cpu_offload: True")
+    text = text.replace("optimizer_in_bwd: True", "optimizer_in_bwd: False")
+    r = read_config(write("full_distributed.yaml", text), catalog=catalog)
+    assert r.options["fsdp_cpu_offload"] is True
+    assert became(r)["fsdp_cpu_offload"] == "--fsdp-cpu-offload true"
+    assert not any(w.startswith("fsdp_cpu_offload") for w in r.warnings)
+    r.options.pop("compile", None)  # --compile with sharding is refused on its own
+    assert valid_spec(r, gpus=8).parallel.fsdp_cpu_offload
+
+
 def test_a_full_distributed_recipe_warns_what_is_not_modelled(write, catalog, became, valid_spec):
     r = read_config(write("full_distributed.yaml", FULL_DISTRIBUTED), catalog=catalog)
     assert r.model == "hf:Qwen/Qwen3-8B"  # the base checkpoint's shapes: the catalog's Qwen3-8B
