@@ -65,6 +65,9 @@ def test_samples_survive_kill_9(db_url, tmp_path):
             json={
                 "graph_id": gid,
                 "configs": [{"sizes": {"B": 8}, "device": "a100-80gb", "metric": "allocated"}],
+                # the served model's answer, which the correction applies to (an exact
+                # replay, `auto`'s choice once the replay JIT is warm, takes none)
+                "method": "gnn",
             },
         )
         assert r.status_code == 200 and r.json()["predictions"][0]["correction"] == before
