@@ -148,14 +148,19 @@ def _rank(rank: int, port: int, out: str, options: dict[str, str]) -> None:
         rec.close()
     # gloo's reduce-scatter stages a clone of its input on gloo's worker thread, which no
     # dispatch mode there sees (capture counts it as the collective's scratch, `comm_hooks`):
-    # the recorder meets it first as the source of the main thread's copy back (freed by
-    # it), as if alive from the start. Those storages are set aside here, their bytes
-    # reported. (AdamW's step counters, `torch.tensor(0.0)`, are met first as inputs too:
-    # real, kept.)
+    # the recorder meets it first when the main thread splits it into the shards it copies
+    # back, as if alive from the start. The worker thread may free it after the main thread
+    # has moved on (a loaded CI run: the free landed on a later node than the copy), so a
+    # clone is known by being met first as an input, not by the node that freed it. Those
+    # storages are set aside here, their bytes reported. (AdamW's step counters,
+    # `torch.tensor(0.0)`, are met first too, as lifted constants: real, kept.)
+    first_use: dict[int, str] = {}
+    for node in rec.nodes:
+        for uid in node.inputs:
+            first_use.setdefault(uid, node.op)
     staged = []
     for s in rec.storages[registered:]:
-        freed_by = rec.nodes[s.free_node].op if s.free_node is not None else None
-        if s.alloc_node == -1 and freed_by == "copy_.default":
+        if s.alloc_node == -1 and first_use.get(s.uid) not in (None, "lift_fresh.default"):
             staged.append(s.nbytes)
             s.nbytes = 0
     params = {str(p.dtype) for p in step.model.parameters()}
