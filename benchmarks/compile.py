@@ -21,7 +21,7 @@ import sys
 import time
 
 import torch
-from memgnn.dataset.cpu_backend import _profiler_peak
+from memgnn.dataset.cpu_backend import profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.capture.step import TrainingStep, step_plan
 from memgnn.predictor.memory.analytic import sweep
@@ -61,7 +61,7 @@ def real_peak(bundle, train: TrainSpec, sizes: dict[str, int]) -> int:
                 before += s.nbytes()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step.run(sizes, steps=measured)
-    return before + _profiler_peak(prof)
+    return before + profiler_peak(prof)
 
 
 def predicted_peak(bundle, train: TrainSpec, sizes: dict[str, int]) -> int:

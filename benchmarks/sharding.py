@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from memgnn.dataset.cpu_backend import profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.capture.step import TrainingStep, build_optimizer
 from memgnn.predictor.emulate.parallel import fake_world
@@ -164,21 +165,9 @@ def _real_rank(
                     del loss
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"peak": profiled_peak(prof)}))
+    peak = profiler_peak(prof, region="steps")
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"peak": peak}))
     dist.destroy_process_group()
-
-
-def profiled_peak(prof: Any, region: str = "steps") -> int:
-    """Peak live bytes of torch.profiler's CPU allocator events from the start of the
-    `region` record_function on (bytes allocated before it count as live)."""
-    events = prof.profiler.kineto_results.events()
-    start = min(e.start_ns() for e in events if e.name() == region)
-    live = peak = 0
-    for e in sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns()):
-        live += e.nbytes()
-        if e.start_ns() >= start:
-            peak = max(peak, live)
-    return peak
 
 
 def real_peak(

@@ -31,6 +31,7 @@ import bitsandbytes as bnb
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from memgnn.dataset.cpu_backend import profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.capture.step import build_optimizer
 from memgnn.predictor.ir.vocab import CATEGORIES
@@ -40,7 +41,7 @@ from memgnn.predictor.spec.bundle import default_blocks
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.predictor.zoo.resolve import resolve
 from memgnn.serving.client import free_port
-from sharding import OUT, SMALL, SMALL_SIZES, memgnn_peak, profiled_peak
+from sharding import OUT, SMALL, SMALL_SIZES, memgnn_peak
 
 log = logging.getLogger("sharding_qlora")
 BF16 = torch.bfloat16
@@ -122,7 +123,8 @@ def _real_rank(rank: int, world: int, port: int, sharding: str, kind: str, out: 
                 del loss, inputs
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"peak": profiled_peak(prof)}))
+    peak = profiler_peak(prof, region="steps")
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"peak": peak}))
     dist.destroy_process_group()
 
 

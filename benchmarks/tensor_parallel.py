@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from memgnn.dataset.cpu_backend import profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.capture.step import build_optimizer
 from memgnn.predictor.ir.vocab import CATEGORIES
@@ -40,7 +41,6 @@ from memgnn.predictor.spec.bundle import default_blocks
 from memgnn.predictor.spec.train import TrainSpec
 from memgnn.predictor.zoo.resolve import resolve
 from memgnn.serving.client import free_port
-from sharding import profiled_peak  # the same profiler reading as the sharding runs
 
 OUT = Path(__file__).parent / "results"
 SMALL = ("llama", {"layers": "4", "hidden": "128", "ffn": "344", "vocab": "2048"})
@@ -114,7 +114,8 @@ def _real_rank(
                 del loss
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-    Path(out, f"rank{rank}.json").write_text(json.dumps({"peak": profiled_peak(prof)}))
+    peak = profiler_peak(prof, region="steps")
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"peak": peak}))
     dist.destroy_process_group()
 
 

@@ -32,17 +32,18 @@ from memgnn.predictor.spec.train import TrainSpec
 log = logging.getLogger(__name__)
 
 
-def _profiler_peak(prof: Any) -> int:
-    """Peak of the cumulated CPU allocator events (each allocation and free, in time order)."""
-    events = sorted(
-        (ev.start_ns(), ev.nbytes())
-        for ev in prof.profiler.kineto_results.events()
-        if ev.name() == "[memory]"
-    )
+def profiler_peak(prof: Any, region: str | None = None) -> int:
+    """Peak of the cumulated CPU allocator events of a `torch.profiler.profile(
+    profile_memory=True)` run (each allocation and free in time order, frees first at equal
+    times). `region`: count the peak only from the start of the `record_function` of that
+    name on (what was allocated before it counts as live); None: over the whole run."""
+    events = prof.profiler.kineto_results.events()
+    start = None if region is None else min(e.start_ns() for e in events if e.name() == region)
     live = peak = 0
-    for _, delta in events:
+    for at, delta in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
         live += delta
-        peak = max(peak, live)
+        if start is None or at >= start:
+            peak = max(peak, live)
     return peak
 
 
@@ -82,7 +83,7 @@ def record_cpu_step(
         paths=[path],
         meta={"backend": "cpu", "torch_version": torch.__version__},
     )
-    return graph, _profiler_peak(prof)
+    return graph, profiler_peak(prof)
 
 
 def profile_cpu(

@@ -234,7 +234,7 @@ def test_a_graph_break_compiles_the_children():
 def test_compiled_blocks_step_equals_a_real_compiled_cpu_step():
     """A real `torch.compile` (inductor, CPU) steady step: torch.profiler's allocator peak
     plus the state alive before it, against the capture's peak."""
-    from memgnn.dataset.cpu_backend import _profiler_peak
+    from memgnn.dataset.cpu_backend import profiler_peak
     from memgnn.predictor.capture.step import TrainingStep
     from torch.profiler import ProfilerActivity, profile
 
@@ -246,7 +246,7 @@ def test_compiled_blocks_step_equals_a_real_compiled_cpu_step():
     before = sum(t.untyped_storage().nbytes() for ts in step.state_tensors().values() for t in ts)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step.run({"B": B}, steps=(1,))
-    real = before + _profiler_peak(prof)
+    real = before + profiler_peak(prof)
     assert _sweep(train).peak_bytes == pytest.approx(real, rel=0.02)
 
 

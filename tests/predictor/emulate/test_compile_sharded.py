@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import multiprocessing as mp
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from gloo_ranks import spawn_ranks
+from memgnn.dataset.cpu_backend import profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.memory.base import Query
@@ -113,28 +114,9 @@ def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
         step.run(SIZES, steps=(0,))  # compiles
         with record_function("steady"):
             step.run(SIZES, steps=(1,))
-    events = prof.profiler.kineto_results.events()
-    start = min(e.start_ns() for e in events if e.name() == "steady")
-    live = peak = 0
-    for e in sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns()):
-        live += e.nbytes()
-        peak = max(peak, live) if e.start_ns() >= start else peak
+    peak = profiler_peak(prof, region="steady")
     Path(out, f"rank{rank}.json").write_text(json.dumps(peak))
     dist.destroy_process_group()
-
-
-def _real_peaks(tmp: Path, options: dict[str, Any]) -> list[int]:
-    from memgnn.serving.client import free_port
-
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp), options)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(900)
-        assert p.exitcode == 0
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 @pytest.mark.slow  # two spawned ranks compiling two blocks, 1-3 min each on 2 shared cores
@@ -160,7 +142,7 @@ def test_compiled_blocks_rank_peak_matches_a_real_gloo_run(tmp_path, options):
     assert ours < eager - 100_000  # compiling the blocks matters at this size
     real: list[int] = []
     for _attempt in range(3):
-        real += _real_peaks(tmp_path, options)
+        real += spawn_ranks(_rank, tmp_path, options, timeout=900)
         if 0 <= min(real) - ours <= SLACK:
             break
     log.info("%s: predicted %d, eager %d, real ranks %s", options, ours, eager, real)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import multiprocessing as mp
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,8 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from gloo_ranks import spawn_ranks
+from memgnn.dataset.cpu_backend import profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.ir.vocab import CATEGORIES
 from memgnn.predictor.memory.analytic import AnalyticModel
@@ -171,14 +172,7 @@ def _rank(rank: int, port: int, out: str, options: dict[str, str]) -> None:
         train=train.flat(), symbols=dict(SIZES), data_symbols={}, guards=[],
         exprs=interner.sources, paths=[path],
     )  # fmt: skip
-    live = delta = 0
-    for _, nbytes in sorted(
-        (e.start_ns(), e.nbytes())
-        for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]"
-    ):
-        live += nbytes
-        delta = max(delta, live)
+    delta = profiler_peak(prof)
     Path(out, f"rank{rank}.json").write_text(json.dumps({
         "recorded": _predict(graph).predicted_peak_bytes,
         "staged": sorted(staged),
@@ -187,20 +181,6 @@ def _rank(rank: int, port: int, out: str, options: dict[str, str]) -> None:
         "policies": sorted(map(list, policies)), "params": sorted(params),
     }))  # fmt: skip
     dist.destroy_process_group()
-
-
-def _real_ranks(tmp: Path, options: dict[str, str]) -> list[dict[str, Any]]:
-    from memgnn.serving.client import free_port
-
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp), options)) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(600)
-        assert p.exitcode == 0
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 @pytest.mark.slow  # two spawned ranks, ~1 min on 2 shared cores
@@ -221,7 +201,7 @@ def test_rank_peak_matches_a_real_gloo_run(tmp_path):
     both ranks."""
     ours = _predict(_captured(gpus=2, sharding="fsdp", **MP)).predicted_peak_bytes
     rs = sorted([181_760, 181_760, 262_400] * 2)
-    for real in _real_ranks(tmp_path, MP):
+    for real in spawn_ranks(_rank, tmp_path, MP):
         assert real["recorded"] == ours, (real, ours)
         assert real["staged"] and set(real["staged"]) <= set(rs)
         excess = real["before"] + real["profiler_delta"] - ours

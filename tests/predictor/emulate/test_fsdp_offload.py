@@ -6,13 +6,14 @@ from __future__ import annotations
 import functools
 import json
 import math
-import multiprocessing as mp
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from gloo_ranks import spawn_ranks
+from memgnn.dataset.cpu_backend import profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.ir.vocab import CATEGORIES, PHASES, PLACES
 from memgnn.predictor.memory.analytic import AnalyticModel, live_curve
@@ -190,28 +191,9 @@ def _rank(rank: int, port: int, out: str) -> None:
                     del loss, inputs
                     opt.step()
                     opt.zero_grad(set_to_none=True)
-    events = prof.profiler.kineto_results.events()
-    start = min(e.start_ns() for e in events if e.name() == "steps")
-    live = peak = 0
-    for e in sorted((e for e in events if e.name() == "[memory]"), key=lambda e: e.start_ns()):
-        live += e.nbytes()
-        peak = max(peak, live) if e.start_ns() >= start else peak
+    peak = profiler_peak(prof, region="steps")
     Path(out, f"rank{rank}.json").write_text(json.dumps(peak))
     dist.destroy_process_group()
-
-
-def _real_peaks(tmp: Path) -> list[int]:
-    from memgnn.serving.client import free_port
-
-    ctx = mp.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(600)
-        assert p.exitcode == 0
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def _total_peak(graph) -> int:
@@ -231,7 +213,7 @@ def test_fsdp1_offload_total_matches_a_real_gloo_run(tmp_path):
     ours = _total_peak(_captured("cpu", **FSDP1, fsdp1_wrap="blocks"))
     real: list[int] = []
     for _attempt in range(3):
-        real += _real_peaks(tmp_path)
+        real += spawn_ranks(_rank, tmp_path)
         if abs(ours - min(real)) <= 2048:
             break
     assert abs(ours - min(real)) <= 2048, (ours, real)
