@@ -42,6 +42,7 @@ from memgnn.predictor.emulate.kernels import (
 )
 from memgnn.predictor.emulate.parallel import ShardedObserver, World, comm_hooks, fake_world
 from memgnn.predictor.emulate.peft import blocks_unsafe
+from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.blocks import (
     LayerState,
     LayerTagger,
@@ -380,6 +381,9 @@ def _assemble(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes, 
                 src = sympy_to_source(env.replace(g.expr), names)
                 if src not in guards:
                     guards.append(src)
+            for src in _specialized(env, names, sizes):
+                if src not in guards:
+                    guards.append(src)
     return StepGraph(
         model={"name": bundle.name, "family": bundle.family, "hparams": bundle.hparams},
         train=train.flat(),
@@ -389,6 +393,25 @@ def _assemble(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes, 
         exprs=interner.sources,
         paths=paths,
     )
+
+
+def _specialized(env: Any, names: dict[Any, str], sizes: dict[str, int]) -> list[str]:
+    """Guards for the input sizes the trace fixed or tied to others. The shape environment
+    turns a guard such as `Eq(B, 3)` into a replacement (B -> 3) and drops it from its
+    guards, so every expression reads 3 where B was (Bamba's mamba mixer fixes the batch
+    this way): without a guard of its own the graph would answer any batch as B = 3."""
+    import sympy
+
+    out = []
+    for sym, value in env.replacements.items():
+        name = names.get(sym)
+        if name not in sizes or value == sym:
+            continue
+        try:
+            out.append(sympy_to_source(sympy.Eq(sym, value, evaluate=False), names))
+        except UserError:  # tied to a symbol the graph does not name: fixed at the trace
+            out.append(f"({name} == {sizes[name]})")
+    return out
 
 
 def blocks_ineligible(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig) -> str | None:

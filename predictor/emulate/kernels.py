@@ -14,7 +14,12 @@ dispatch mode; `predictor.emulate.cuda_kernels` has the formulas and the other C
 The CPU has one kernel whose fake-tensor rule gets memory wrong: oneDNN's LSTM
 (`aten.mkldnn_rnn_layer`, what nn.LSTM runs per layer and direction when training on the
 CPU) returns a workspace the backward reads, which the meta kernel makes empty.
-`cpu_kernel_hooks` gives it its real size (`mkldnn_rnn_workspace_bytes`).
+`cpu_kernel_hooks` gives it its real size (`mkldnn_rnn_workspace_bytes`). Not modelled
+for a CPU target: on CPUs with AVX512-BF16 or AMX, oneDNN's bf16 GEMMs allocate packing
+scratchpads inside the kernel (freed before it returns; up to the weight's size and more,
+e.g. 1,052,288 B for a 1 MiB bf16 lm_head weight); CPUs without bf16 support, and
+`torch.backends.mkldnn.flags(enabled=False)`, run the reference GEMM, which allocates none.
+CUDA targets are not affected (cuBLAS workspaces are the sim's, `cublas_workspace_bytes`).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from memgnn.predictor.emulate.cuda_kernels import (
     embedding_backward_scratch,
     flash_backward_scratch,
 )
+from torch._prims_common import suggest_memory_format
 
 log = logging.getLogger(__name__)
 
@@ -323,6 +329,50 @@ def _efficient_attention_backward(rec: Any, func: Any, args: tuple, kwargs: dict
     return out
 
 
+def _constant_pad_nd(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    # the op's CompositeExplicitAutograd kernel takes concrete pads only, so a pad that is a
+    # size expression (the linear-attention reference kernels of Qwen3-Next, Mamba2 and
+    # their kin pad S up to a multiple of the chunk: `(C - S % C) % C`) fails under fake
+    # tensors; the kernel (native/PadNd.cpp) makes one output of the padded shape in the
+    # input's suggested memory format and copies into it, as made here
+    x, pad = args[0], list(args[1])
+    if all(isinstance(v, int) for v in pad):
+        out = func(*args, **kwargs)
+    else:
+        shape = list(x.shape)
+        for k in range(len(pad) // 2):
+            shape[-1 - k] = shape[-1 - k] + pad[2 * k] + pad[2 * k + 1]
+        out = torch.empty(
+            shape, dtype=x.dtype, device=x.device, memory_format=suggest_memory_format(x)
+        )
+    rec.record_op("constant_pad_nd.default", (args, kwargs), out)
+    return out
+
+
+def _solve_triangular(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    # the meta rule broadcasts the batch dims with a call that takes concrete sizes (torch
+    # 2.13: the linear-attention reference kernels' UT solve, Qwen3-Next's gated delta
+    # rule); the kernel (native/BatchLinearAlgebra.cpp, linalg_solve_triangular_out) makes
+    # one result, column-major (F-contiguous) in B's broadcast shape, copies B into it, and
+    # works on A in place when A is "F-ready" (its matrices column- or row-major, not
+    # conjugated); else on an F-contiguous clone of A, freed inside the op (its scratch)
+    A, B = args[0], args[1]
+    if not kwargs.get("left", True) or A.is_conj() or B.is_conj():
+        out = func(*args, **kwargs)
+        rec.record_op("linalg_solve_triangular.default", (args, kwargs), out)
+        return out
+    batch = list(B.shape[:-2])
+    if list(A.shape[:-2]) != batch:
+        batch = list(torch.broadcast_shapes(A.shape[:-2], B.shape[:-2]))
+    A_ = A.expand(*batch, *A.shape[-2:])
+    shape = [*batch, *B.shape[-2:]]
+    out = torch.empty([*batch, shape[-1], shape[-2]], dtype=B.dtype, device=B.device).mT
+    node = rec.record_op("linalg_solve_triangular.default", (args, kwargs), out)
+    if not (A_.is_contiguous() or A_.mT.is_contiguous()):
+        node.scratch = A_.numel() * A_.element_size()
+    return out
+
+
 def symbolic_hooks() -> dict[Any, Any]:
     """Dispatch hooks for ops whose fake-tensor rule fails on symbolic sizes.
 
@@ -335,8 +385,15 @@ def symbolic_hooks() -> dict[Any, Any]:
     bias gradient; the hook allocates the same padded buffer and narrows it.
     `aten.polar` (DeepSeek-V2's complex rotary embedding) specializes B and S in its
     reference rule; the hook makes its one complex output with `aten.complex`.
+    `aten.constant_pad_nd` by a symbolic amount (linear-attention reference kernels) runs
+    a kernel that takes concrete pads only; the hook makes its one padded output.
+    `aten.linalg_solve_triangular` (the same kernels' UT solve) broadcasts in its meta rule
+    by concrete sizes; the hook makes the kernel's F-contiguous result (and A's clone as
+    scratch where the kernel clones it).
     """
     return {
+        aten.constant_pad_nd.default: _constant_pad_nd,
+        aten.linalg_solve_triangular.default: _solve_triangular,
         aten.baddbmm.default: _baddbmm,
         _EFFICIENT_BACKWARD: _efficient_attention_backward,
         aten.polar.default: _polar,

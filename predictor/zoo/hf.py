@@ -204,8 +204,20 @@ _PER_LAYER_KEYS = (
     "cross_attention_layers",
     "no_rope_layer_interval",
     "attention_layers",
+    # hybrid attention / state-space models: which layers attend, which carry experts
+    "attn_layer_indices",  # Bamba
+    "attn_layer_period",  # Jamba (attention every period-th layer, from the offset)
+    "attn_layer_offset",
+    "expert_layer_period",
+    "expert_layer_offset",
+    "hybrid_override_pattern",  # Nemotron-H ("M-M-M*-...")
+    "hybrid_layer_ids",  # Zamba2
+    "full_attn_idxs",  # LFM2
 )
 _UNIFORM = (None, 0, 1, False, [], ())
+# per-layer kind lists cycled over the layers (RecurrentGemma's 3-long `block_types`):
+# any two kinds make the layers differ, whatever the list's length
+_KIND_LISTS = ("layer_types", "layers_block_type", "block_types", "mlp_layer_types")
 
 
 def repeated_layers(config: Any) -> int | None:
@@ -219,6 +231,10 @@ def repeated_layers(config: Any) -> int | None:
     for key in _PER_LAYER_KEYS:
         value = getattr(config, key, None)
         if not any(value is u or value == u for u in _UNIFORM):
+            return None
+    for key in _KIND_LISTS:
+        value = getattr(config, key, None)
+        if isinstance(value, list | tuple) and len({repr(v) for v in value}) > 1:
             return None
     for value in config.to_dict().values():
         if isinstance(value, list) and len(value) == n and len({repr(v) for v in value}) > 1:

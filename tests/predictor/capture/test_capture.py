@@ -236,3 +236,33 @@ def test_trained_attention_bias_captures_symbolically_on_a_cuda_target():
         conc = capture(bundle, train, CaptureConfig(target="cuda", symbolic=False, sizes=sizes))
         assert _memory_equal(graph, conc, sizes), sizes
     assert held[0]
+
+
+class _FixesTheBatch(torch.nn.Module):
+    """A model that reads its batch as a Python int (as Bamba's mamba mixer does): the
+    trace fixes B, and torch's shape environment keeps that as a replacement, not a
+    guard."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        n = int(x.shape[0])
+        return self.proj(x).sum() + torch.ones(n, 1024).sum()
+
+
+def test_a_size_the_trace_fixed_becomes_a_guard():
+    from memgnn.predictor.spec.bundle import ModelBundle
+
+    bundle = ModelBundle(
+        name="fixes-batch", family="test", build=_FixesTheBatch,
+        make_inputs=lambda s, device, float_dtype=torch.float32: {
+            "x": torch.randn(s["B"], s["S"], 8, device=device, dtype=float_dtype)
+        },
+        loss=lambda m, i: m(i["x"]), dims={"B": 3, "S": 10},
+    )  # fmt: skip
+    graph = capture(bundle, TrainSpec.of(optimizer="sgd"), CaptureConfig(target="cpu"))
+    assert "(B == 3)" in graph.guards
+    assert graph.violated_guards(graph.resolve_sizes({"B": 3, "S": 40})) == []
+    assert graph.violated_guards(graph.resolve_sizes({"B": 5, "S": 10})) == ["(B == 3)"]

@@ -228,3 +228,47 @@ def test_an_fp32_moe_captures_and_its_sim_equals_a_real_cpu_step(tmp_path):
     assert sim.peak_allocated_bytes == real.peak_allocated_bytes
     graph = capture(bundle, train, CaptureConfig(target="cuda"))
     assert "_grouped_mm.default" in list(graph.paths[0].nodes["op"])
+
+
+class _ChunkedSolve(torch.nn.Module):
+    """The linear-attention reference kernels in miniature (Qwen3-Next's gated delta rule):
+    pad S up to a multiple of the chunk, then a unit lower-triangular solve per chunk."""
+
+    C = 8
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        h = self.proj(x)  # (B, S, 16)
+        pad = (self.C - x.shape[1] % self.C) % self.C
+        h = torch.nn.functional.pad(h, (0, 0, 0, pad)).reshape(x.shape[0], -1, self.C, 16)
+        a = (h @ h.transpose(-1, -2)).tril(-1) * 0.01  # (B, N, C, C), row-major
+        u = torch.linalg.solve_triangular(a, h, upper=False, unitriangular=True)
+        return u.sum()
+
+
+@pytest.mark.slow  # real and simulated steps at three sizes, ~10 s
+def test_symbolic_pads_and_triangular_solves_capture_as_the_cpu_runs_them():
+    """Both ops' fake rules need concrete sizes (the pad `(C - S % C) % C`, the solve's
+    batch broadcast); the hooks keep S symbolic and make the kernels' outputs: the sim
+    equals a real CPU step, to the byte, at sizes the capture did not see."""
+    from memgnn.dataset.profile import ProfileConfig, profile
+
+    bundle = ModelBundle(
+        name="chunked-solve", family="test", build=_ChunkedSolve,
+        make_inputs=lambda s, device, float_dtype=torch.float32: {
+            "x": torch.randn(s["B"], s["S"], 16, device=device, dtype=float_dtype)
+        },
+        loss=lambda m, i: m(i["x"]), dims={"B": 3, "S": 10},
+    )  # fmt: skip
+    train = TrainSpec.of(optimizer="sgd", steps="first")
+    graph = capture(bundle, train, CaptureConfig(target="cpu"))
+    ops = list(graph.paths[0].nodes["op"])
+    assert "constant_pad_nd.default" in ops and "linalg_solve_triangular.default" in ops
+    assert not any("S ==" in g for g in graph.guards)  # S stays a symbol
+    for sizes in ({"B": 2, "S": 13}, {"B": 3, "S": 16}, {"B": 1, "S": 41}):
+        real = profile(bundle, train, sizes, ProfileConfig(backend="cpu"))
+        sim = profile(bundle, train, sizes, ProfileConfig(backend="sim", device="cpu"))
+        assert sim.peak_allocated_bytes == real.peak_allocated_bytes, sizes

@@ -117,6 +117,22 @@ def test_configs_with_alike_layers_get_a_depth_knob(tmp_path):
     assert repeated_layers(llama) is None
 
 
+def test_hybrid_layouts_are_captured_in_full():
+    """Attention among state-space layers, however a hybrid config says where: an index
+    list (Bamba), a period (Jamba), a kind list cycled over the layers (RecurrentGemma's
+    3-long `block_types`). Replicating the first block would count every layer as it."""
+    from memgnn.predictor.zoo.hf import repeated_layers
+    from transformers import BambaConfig, JambaConfig, RecurrentGemmaConfig
+
+    small = dict(num_hidden_layers=4, hidden_size=64, num_attention_heads=4)
+    assert repeated_layers(BambaConfig(**small, attn_layer_indices=[2])) is None
+    assert repeated_layers(JambaConfig(**small, attn_layer_period=2, attn_layer_offset=1)) is None
+    gemma = RecurrentGemmaConfig(**small, block_types=["recurrent", "recurrent", "attention"])
+    assert repeated_layers(gemma) is None
+    # a hybrid's default (every layer a mamba mixer) is alike, and replicated
+    assert repeated_layers(BambaConfig(**small)) == 4
+
+
 def _tiny_gemma3_vlm(tmp_path: Path) -> str:
     from transformers import Gemma3Config
 
