@@ -1,7 +1,7 @@
 """Which architectures the installed transformers ships does memgnn capture symbolically?
 
-Every model type with a causal-LM, masked-LM or sequence-classification class (first of
-those it has) gets a tiny config built offline (`AutoConfig.for_model` with 2 layers,
+Every model type with a causal-LM, masked-LM, seq2seq-LM or sequence-classification class
+(first of those it has) gets a tiny config built offline (`AutoConfig.for_model` with 2 layers,
 hidden 64, 4 heads, vocab 256, 4 experts where it has experts), written as config.json
 and captured as a user's `hf:PATH` would be: `resolve` then a symbolic capture (cpu
 target, AdamW, first step). Each architecture has a time bound; a worker process runs
@@ -29,6 +29,7 @@ from results_io import RESULTS, write_results
 TASK_MAPS = (  # task -> transformers' name table for it, in the order tried
     ("causal-lm", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
     ("masked-lm", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    ("seq2seq", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),  # T5 kin: trained so
     ("seq-cls", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
 )
 TINY: dict[str, Any] = {
@@ -50,7 +51,29 @@ TINY: dict[str, Any] = {
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 4),
     **dict.fromkeys(("num_experts_per_tok", "moe_topk"), 2),
 }
-EXTRA = {"gpt_neo": {"attention_types": [[["global", "local"], 1]]}}  # per-layer lists
+EXTRA = {  # per-layer lists and layouts that 2 layers must still cover
+    "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    "bamba": {"attn_layer_indices": [1]},  # default: None, every layer a mamba mixer
+    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1},  # default: 1 in 8, at 4
+    # default: every layer a mamba mixer (Granite 4.0's hybrids put attention in some)
+    "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
+    "zamba2": {"hybrid_layer_ids": [1]},  # the layer its kind list makes hybrid
+    "mamba2": {"head_dim": 32},  # num_heads x head_dim = expand x hidden
+    "zaya": {"num_experts_per_tok": 1},  # the only routing it supports
+    "esmc": {"num_key_value_heads": 4},  # no grouped-query attention
+    "t5": {"decoder_start_token_id": 0},  # every T5 checkpoint's config.json has it
+}
+# multi-head latent attention (DeepSeek V2/V3 and their kin): latent ranks and head dims
+# of its own, consistent at hidden 64 (its rotary `head_dim` is the rope part, every
+# query head has its own latent key/value head), expert groups that 4 experts divide into
+MLA = {
+    "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+    "v_head_dim": 16, "head_dim": 8, "num_key_value_heads": 4, "n_group": 2, "topk_group": 1,
+}  # fmt: skip
+# per-layer kind lists: the tiny model keeps one layer of each kind the default has (a
+# hybrid cut to its first two layers would hold linear attention only, which the model's
+# own cache rejects), in the order the default first uses them
+KIND_LISTS = ("layer_types", "layers_block_type", "mlp_layer_types", "block_types")
 TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
@@ -79,6 +102,21 @@ def tiny_config(model_type: str) -> Any:
 
     default = transformers.AutoConfig.for_model(model_type)
     kwargs = {k: v for k, v in TINY.items() if hasattr(default, k)} | EXTRA.get(model_type, {})
+    if hasattr(default, "kv_lora_rank"):
+        kwargs |= {k: v for k, v in MLA.items() if hasattr(default, k)}
+    layers = kwargs.get("num_hidden_layers")
+    for key in KIND_LISTS:
+        kinds = vars(default).get(key)  # stored lists only (some are derived properties)
+        if isinstance(layers, int) and isinstance(kinds, list) and kinds:
+            distinct = list(dict.fromkeys(map(str, kinds)))
+            if len(distinct) > 1 and all(isinstance(k, str) for k in kinds):
+                layers = max(layers, len(distinct))
+                kwargs[key] = (distinct + kinds)[:layers]
+    if isinstance(layers, int) and layers != kwargs.get("num_hidden_layers", layers):
+        kwargs["num_hidden_layers"] = layers
+        for key in KIND_LISTS:  # every list as long as the layers
+            if key in kwargs and len(kwargs[key]) < layers:
+                kwargs[key] = (kwargs[key] + list(getattr(default, key)))[:layers]
     for key in TOKEN_IDS:
         value = getattr(default, key, None)
         if isinstance(value, int) and value >= TINY["vocab_size"]:
