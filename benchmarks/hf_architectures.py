@@ -62,6 +62,17 @@ EXTRA = {  # per-layer lists and layouts that 2 layers must still cover
     "zaya": {"num_experts_per_tok": 1},  # the only routing it supports
     "esmc": {"num_key_value_heads": 4},  # no grouped-query attention
     "t5": {"decoder_start_token_id": 0},  # every T5 checkpoint's config.json has it
+    "mobilebert": {"embedding_size": 32, "intra_bottleneck_size": 32},  # below hidden 64
+    "squeezebert": {"embedding_size": 64},  # = hidden (else a Conv1d it does not have)
+    "funnel": {"block_sizes": [1, 1], "block_repeats": [1, 1]},  # its layers, per block
+    "prophetnet": {
+        "num_encoder_layers": 2,
+        "num_decoder_layers": 2,
+        "encoder_ffn_dim": 128,
+        "num_encoder_attention_heads": 4,
+        "num_decoder_attention_heads": 4,
+    },  # fmt: skip
+    "esm": {"pad_token_id": 1, "mask_token_id": 2},  # default: None, its mask needs one
 }
 # multi-head latent attention (DeepSeek V2/V3 and their kin): latent ranks and head dims
 # of its own, consistent at hidden 64 (its rotary `head_dim` is the rope part, every
@@ -70,6 +81,12 @@ MLA = {
     "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
     "v_head_dim": 16, "head_dim": 8, "num_key_value_heads": 4, "n_group": 2, "topk_group": 1,
 }  # fmt: skip
+# TINY keys a config refuses (its layers are set otherwise; xlnet's position limit raises)
+DROP = {
+    "funnel": ("num_hidden_layers",),
+    "prophetnet": ("num_hidden_layers",),
+    "xlnet": ("max_position_embeddings",),
+}
 # per-layer kind lists: the tiny model keeps one layer of each kind the default has (a
 # hybrid cut to its first two layers would hold linear attention only, which the model's
 # own cache rejects), in the order the default first uses them
@@ -101,7 +118,9 @@ def tiny_config(model_type: str) -> Any:
     import transformers
 
     default = transformers.AutoConfig.for_model(model_type)
-    kwargs = {k: v for k, v in TINY.items() if hasattr(default, k)} | EXTRA.get(model_type, {})
+    drop = DROP.get(model_type, ())
+    kwargs = {k: v for k, v in TINY.items() if k not in drop and hasattr(default, k)}
+    kwargs |= EXTRA.get(model_type, {})
     if hasattr(default, "kv_lora_rank"):
         kwargs |= {k: v for k, v in MLA.items() if hasattr(default, k)}
     layers = kwargs.get("num_hidden_layers")
