@@ -949,7 +949,7 @@ class TrainSpec:
         others = {
             f"--grad-accum {self.loop.grad_accum}": self.loop.grad_accum != 1,
             f"--checkpointing {self.activations.checkpointing}": (
-                self.activations.checkpointing != "none"
+                self.activations.checkpointing.split(":")[0] not in PP_CHECKPOINTING
             ),
             f"--attention {self.kernels.attention}": self.kernels.attention != "auto",
             f"--compile {self.kernels.compile}": self.kernels.compile != "none",
@@ -1033,6 +1033,12 @@ class TrainSpec:
     def changed(self) -> dict[str, Any]:
         """The options that differ from their defaults (what a user set)."""
         return {n: v for n, v in self.flat().items() if v != BY_NAME[n].default}
+
+
+# --checkpointing modes run per stage under --pp (each stage's own blocks, every:N counted
+# from the stage's first block, as torchtitan applies AC to each model part after the
+# split), checked against real gloo runs
+PP_CHECKPOINTING = ("none", "full", "every")
 
 
 def _check_float8(train: TrainSpec) -> None:
