@@ -254,4 +254,8 @@ def pp_note(spec: Any) -> dict[str, Any]:
         "pp_stages": "one per rank, L/pp blocks each (the first with the embeddings, the last "
         "with the final norm, lm_head and loss): every stage's peak is in `paths` "
         "(conditions: pipeline_stage), the answer is the worst stage's",
+        "pp_assumptions": "an even split (L/pp blocks per stage); shapes inferred on the first "
+        "step (stages built without example inputs, as torchtitan's); torchtitan's loss (fp32 "
+        "cross entropy); P2P buffers held as gloo's works hold them on a CPU target, freed at "
+        "wait() (NCCL) on a CUDA one, not checked on a GPU",
     }

@@ -531,7 +531,8 @@ class QuantSpec:
 
 @dataclass(kw_only=True, slots=True)
 class ParallelSpec:
-    """Data parallelism and sharding (`emulate.parallel`): the answer is one rank's peak."""
+    """Data, tensor and pipeline parallelism and sharding (`emulate.parallel`,
+    `emulate.tensor_parallel`, `emulate.pipeline`): the answer is one rank's peak."""
 
     gpus: int = opt(1, name="gpus", lo=1, hi=65_536, help="world size; the answer is one rank's")
     sharding: str = opt("none", name="sharding", choices=SHARDINGS, help="how ranks split")
