@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from memgnn.predictor.capture.capture import CaptureConfig, capture
+from memgnn.predictor.emulate.parallel import annotate
 from memgnn.predictor.emulate.pipeline import DecoderStage, stage_layers
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.memory.analytic import AnalyticModel
@@ -24,6 +25,7 @@ from memgnn.predictor.spec.train import TrainSpec
 from torch import nn
 
 from memgnn.cli.options import add_train_args, train_spec
+from memgnn.cli.predict import _ranks
 
 SIZES = {"B": 3, "S": 40}  # an odd micro-batch, not the trace sizes (B=4, S=64)
 # 4 blocks, a vocabulary as wide as the hidden size: the activations, not the logits, lead
@@ -252,3 +254,18 @@ def test_stage_peaks_match_a_real_gloo_run(tmp_path, schedule, checkpointing):
         # flight (torch.get_rng_state(): 5,056 B, made outside any aten op)
         k = round(max(excess - 256, 0) / RNG_STATE) if checkpointing != "none" else 0
         assert 0 <= k <= 2 * 4 and 0 <= excess - k * RNG_STATE <= 1024, (ours, excess)
+
+
+def test_the_answer_lists_every_stage_and_names_the_worst():
+    train = TrainSpec.of(gpus=2, pp=2, pp_schedule="gpipe").flat()
+    paths = [
+        {"conditions": [{"kind": "pipeline_stage", "stage": k}], "predicted_peak_bytes": b}
+        for k, b in enumerate([5, 7])
+    ]
+    note = annotate({}, train, paths)["parallel"]
+    assert (note["stage_peak_bytes"], note["worst_stage"], note["rank"]) == ([5, 7], 1, 1)
+    assert note["pp_schedule"] == "gpipe" and note["microbatches"] == 2
+    assert "even split" in note["pp_assumptions"]
+    assert _ranks(note) == "pp 2: gpipe, 2 micro-batches"
+    # a sharded step without stages keeps rank 0 and lists none
+    assert "worst_stage" not in annotate({}, TrainSpec.of(gpus=2, tp=2).flat())["parallel"]
