@@ -21,6 +21,7 @@ from memgnn.predictor.emulate.pipeline import DecoderStage, stage_layers
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.memory.base import Query
+from memgnn.predictor.plan.space import SearchSpace, variants
 from memgnn.predictor.spec.train import TrainSpec
 from torch import nn
 
@@ -269,3 +270,13 @@ def test_the_answer_lists_every_stage_and_names_the_worst():
     assert _ranks(note) == "pp 2: gpipe, 2 micro-batches"
     # a sharded step without stages keeps rank 0 and lists none
     assert "worst_stage" not in annotate({}, TrainSpec.of(gpus=2, tp=2).flat())["parallel"]
+
+
+def test_plan_keeps_the_pipeline_layout_and_leaves_out_what_it_refuses():
+    """`plan --gpus 2 --pp 2`: the stages' ranks with no sharding, checkpointing none and
+    full (both run per stage), accumulation left out (refused under --pp)."""
+    base = TrainSpec.of(gpus=2, pp=2, microbatches=4)
+    space = SearchSpace(grad_accum=[1, 2], checkpointing=["none", "full", "selective-op"])
+    got = {(t.parallel.pp, t.parallel.sharding, t.activations.checkpointing, t.loop.grad_accum)
+           for t in variants(base, space)}  # fmt: skip
+    assert got == {(2, "none", "none", 1), (2, "none", "full", 1)}
