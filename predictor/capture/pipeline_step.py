@@ -19,6 +19,7 @@ import torch
 from memgnn.predictor.capture.step import NullObserver, StepObserver, TrainingStep
 from memgnn.predictor.emulate.parallel import World
 from memgnn.predictor.emulate.pipeline import peer_metadata, stage_bundle, stage_schedule
+from memgnn.predictor.ir.recorder import unrecorded
 from memgnn.predictor.spec.bundle import ModelBundle
 from memgnn.predictor.spec.train import TrainSpec
 
@@ -57,17 +58,31 @@ class PipelineStep(TrainingStep):
         hidden states between stages of one micro-batch in the embeddings' dtype."""
         if not self.fake:
             return contextlib.nullcontext()
+        boundary = self._boundary(ids)
+        return peer_metadata(boundary, gloo=self.target == "cpu")
+
+    def _boundary(self, ids: torch.Tensor) -> torch.Tensor:
         micro = self.train.parallel.pp_microbatches
         hidden = self.model.config.hidden_size
         dtype = self.train.numerics.param_dtype
-        from memgnn.predictor.ir.recorder import unrecorded
-
         with unrecorded():
             boundary = torch.empty(
                 ids.shape[0] // micro, ids.shape[1], hidden, dtype=dtype, device=self.device,
                 requires_grad=True,
             )  # fmt: skip
-        return peer_metadata(boundary, gloo=self.target == "cpu")
+        return boundary
+
+    def _check_boundary(self, ids: torch.Tensor) -> None:
+        """What this stage sends on is what `peer_metadata` told the next stage it would
+        receive (shape expressions and dtype): every stage but the last checks the
+        metadata its neighbour was given."""
+        if not self.fake or self.stage.is_last:
+            return
+        sent = self.stage._stage_meta.outputs
+        told = self._boundary(ids)
+        got = [(tuple(str(d) for d in m.shape), m.dtype) for m in sent or ()]
+        want = [(tuple(str(d) for d in told.shape), told.dtype)]
+        assert got == want, f"--pp stage {self.stage.stage_index} sends {got}, peers told {want}"
 
     def run(
         self,
@@ -90,6 +105,7 @@ class PipelineStep(TrainingStep):
             with self._peers(ids), self._autocast():
                 args = (ids,) if self.stage.is_first else ()
                 self.schedule.step(*args, target=labels, losses=losses, return_outputs=False)
+            self._check_boundary(ids)
             if self.stage.is_last:
                 loss = torch.mean(torch.stack(losses))
                 del loss
