@@ -40,6 +40,10 @@ FSDP2's prefetching are PyTorch's, recorded node for node by the same `StepRecor
 DTensor's `parallelize_module` first: alone (`--sharding none`, `--gpus N`) over a 1-D `tp`
 mesh, or 2-D under `fsdp` (`--gpus dp x N`: a (dp, tp) mesh, FSDP2 over `dp`).
 
+`--pp N` (`predictor.emulate.pipeline`) runs rank k as pipeline stage k (`--gpus N`, a 1-D
+`pp` mesh): the stage module whole on its rank, PyTorch's `PipelineStage` and schedule over
+it (`capture.pipeline_step.PipelineStep`); each stage's rank is captured, not only rank 0.
+
 Gradient accumulation (`TrainSpec.grad_sync`): `every` syncs on every micro-step (FSDP2's
 default: each backward reduce-scatters into the sharded gradients); `last` runs every
 micro-step but the last without sync, as users accumulate without communication: DDP's

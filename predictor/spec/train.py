@@ -7,7 +7,8 @@
       kernels      KernelSpec(attention, compile, loss)
       adapter      AdapterSpec(method, r, alpha, dropout, targets, dtype, args, config)
       quant        QuantSpec(base, bnb_version, quant_storage)
-      parallel     ParallelSpec(gpus, sharding, reshard_after_forward, hsdp_shard_size, grad_sync,
+      parallel     ParallelSpec(gpus, sharding, reshard_after_forward, hsdp_shard_size, tp, pp,
+                                pp_schedule, microbatches, grad_sync,
                                 fsdp1_*: FSDP1's own arguments, fsdp_*_dtype: its MixedPrecision)
       loop         LoopSpec(grad_accum, steps, hold_outputs)
       offload      OffloadSpec(activations, optimizer, gradients)
