@@ -43,6 +43,7 @@ from memgnn.predictor.emulate.kernels import (
 )
 from memgnn.predictor.emulate.parallel import ShardedObserver, World, comm_hooks, fake_world
 from memgnn.predictor.emulate.peft import blocks_unsafe
+from memgnn.predictor.emulate.pipeline import rank_stages
 from memgnn.predictor.ir.blocks import (
     LayerState,
     LayerTagger,
@@ -365,7 +366,10 @@ def _capture_stages(
                 f"--pp {train.parallel.pp}: {bundle.name!r} has data-dependent branches or "
                 "sizes, which memgnn does not model under pipeline parallelism"
             )
-        state.conditions.append({"kind": "pipeline_stage", "stage": stage, "rank": stage})
+        held = rank_stages(train.parallel.pp, train.parallel.pp_stages_per_rank, stage)
+        state.conditions.append(
+            {"kind": "pipeline_stage", "stage": stage, "rank": stage, "stages": held}
+        )
         runs.append((rec, state, names, env))
     graph = _assemble(bundle, train, cfg, sizes, runs)
     info = describe_bundle(bundle, train, cfg.target)  # the whole model, not one stage

@@ -45,13 +45,14 @@ class PipelineStep(TrainingStep):
         if pp < 2:
             raise ValueError("PipelineStep runs a --pp >= 2 TrainSpec")
         super().__init__(
-            stage_bundle(bundle, pp, world.rank), train, device=device, target=target,
+            stage_bundle(bundle, pp, world.rank, train.parallel.pp_stages_per_rank),
+            train, device=device, target=target,
             fake=fake, world=world,
         )  # fmt: skip
         self.bundle = bundle  # the whole model's inputs
         self.fake = fake
         group = world.pp_mesh.get_group() if world.pp_mesh is not None else None
-        self.stage, self.schedule = stage_schedule(self.model, world.rank, pp, train, device, group)
+        self.stages, self.schedule = stage_schedule(self.model, world.rank, train, device, group)
 
     def _peers(self, ids: torch.Tensor) -> Any:
         """Over the fake process group: the neighbours' metadata (`peer_metadata`), the
@@ -76,13 +77,16 @@ class PipelineStep(TrainingStep):
         """What this stage sends on is what `peer_metadata` told the next stage it would
         receive (shape expressions and dtype): every stage but the last checks the
         metadata its neighbour was given."""
-        if not self.fake or self.stage.is_last:
+        if not self.fake:
             return
-        sent = self.stage._stage_meta.outputs
         told = self._boundary(ids)
-        got = [(tuple(str(d) for d in m.shape), m.dtype) for m in sent or ()]
         want = [(tuple(str(d) for d in told.shape), told.dtype)]
-        assert got == want, f"--pp stage {self.stage.stage_index} sends {got}, peers told {want}"
+        for stage in self.stages:
+            if stage.is_last:
+                continue
+            sent = stage._stage_meta.outputs
+            got = [(tuple(str(d) for d in m.shape), m.dtype) for m in sent or ()]
+            assert got == want, f"--pp stage {stage.stage_index} sends {got}, peers told {want}"
 
     def run(
         self,
@@ -103,10 +107,10 @@ class PipelineStep(TrainingStep):
             obs.on_phase("forward", step, 0)
             losses: list[torch.Tensor] = []
             with self._peers(ids), self._autocast():
-                args = (ids,) if self.stage.is_first else ()
+                args = (ids,) if any(s.is_first for s in self.stages) else ()
                 self.schedule.step(*args, target=labels, losses=losses, return_outputs=False)
             self._check_boundary(ids)
-            if self.stage.is_last:
+            if any(s.is_last for s in self.stages):
                 loss = torch.mean(torch.stack(losses))
                 del loss
             del losses, ids, labels

@@ -19,6 +19,12 @@ previous stage, gradients from the next), the activations of every micro-batch i
 stage holds the most), and the first step's shape inference (one micro-batch's forward and
 input-gradient backward, freed before the schedule runs).
 
+`--pp-schedule interleaved1f1b` splits the blocks into 2N stages and gives rank r stages r
+and r + N (torchtitan's default for a multi-stage schedule, its "loop" style): the rank's
+model parts (`StageParts`), one `PipelineStage` each, run by `ScheduleInterleaved1F1B`; one
+optimizer over both parts (torchtitan keeps one per part: the same state, the same
+for-loop steps; a foreach or fused step groups the tensors per part there).
+
 Under the fake process group (one rank in one process, `emulate.parallel.fake_world`) the
 tensor sends and receives run as c10d ops that move no data, into the buffers the stage
 allocated (the same as in a real job). Two exchanges carry values the rank needs, and the
@@ -51,7 +57,9 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "DecoderStage",
+    "StageParts",
     "peer_metadata",
+    "rank_stages",
     "pipeline_loss",
     "pp_note",
     "stage_bundle",
@@ -59,22 +67,31 @@ __all__ = [
     "stage_schedule",
 ]
 
-SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+SCHEDULE_CLASSES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved1f1b": "ScheduleInterleaved1F1B",
+}
 
 
-def stage_layers(n_layers: int, pp: int, stage: int) -> range:
-    """The blocks of `stage` (torchtitan's even split: L / pp each); a UserError where the
-    split is not even."""
-    if n_layers % pp:
+def stage_layers(n_layers: int, n_stages: int, stage: int) -> range:
+    """The blocks of `stage` of `n_stages` (torchtitan's even split: L / n_stages each); a
+    UserError where the split is not even."""
+    if n_layers % n_stages:
         raise UserError(
-            f"--pp {pp}: the model's {n_layers} blocks do not split evenly into {pp} stages "
-            "(memgnn splits L / pp blocks per stage, torchtitan's "
+            f"--pp: the model's {n_layers} blocks do not split evenly into {n_stages} stages "
+            "(memgnn splits L / stages blocks per stage, torchtitan's "
             "pipeline_parallel_layers_per_stage)"
         )
-    if not 0 <= stage < pp:
-        raise ValueError(f"stage must be in [0, {pp}), got {stage}")
-    per = n_layers // pp
+    if not 0 <= stage < n_stages:
+        raise ValueError(f"stage must be in [0, {n_stages}), got {stage}")
+    per = n_layers // n_stages
     return range(stage * per, (stage + 1) * per)
+
+
+def rank_stages(pp: int, per_rank: int, rank: int) -> list[int]:
+    """The stages rank `rank` holds: torchtitan's "loop" style, rank, rank + pp, ..."""
+    return [rank + k * pp for k in range(per_rank)]
 
 
 class DecoderStage(nn.Module):
@@ -82,7 +99,7 @@ class DecoderStage(nn.Module):
     (`model.embed_tokens / layers / norm / rotary_emb`, `lm_head`): its forward is
     `LlamaModel.forward`'s, from the embeddings (first stage) or the hidden states."""
 
-    def __init__(self, model: nn.Module, stage: int, pp: int):
+    def __init__(self, model: nn.Module, stage: int, n_stages: int):
         super().__init__()
         base = getattr(model, "model", None)
         parts = ("embed_tokens", "layers", "norm", "rotary_emb")
@@ -92,21 +109,21 @@ class DecoderStage(nn.Module):
             or not hasattr(model, "lm_head")
         ):
             raise UserError(
-                f"--pp {pp}: {type(model).__name__} is not a decoder laid out as "
+                f"--pp: {type(model).__name__} is not a decoder laid out as "
                 "LlamaForCausalLM (model.embed_tokens, model.layers, model.norm, "
                 "model.rotary_emb, lm_head); memgnn splits those into pipeline stages"
             )
         config = model.config
         if getattr(config, "tie_word_embeddings", False):
             raise UserError(
-                f"--pp {pp}: {type(model).__name__} ties lm_head to the embeddings, which "
+                f"--pp: {type(model).__name__} ties lm_head to the embeddings, which "
                 "live on different stages; not modelled"
             )
         self.config = config
-        self.stage, self.pp = stage, pp
-        first, last = stage == 0, stage == pp - 1
+        self.stage, self.n_stages = stage, n_stages
+        first, last = stage == 0, stage == n_stages - 1
         self.embed_tokens = base.embed_tokens if first else None
-        blocks = stage_layers(len(base.layers), pp, stage)
+        blocks = stage_layers(len(base.layers), n_stages, stage)
         self.layers = nn.ModuleDict({str(i): base.layers[i] for i in blocks})
         self.rotary_emb = base.rotary_emb
         self.norm = base.norm if last else None
@@ -132,19 +149,34 @@ class DecoderStage(nn.Module):
         return h
 
 
-def _build_stage(build: Any, stage: int, pp: int) -> nn.Module:
-    return DecoderStage(build(), stage, pp)
+class StageParts(nn.ModuleList):
+    """The model parts of a rank holding several stages (interleaved schedules), in stage
+    order, as torchtitan's `model_parts`."""
+
+    @property
+    def config(self) -> Any:
+        return self[0].config
+
+
+def _build_stages(build: Any, stages: list[int], n_stages: int) -> nn.Module:
+    model = build()
+    if len(stages) == 1:
+        return DecoderStage(model, stages[0], n_stages)
+    return StageParts(DecoderStage(model, s, n_stages) for s in stages)
 
 
 def _stage_blocks(model: nn.Module) -> list[nn.Module]:
-    return list(model.layers.values())
+    parts = model if isinstance(model, StageParts) else [model]
+    return [block for part in parts for block in part.layers.values()]
 
 
-def stage_bundle(bundle: ModelBundle, pp: int, stage: int) -> ModelBundle:
-    """`bundle` whose `build` makes stage `stage` of `pp` (`DecoderStage`)."""
+def stage_bundle(bundle: ModelBundle, pp: int, rank: int, per_rank: int = 1) -> ModelBundle:
+    """`bundle` whose `build` makes rank `rank`'s stages of `pp` ranks holding `per_rank`
+    each: one `DecoderStage`, or their `StageParts`."""
+    stages = rank_stages(pp, per_rank, rank)
     return replace(
         bundle,
-        build=functools.partial(_build_stage, bundle.build, stage, pp),
+        build=functools.partial(_build_stages, bundle.build, stages, pp * per_rank),
         blocks=_stage_blocks,
         layers=None,
         with_layers=None,
@@ -156,15 +188,24 @@ def pipeline_loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(0, 1))
 
 
-def stage_schedule(stage_module: nn.Module, rank: int, pp: int, train: Any, device: Any,
-                   group: Any) -> tuple[Any, Any]:  # fmt: skip
-    """PyTorch's `PipelineStage` for the rank and its schedule (`--pp-schedule`)."""
+def stage_schedule(model: nn.Module, rank: int, train: Any, device: Any,
+                   group: Any) -> tuple[list[Any], Any]:  # fmt: skip
+    """PyTorch's `PipelineStage`s for the rank's stages and its schedule (`--pp-schedule`):
+    a single-stage schedule over one stage, a multi-stage one over the list."""
     from torch.distributed import pipelining
 
-    stage = pipelining.PipelineStage(stage_module, rank, pp, device, group=group)
-    cls = getattr(pipelining, SCHEDULE_CLASSES[train.parallel.pp_schedule])
-    schedule = cls(stage, n_microbatches=train.parallel.pp_microbatches, loss_fn=pipeline_loss)
-    return stage, schedule
+    p = train.parallel
+    per_rank = p.pp_stages_per_rank
+    parts = list(model) if isinstance(model, StageParts) else [model]
+    ids = rank_stages(p.pp, per_rank, rank)
+    stages = [
+        pipelining.PipelineStage(part, s, p.pp * per_rank, device, group=group)
+        for part, s in zip(parts, ids, strict=True)
+    ]
+    cls = getattr(pipelining, SCHEDULE_CLASSES[p.pp_schedule])
+    first = stages if per_rank > 1 else stages[0]
+    schedule = cls(first, n_microbatches=p.pp_microbatches, loss_fn=pipeline_loss)
+    return stages, schedule
 
 
 class _HeldWork:
@@ -251,9 +292,15 @@ def pp_note(spec: Any) -> dict[str, Any]:
         "pp": p.pp,
         "pp_schedule": p.pp_schedule,
         "microbatches": p.pp_microbatches,
-        "pp_stages": "one per rank, L/pp blocks each (the first with the embeddings, the last "
-        "with the final norm, lm_head and loss): every stage's peak is in `paths` "
-        "(conditions: pipeline_stage), the answer is the worst stage's",
+        "pp_stages": (
+            "one per rank, L/pp blocks each"
+            if p.pp_stages_per_rank == 1
+            else f"{p.pp_stages_per_rank} per rank (ranks r, r + pp, ...), "
+            f"L/{p.pp * p.pp_stages_per_rank} blocks each"
+        )
+        + " (the first with the embeddings, the last with the final norm, lm_head and loss): "
+        "every rank's peak is in `paths` (conditions: pipeline_stage, its stages), the answer "
+        "is the worst rank's",
         "pp_assumptions": "an even split (L/pp blocks per stage); shapes inferred on the first "
         "step (stages built without example inputs, as torchtitan's); torchtitan's loss (fp32 "
         "cross entropy); P2P buffers held as gloo's works hold them on a CPU target, freed at "

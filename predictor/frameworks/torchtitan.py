@@ -32,7 +32,7 @@ Key (default) -> memgnn:
   transformers' q_proj ... ; `output` the head) -> --float8 RECIPE --float8-filter-fqns
 - parallelism.pipeline_parallel_degree alone (no data, tensor, context or expert
   parallelism) -> --pp N --gpus N; pipeline_parallel_schedule (1F1B) -> --pp-schedule
-  (GPipe, 1F1B; the multi-stage schedules are refused by name);
+  (GPipe, 1F1B, Interleaved1F1B with 2 stages per rank; the others are refused by name);
   pipeline_parallel_microbatch_size (1) -> --batch, local_batch_size / it -> --microbatches
   (`predictor.emulate.pipeline`; an uneven layer split is a warning: memgnn splits L/pp)
 Not modelled (warnings): tensor / context / expert parallel degrees > 1, pipeline with

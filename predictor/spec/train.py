@@ -53,6 +53,7 @@ from memgnn.predictor.spec.choices import (
     PEFT_METHODS,
     PEFT_NOT_MODELLED,
     PEFT_ON_QUANTIZED,
+    PP_MULTI_STAGE,
     PP_SCHEDULES,
     PP_SCHEDULES_MODELLED,
     PRECISIONS,
@@ -570,7 +571,9 @@ class ParallelSpec:
     pp_schedule: str = opt(
         "1f1b", name="pp_schedule", choices=PP_SCHEDULES,
         help="--pp: the schedule (torchtitan's pipeline_parallel_schedule): gpipe "
-        "(ScheduleGPipe) or 1f1b (Schedule1F1B); the multi-stage ones are not modelled yet",
+        "(ScheduleGPipe), 1f1b (Schedule1F1B) or interleaved1f1b (ScheduleInterleaved1F1B, "
+        "two stages per rank: ranks r and r + pp, torchtitan's default); the looped, "
+        "zero-bubble and V schedules are not modelled yet",
     )  # fmt: skip
     microbatches: int = opt(
         0, name="microbatches", lo=0, hi=65_536,
@@ -728,14 +731,27 @@ class ParallelSpec:
         if self.pp_schedule not in PP_SCHEDULES_MODELLED:
             raise ValueError(
                 f"--pp-schedule {self.pp_schedule} is not modelled yet (memgnn runs "
-                f"{', '.join(PP_SCHEDULES_MODELLED)}: one stage per rank; the interleaved, "
-                "zero-bubble and V schedules run several stages per rank)"
+                f"{', '.join(PP_SCHEDULES_MODELLED)}; the looped, zero-bubble and V schedules "
+                "are not run)"
+            )
+        rounds = max(1, self.pp_microbatches // self.pp)
+        if self.pp_schedule in PP_MULTI_STAGE and self.pp_microbatches % rounds:
+            raise ValueError(
+                f"--pp-schedule {self.pp_schedule} needs --microbatches a multiple of "
+                f"max(1, microbatches // --pp) = {rounds}, got {self.pp_microbatches} "
+                "(PyTorch's ScheduleInterleaved1F1B refuses others)"
             )
         if self.pp_schedule == "1f1b" and self.pp_microbatches < self.pp:
             raise ValueError(
                 f"--pp-schedule 1f1b needs --microbatches >= --pp {self.pp}, got "
                 f"{self.microbatches} (PyTorch's Schedule1F1B refuses fewer)"
             )
+
+    @property
+    def pp_stages_per_rank(self) -> int:
+        """Stages each rank holds: 2 for an interleaved schedule (torchtitan's default for
+        multi-stage schedules), else 1."""
+        return 2 if self.pp > 1 and self.pp_schedule in PP_MULTI_STAGE else 1
 
     @property
     def pp_microbatches(self) -> int:

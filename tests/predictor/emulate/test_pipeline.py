@@ -17,7 +17,13 @@ import torch
 import torch.distributed as dist
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.emulate.parallel import annotate
-from memgnn.predictor.emulate.pipeline import DecoderStage, stage_layers
+from memgnn.predictor.emulate.pipeline import (
+    DecoderStage,
+    StageParts,
+    rank_stages,
+    stage_bundle,
+    stage_layers,
+)
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.memory.base import Query
@@ -42,7 +48,11 @@ RNG_STATE = 5056  # torch.get_rng_state().numel(): the CPU generator's state, by
         ({"gpus": 2, "pp": 0}, "--pp must be an integer >= 1"),
         ({"gpus": 4, "pp": 2}, "--pp 2 needs --gpus 2"),
         ({"gpus": 2, "pp": 2, "microbatches": 1}, "1f1b needs --microbatches >= --pp 2"),
-        ({"gpus": 2, "pp": 2, "pp_schedule": "interleaved1f1b"}, "interleaved1f1b is not"),
+        ({"gpus": 2, "pp": 2, "pp_schedule": "loopedbfs"}, "loopedbfs is not modelled"),
+        (
+            {"gpus": 2, "pp": 2, "pp_schedule": "interleaved1f1b", "microbatches": 5},
+            "multiple of max\\(1, microbatches // --pp\\) = 2",
+        ),
         ({"gpus": 2, "pp": 2, "pp_schedule": "zbvzerobubble"}, "zbvzerobubble is not modelled"),
         ({"gpus": 2, "pp": 2, "pp_schedule": "bogus"}, "unknown --pp-schedule 'bogus'"),
         ({"gpus": 4, "pp": 2, "tp": 2}, "--pp 2 with --tp 2 is not modelled yet"),
@@ -232,16 +242,23 @@ def _real_ranks(tmp: Path, schedule: str, checkpointing: str) -> list[dict[str, 
 @pytest.mark.slow  # two spawned ranks per schedule, ~30 s a run on 2 shared cores
 @pytest.mark.parametrize(
     ("schedule", "checkpointing"),
-    [("gpipe", "none"), ("1f1b", "none"), ("1f1b", "full"), ("gpipe", "every:2")],
+    [
+        ("gpipe", "none"),
+        ("1f1b", "none"),
+        ("1f1b", "full"),
+        ("gpipe", "every:2"),
+        ("interleaved1f1b", "none"),
+    ],
 )
 def test_stage_peaks_match_a_real_gloo_run(tmp_path, schedule, checkpointing):
     """memgnn's per-stage prediction (one symbolic capture per stage over the fake process
     group, at an odd micro-batch) against a real 2-rank gloo run of the same step: memgnn's
     CPU recorder on each real rank gives each stage's predicted peak to the byte.
     torch.profiler's allocator events (state before + the step's delta) cross-check it: they
-    read 254 B (stage 0) and 259 B (stage 1) more than memgnn on a quiet machine, under both
-    schedules: bytes the CPU allocator hands out outside any aten op memgnn records (the
-    real job's pickled shape metadata and warm-up vote are such exchanges); bounded by 1 KB,
+    read 254 B (stage 0) and 259 B (stage 1) more than memgnn on a quiet machine under GPipe
+    and 1F1B, 607 and 612 B under interleaved 1F1B (two stages per rank): bytes the CPU
+    allocator hands out outside any aten op memgnn records (the real job's pickled shape
+    metadata and warm-up vote are such exchanges, one per stage); bounded by 1 KB,
     as the DDP/FSDP checks bound theirs (benchmarks/results/sharding.md). Under
     `--checkpointing full` (1F1B) the profiler also sees the CPU RNG state each checkpointed
     block saves per micro-batch in flight (torch.get_rng_state(), 5,056 B, outside any aten
@@ -280,3 +297,16 @@ def test_plan_keeps_the_pipeline_layout_and_leaves_out_what_it_refuses():
     got = {(t.parallel.pp, t.parallel.sharding, t.activations.checkpointing, t.loop.grad_accum)
            for t in variants(base, space)}  # fmt: skip
     assert got == {(2, "none", "none", 1), (2, "none", "full", 1)}
+
+
+def test_interleaved_ranks_hold_stages_r_and_r_plus_pp():
+    """interleaved1f1b: 2 x pp stages of L / (2 pp) blocks, rank r holding r and r + pp."""
+    assert rank_stages(2, 2, 0) == [0, 2] and rank_stages(2, 2, 1) == [1, 3]
+    with torch.device("meta"):
+        parts = stage_bundle(_llama(), 2, 1, 2).build()
+    assert isinstance(parts, StageParts)
+    assert [list(p.layers) for p in parts] == [["1"], ["3"]]
+    assert parts[0].embed_tokens is None and parts[1].lm_head is not None
+    assert (
+        TrainSpec.of(gpus=2, pp=2, pp_schedule="interleaved1f1b").parallel.pp_stages_per_rank == 2
+    )

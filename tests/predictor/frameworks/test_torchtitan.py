@@ -463,9 +463,9 @@ pipeline_parallel_degree = 4
     assert any("torchtitan's default split counts the embeddings" in w for w in r.warnings)
     from memgnn.predictor.spec.train import TrainSpec
 
-    r = read_config(write("i.toml", base + 'pipeline_parallel_schedule = "Interleaved1F1B"\n'))
-    assert r.options["pp_schedule"] == "interleaved1f1b"
-    with pytest.raises(ValueError, match="--pp-schedule interleaved1f1b is not modelled yet"):
+    r = read_config(write("i.toml", base + 'pipeline_parallel_schedule = "ZBVZeroBubble"\n'))
+    assert r.options["pp_schedule"] == "zbvzerobubble"
+    with pytest.raises(ValueError, match="--pp-schedule zbvzerobubble is not modelled yet"):
         TrainSpec.of(**r.options)
     r = read_config(write("tp.toml", base + "tensor_parallel_degree = 2\n"))
     assert "pp" not in r.options
