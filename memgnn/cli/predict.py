@@ -143,7 +143,13 @@ def predict_lines(out: dict[str, Any]) -> list[str]:
         f" model {out['model_version']} ({out['method']})"
         + (f", per rank (rank {par['rank']} of {par['world_size']}, {_ranks(par)})" if par else "")
     ]
-    if par and "stage_peak_bytes" in par:  # --pp: every stage, the worst named
+    if par and "stage_peak_bytes" in par and any(len(s) > 1 for s in par["rank_stages"]):
+        lines.append("pipeline ranks: " + ", ".join(  # interleaved: the stages each holds
+            f"rank {k} (stages {', '.join(map(str, s))}) {fmt_bytes(b)}"
+            + (" (worst)" if k == par["worst_stage"] else "")
+            for k, (b, s) in enumerate(zip(par["stage_peak_bytes"], par["rank_stages"]))
+        ))  # fmt: skip
+    elif par and "stage_peak_bytes" in par:  # --pp: every stage, the worst named
         lines.append("pipeline stages: " + ", ".join(
             f"stage {k} {fmt_bytes(b)}" + (" (worst)" if k == par["worst_stage"] else "")
             for k, b in enumerate(par["stage_peak_bytes"])

@@ -447,18 +447,20 @@ def annotate(
 
 
 def _stage_peaks(paths: list[dict[str, Any]]) -> dict[str, Any]:
-    """{stage_peak_bytes, worst_stage, rank} from per-stage paths (`emulate.pipeline`)."""
+    """{stage_peak_bytes, worst_stage, rank, rank_stages} from the per-rank paths of a
+    pipeline (`emulate.pipeline`): path k is rank k, holding stage k (or stages k, k + pp,
+    ... under an interleaved schedule)."""
     peaks: dict[int, int] = {}
+    held: dict[int, list[int]] = {}
     for p in paths:
-        stage = next(
-            (c["stage"] for c in p["conditions"] if c.get("kind") == "pipeline_stage"), None
-        )
+        cond = next((c for c in p["conditions"] if c.get("kind") == "pipeline_stage"), None)
         value = p.get("predicted_peak_bytes", p.get("tensor_peak_bytes"))
-        if stage is None or value is None:
+        if cond is None or value is None:
             return {}
-        peaks[stage] = int(value)
+        peaks[cond["stage"]] = int(value)
+        held[cond["stage"]] = list(cond.get("stages", [cond["stage"]]))
     if not peaks:
         return {}
     worst = max(peaks, key=lambda k: (peaks[k], -k))
     return {"stage_peak_bytes": [peaks[k] for k in sorted(peaks)], "worst_stage": worst,
-            "rank": worst}  # fmt: skip
+            "rank": worst, "rank_stages": [held[k] for k in sorted(held)]}  # fmt: skip

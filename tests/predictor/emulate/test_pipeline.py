@@ -285,6 +285,10 @@ def test_the_answer_lists_every_stage_and_names_the_worst():
     assert note["pp_schedule"] == "gpipe" and note["microbatches"] == 2
     assert "even split" in note["pp_assumptions"]
     assert _ranks(note) == "pp 2: gpipe, 2 micro-batches"
+    assert note["rank_stages"] == [[0], [1]]
+    for p, held in zip(paths, ([0, 2], [1, 3]), strict=True):  # interleaved: two per rank
+        p["conditions"][0]["stages"] = held
+    assert annotate({}, train, paths)["parallel"]["rank_stages"] == [[0, 2], [1, 3]]
     # a sharded step without stages keeps rank 0 and lists none
     assert "worst_stage" not in annotate({}, TrainSpec.of(gpus=2, tp=2).flat())["parallel"]
 
