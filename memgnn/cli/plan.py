@@ -174,8 +174,11 @@ def _ckpt_text(ckpt: str, blocks: int | None) -> str:
 
 
 def _split(out: dict[str, Any]) -> str:
-    """How the chosen configuration splits over its GPUs (sharding, --tp)."""
-    tp = out.get("tp") or 1
+    """How the chosen configuration splits over its GPUs (sharding, --tp, --pp)."""
+    tp, pp = out.get("tp") or 1, (out.get("best") or {}).get("pp", 1)
+    if pp > 1:
+        micro = out["best"]["microbatches"]
+        return f"--pp {pp} over {out['gpus']} GPUs ({micro} micro-batches of B)"
     return f"{out['sharding']} over {out['gpus']} GPUs" + (f", --tp {tp}" if tp > 1 else "")
 
 

@@ -123,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _ranks(par: dict[str, Any]) -> str:
     """How the ranks split: the sharding, and `tp N` (x `dp M` under a sharding) for --tp."""
-    tp = par.get("tp", 1)
+    tp, pp = par.get("tp", 1), par.get("pp", 1)
+    if pp > 1:
+        return f"pp {pp}: {par['pp_schedule']}, {par['microbatches']} micro-batches"
     if tp == 1:
         return par["sharding"]
     if par["sharding"] == "none":
@@ -139,8 +141,19 @@ def predict_lines(out: dict[str, Any]) -> list[str]:
         f"{name} {out['sizes']} on {out['device']}: {out['metric']} peak "
         f"{fmt_bytes(out['predicted_peak_bytes'])} (bound {fmt_bytes(out['upper_bound_bytes'])}),"
         f" model {out['model_version']} ({out['method']})"
-        + (f", per rank (rank 0 of {par['world_size']}, {_ranks(par)})" if par else "")
+        + (f", per rank (rank {par['rank']} of {par['world_size']}, {_ranks(par)})" if par else "")
     ]
+    if par and "stage_peak_bytes" in par and any(len(s) > 1 for s in par["rank_stages"]):
+        lines.append("pipeline ranks: " + ", ".join(  # interleaved: the stages each holds
+            f"rank {k} (stages {', '.join(map(str, s))}) {fmt_bytes(b)}"
+            + (" (worst)" if k == par["worst_stage"] else "")
+            for k, (b, s) in enumerate(zip(par["stage_peak_bytes"], par["rank_stages"]))
+        ))  # fmt: skip
+    elif par and "stage_peak_bytes" in par:  # --pp: every stage, the worst named
+        lines.append("pipeline stages: " + ", ".join(
+            f"stage {k} {fmt_bytes(b)}" + (" (worst)" if k == par["worst_stage"] else "")
+            for k, b in enumerate(par["stage_peak_bytes"])
+        ))  # fmt: skip
     if out["model"]:
         lines.append(model_line(out["model"]))
     if out["train"]:

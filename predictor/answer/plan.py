@@ -122,9 +122,11 @@ class PlanAnswer:
         chosen = ("batch_size", "grad_accum", "checkpointing", "precision", "optimizer_impl",
                   "gpus", "sharding", "tp", "decision", "prediction")  # fmt: skip
         out |= {k: b[k] if b else None for k in chosen}
-        # one sample per data-parallel rank: the --tp ranks of a group share theirs
-        dp = b["gpus"] // b["tp"] if b else 1
-        out["global_batch"] = b["batch_size"] * b["grad_accum"] * dp if b else None
+        # one sample per data-parallel rank: the --tp ranks of a group share theirs, the
+        # --pp stages pass each of their micro-batches on
+        dp = b["gpus"] // (b["tp"] * b.get("pp", 1)) if b else 1
+        per_rank = b["batch_size"] * b["grad_accum"] * b.get("microbatches", 1) if b else None
+        out["global_batch"] = per_rank * dp if b else None
         return out
 
 

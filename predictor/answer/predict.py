@@ -245,7 +245,7 @@ def _answer(
         metric=p.metric,
         method=p.method,
         model_version=p.model_version,
-        breakdown=annotate(dict(p.breakdown), graph.train),
+        breakdown=annotate(dict(p.breakdown), graph.train, p.paths),
         paths=p.paths,
         sizes=sizes,
         device=device.name,

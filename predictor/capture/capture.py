@@ -26,6 +26,7 @@ from memgnn.predictor.capture.branches import (
     patched_cond,
 )
 from memgnn.predictor.capture.model_info import ModelInfo, describe, describe_bundle
+from memgnn.predictor.capture.pipeline_step import PipelineStep
 from memgnn.predictor.capture.progress import StepProgress
 from memgnn.predictor.capture.replicate import replicate
 from memgnn.predictor.capture.step import TrainingStep, step_plan
@@ -42,6 +43,7 @@ from memgnn.predictor.emulate.kernels import (
 )
 from memgnn.predictor.emulate.parallel import ShardedObserver, World, comm_hooks, fake_world
 from memgnn.predictor.emulate.peft import blocks_unsafe
+from memgnn.predictor.emulate.pipeline import rank_stages
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.blocks import (
     LayerState,
@@ -123,7 +125,7 @@ class _Run:
 
     def __init__(
         self, bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes, tag_layers=False,
-        make_step: Callable[[str], Any] | None = None,
+        make_step: Callable[[str], Any] | None = None, rank: int = 0,
     ):  # fmt: skip
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -136,6 +138,7 @@ class _Run:
         self.block_prefix = ""
         # the runner to capture (its face is TrainingStep's); None: TrainingStep itself
         self.make_step = make_step
+        self.rank = rank  # the rank of a --gpus N job to capture (--pp: the stage)
 
     def _symbolic_sizes(self) -> tuple[dict[str, Any], dict[Any, str]]:
         if self.env is None:
@@ -156,7 +159,8 @@ class _Run:
     def run(self, prefix: list[bool]) -> tuple[StepRecorder, BranchState, dict[Any, str], Any]:
         if not self.train.parallel.distributed:
             return self._run(prefix, None)
-        with fake_world(self.train) as world:  # rank 0 of --gpus (predictor/emulate/parallel.py)
+        # rank 0 of --gpus (predictor/emulate/parallel.py); --pp: the stage captured
+        with fake_world(self.train, self.rank) as world:
             return self._run(prefix, world)
 
     def _run(self, prefix: list[bool], world: World | None):
@@ -171,6 +175,11 @@ class _Run:
         with self.mode:
             if self.make_step is not None:
                 step = self.make_step(self.cfg.target)
+            elif self.train.parallel.pp > 1:  # the rank's pipeline stage (emulate.pipeline)
+                step = PipelineStep(
+                    self.bundle, self.train, device=torch.device("cpu"),
+                    target=self.cfg.target, fake=True, world=world,
+                )  # fmt: skip
             else:
                 step = TrainingStep(
                     self.bundle,
@@ -310,6 +319,8 @@ def capture(
         graph, why = _capture_blocks(bundle, train, cfg, sizes)
         if graph is not None:
             return graph
+    if train.parallel.pp > 1 and make_step is None:
+        return _capture_stages(bundle, train, cfg, sizes)
     max_paths = cfg.max_paths or bundle.max_paths
     t0 = time.perf_counter()
     todo: list[list[bool]] = [[]]
@@ -338,6 +349,34 @@ def capture(
         sum(p.num_nodes for p in graph.paths),
         graph.meta["capture_seconds"],
     )
+    return graph
+
+
+def _capture_stages(
+    bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes: dict[str, int]
+) -> StepGraph:
+    """`--pp N`: each stage's rank captured on its own (`emulate.pipeline`), one path per
+    stage (condition `pipeline_stage`): the answer is the worst stage, each one listed."""
+    t0 = time.perf_counter()
+    runs = []
+    for stage in range(train.parallel.pp):
+        runner = _Run(bundle, train, cfg, sizes, rank=stage)
+        rec, state, names, env = runner.run([])
+        if alternatives(state) or state.data:
+            raise CaptureError(
+                f"--pp {train.parallel.pp}: {bundle.name!r} has data-dependent branches or "
+                "sizes, which memgnn does not model under pipeline parallelism"
+            )
+        held = rank_stages(train.parallel.pp, train.parallel.pp_stages_per_rank, stage)
+        state.conditions.append(
+            {"kind": "pipeline_stage", "stage": stage, "rank": stage, "stages": held}
+        )
+        runs.append((rec, state, names, env))
+    graph = _assemble(bundle, train, cfg, sizes, runs)
+    info = describe_bundle(bundle, train, cfg.target)  # the whole model, not one stage
+    _stamp(graph, cfg, t0, info, {"mode": "full", "why": f"--pp {train.parallel.pp}: per stage"})
+    log.info("captured %s: %d pipeline stages in %.1fs", bundle.name, train.parallel.pp,
+             graph.meta["capture_seconds"])  # fmt: skip
     return graph
 
 

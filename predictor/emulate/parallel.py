@@ -40,6 +40,10 @@ FSDP2's prefetching are PyTorch's, recorded node for node by the same `StepRecor
 DTensor's `parallelize_module` first: alone (`--sharding none`, `--gpus N`) over a 1-D `tp`
 mesh, or 2-D under `fsdp` (`--gpus dp x N`: a (dp, tp) mesh, FSDP2 over `dp`).
 
+`--pp N` (`predictor.emulate.pipeline`) runs rank k as pipeline stage k (`--gpus N`, a 1-D
+`pp` mesh): the stage module whole on its rank, PyTorch's `PipelineStage` and schedule over
+it (`capture.pipeline_step.PipelineStep`); each stage's rank is captured, not only rank 0.
+
 Gradient accumulation (`TrainSpec.grad_sync`): `every` syncs on every micro-step (FSDP2's
 default: each backward reduce-scatters into the sharded gradients); `last` runs every
 micro-step but the last without sync, as users accumulate without communication: DDP's
@@ -71,6 +75,7 @@ import torch
 import torch.distributed as dist
 from memgnn.predictor.emulate.fsdp1 import fake_addresses, fsdp1_gradients, fsdp1_wrap
 from memgnn.predictor.emulate.fsdp_offload import cpu_stream_sync, fsdp2_offload_places
+from memgnn.predictor.emulate.pipeline import pp_note
 from memgnn.predictor.emulate.quant import Linear4bitSim
 from memgnn.predictor.emulate.tensor_parallel import (
     apply_tp,
@@ -110,6 +115,7 @@ class World:
     rank: int
     mesh: Any  # torch.distributed.device_mesh.DeviceMesh (1-D, or 2-D for hsdp): data-parallel
     tp_mesh: Any = None  # --tp > 1: the tensor-parallel mesh dimension (emulate.tensor_parallel)
+    pp_mesh: Any = None  # --pp > 1: the pipeline mesh, one stage per rank (emulate.pipeline)
 
 
 @contextlib.contextmanager
@@ -137,7 +143,9 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
     addresses = fake_addresses() if train.parallel.sharding == "fsdp1" else contextlib.nullcontext()
     try:
         shard, tp, dp = train.parallel.shard_group_size, train.parallel.tp, train.parallel.dp
-        if tp > 1:  # dp x tp (torchtitan's mesh order), or tp alone
+        if train.parallel.pp > 1:  # pipeline alone: one stage per rank
+            shape, names = (train.parallel.pp,), ("pp",)
+        elif tp > 1:  # dp x tp (torchtitan's mesh order), or tp alone
             shape, names = ((dp, tp), ("dp", "tp")) if dp > 1 else ((tp,), ("tp",))
         elif train.parallel.hybrid:
             shape, names = (train.parallel.gpus // shard, shard), ("replicate", "shard")
@@ -148,6 +156,8 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
         if tp > 1:
             world.mesh = mesh["dp"] if dp > 1 else None
             world.tp_mesh = mesh["tp"]
+        if train.parallel.pp > 1:
+            world.mesh, world.pp_mesh = None, mesh
         with contextlib.ExitStack() as stack:
             stack.enter_context(unrecorded_propagation())
             stack.enter_context(addresses)
@@ -167,6 +177,8 @@ def parallelize(
     """Wrap `model` as `train.parallel.sharding` says (module docstring), its linears split
     first where `--tp` > 1 (`emulate.tensor_parallel`); returns what to call. `target`
     ("cpu"/"cuda"): where CPU offload's host-device copies are made (`emulate.fsdp_offload`)."""
+    if train.parallel.pp > 1:  # the stage runs whole on its rank (emulate.pipeline)
+        return model
     if train.parallel.tp > 1:
         apply_tp(model, blocks, world.tp_mesh, train.parallel.tp)
         if train.parallel.sharding == "none":
@@ -392,7 +404,7 @@ def rank_note(train: Mapping[str, Any]) -> dict[str, Any] | None:
     """What a sharded answer is: one rank's peak (rank 0 of `world_size`); None for a
     single-GPU step (`train` is a graph's `train` dict)."""
     sharding = train.get("sharding", "none")
-    if sharding == "none" and train.get("tp", 1) == 1:
+    if sharding == "none" and train.get("tp", 1) == 1 and train.get("pp", 1) == 1:
         return None
     spec = TrainSpec.of(**{k: v for k, v in train.items() if k in BY_NAME})
     return (
@@ -412,6 +424,7 @@ def rank_note(train: Mapping[str, Any]) -> dict[str, Any] | None:
             else {}
         )
         | (tp_note(spec) if spec.parallel.tp > 1 else {})
+        | (pp_note(spec) if spec.parallel.pp > 1 else {})
     )
 
 
@@ -420,9 +433,34 @@ def _fsdp1_note(spec: TrainSpec) -> dict[str, Any]:
     return {o.name: getattr(spec.parallel, o.field) for o in OPTIONS_FSDP1}
 
 
-def annotate(breakdown: dict[str, Any], train: Mapping[str, Any]) -> dict[str, Any]:
-    """`breakdown` with `parallel` (see `rank_note`) where the step is sharded."""
+def annotate(
+    breakdown: dict[str, Any], train: Mapping[str, Any], paths: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """`breakdown` with `parallel` (see `rank_note`) where the step is sharded; under `--pp`
+    with the answer's `paths` (one per stage): every stage's peak and the worst stage, the
+    rank the answer is about."""
     note = rank_note(train)
     if note is not None:
+        note |= _stage_peaks(paths or [])
         breakdown["parallel"] = note
     return breakdown
+
+
+def _stage_peaks(paths: list[dict[str, Any]]) -> dict[str, Any]:
+    """{stage_peak_bytes, worst_stage, rank, rank_stages} from the per-rank paths of a
+    pipeline (`emulate.pipeline`): path k is rank k, holding stage k (or stages k, k + pp,
+    ... under an interleaved schedule)."""
+    peaks: dict[int, int] = {}
+    held: dict[int, list[int]] = {}
+    for p in paths:
+        cond = next((c for c in p["conditions"] if c.get("kind") == "pipeline_stage"), None)
+        value = p.get("predicted_peak_bytes", p.get("tensor_peak_bytes"))
+        if cond is None or value is None:
+            return {}
+        peaks[cond["stage"]] = int(value)
+        held[cond["stage"]] = list(cond.get("stages", [cond["stage"]]))
+    if not peaks:
+        return {}
+    worst = max(peaks, key=lambda k: (peaks[k], -k))
+    return {"stage_peak_bytes": [peaks[k] for k in sorted(peaks)], "worst_stage": worst,
+            "rank": worst, "rank_stages": [held[k] for k in sorted(held)]}  # fmt: skip

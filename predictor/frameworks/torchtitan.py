@@ -30,7 +30,13 @@ Key (default) -> memgnn:
 - model.converters ["float8"] / ["quantize.linear.float8"] with [float8] / [quantize.linear.
   float8] recipe_name (None: tensorwise) and filter_fqns ([]; torchtitan's names mapped to
   transformers' q_proj ... ; `output` the head) -> --float8 RECIPE --float8-filter-fqns
-Not modelled (warnings): tensor / pipeline / context / expert parallel degrees > 1,
+- parallelism.pipeline_parallel_degree alone (no data, tensor, context or expert
+  parallelism) -> --pp N --gpus N; pipeline_parallel_schedule (1F1B) -> --pp-schedule
+  (GPipe, 1F1B, Interleaved1F1B with 2 stages per rank; the others are refused by name);
+  pipeline_parallel_microbatch_size (1) -> --batch, local_batch_size / it -> --microbatches
+  (`predictor.emulate.pipeline`; an uneven layer split is a warning: memgnn splits L/pp)
+Not modelled (warnings): tensor / context / expert parallel degrees > 1, pipeline with
+data or other parallelism,
 memory-budget activation checkpointing (the answer checkpoints nothing), compile with
 sharding or op-level selective checkpointing (the answer is the eager step's), MX
 converters, float8's FSDP float8 all-gather, CPU offload, the optimizer in backward.
@@ -224,8 +230,19 @@ def _parallel(b: Builder) -> bool:
         found["data_parallel_replicate_degree"][1],
     )
     others = {n: v for n, (_, v) in found.items() if n not in _DEGREES[:2] and v > 1}
+    # pipeline parallel alone (no data, tensor, context or expert parallelism): --pp
+    alone = set(others) == {"pipeline_parallel_degree"} and replicate == 1 and shard in (1, -1)
+    if alone and shard == -1:
+        b.warn(
+            "data_parallel_shard_degree -1 with pipeline_parallel_degree "
+            f"{others['pipeline_parallel_degree']}: the answer takes every rank as a pipeline "
+            "stage (--gpus = the degree); with more ranks, FSDP2 over the rest is not "
+            "modelled yet",
+            key=found["data_parallel_shard_degree"][0],
+        )
+        shard = 1
     for n, (key, value) in found.items():
-        if key is None:
+        if key is None or (alone and n == "pipeline_parallel_degree"):
             continue
         if n in others:
             b.warn(
@@ -255,7 +272,7 @@ def _parallel(b: Builder) -> bool:
                 "torchrun's --nproc_per_node, not the file's: give --gpus N"
             )
     else:
-        became = "one GPU: no sharding"
+        became = "no data parallelism: every rank a stage" if alone else "one GPU: no sharding"
     for n in _DEGREES[:2]:
         key = found[n][0]
         if key is not None:
@@ -263,6 +280,8 @@ def _parallel(b: Builder) -> bool:
     if not b.has("parallelism.data_parallel_shard_degree") and sharded:
         b.default("parallelism.data_parallel_shard_degree", -1, f"{became} (torchtitan's default)")
     _accumulation(b, shard, replicate)
+    if alone:
+        _pipeline(b, found["pipeline_parallel_degree"])
     key = "parallelism.fsdp_reshard_after_forward"
     if b.has(key):
         value = str(b.get(key))
@@ -275,6 +294,72 @@ def _parallel(b: Builder) -> bool:
             else f"--fsdp-reshard-after-forward {str(reshard).lower()}",
         )
     return sharded
+
+
+_PP_SPLIT = (  # torchtitan's ways of choosing each stage's layers
+    "pipeline_parallel_layers_per_stage",
+    "pipeline_parallel_first_stage_less_layers",
+    "pipeline_parallel_last_stage_less_layers",
+    "pipeline_parallel_split_points",
+    "module_fqns_per_model_part",
+    "pipeline_parallel_schedule_csv",
+)
+
+
+def _pipeline(b: Builder, degree: tuple[str | None, int]) -> None:
+    """pipeline_parallel_degree alone -> --pp N --gpus N; pipeline_parallel_schedule
+    (1F1B) -> --pp-schedule; pipeline_parallel_microbatch_size (1) -> --batch, with
+    local_batch_size / it -> --microbatches (torchtitan's n_microbatches)."""
+    key, pp = degree
+    source = f"{key}: {pp}"
+    b.read(str(key), b.option("pp", pp, source) + " " + b.option("gpus", pp, source))
+    skey = next((f"{s}.pipeline_parallel_schedule" for s in _SECTIONS
+                 if b.has(f"{s}.pipeline_parallel_schedule")), None)  # fmt: skip
+    schedule = str(b.get(skey)) if skey else "1F1B"
+    flag = b.option("pp_schedule", schedule.lower(), f"pipeline_parallel_schedule: {schedule}")
+    if skey:
+        b.read(skey, flag)
+    else:
+        b.default(
+            "parallelism.pipeline_parallel_schedule", "1F1B", f"{flag} (torchtitan's default)"
+        )
+    mkey, micro = _degree(b, "pipeline_parallel_microbatch_size", 1)
+    local = b.reading.sizes["B"]
+    if micro < 1 or local % micro:
+        raise ValueError(
+            f"{mkey}: {micro} must divide training.local_batch_size {local} (torchtitan's "
+            "n_microbatches = local_batch_size / pipeline_parallel_microbatch_size)"
+        )
+    text = (
+        b.size("B", micro, f"pipeline_parallel_microbatch_size: {micro}") + " "
+        + b.option("microbatches", local // micro, f"local_batch_size {local} / {micro}")
+    )  # fmt: skip
+    if mkey:
+        b.read(mkey, text)
+    else:
+        b.default(
+            "parallelism.pipeline_parallel_microbatch_size", 1, f"{text} (torchtitan's default)"
+        )
+    for name in _PP_SPLIT:
+        k = next((f"{s}.{name}" for s in _SECTIONS if b.has(f"{s}.{name}")), None)
+        if k is None:
+            continue
+        default = b.get(k) in (None, [], "") or (name.endswith("less_layers") and b.get(k) == 1)
+        if default and pp == 2:
+            b.read(k, "the even split memgnn runs (two stages: L/2 blocks each)")
+        else:
+            b.warn(
+                f"{k}: {b.get(k)!r}: memgnn splits the blocks evenly (L/pp per stage, the "
+                "first with the embeddings, the last with the norm and output); a split "
+                "of unequal depth is not modelled yet: the answer is the even split's",
+                key=k,
+            )
+    if pp > 2 and not any(b.has(f"{s}.{n}") for s in _SECTIONS for n in _PP_SPLIT):
+        b.warn(
+            f"pipeline_parallel_degree {pp}: torchtitan's default split counts the embeddings "
+            "and the output as one layer each (first/last_stage_less_layers 1), which can "
+            "give stages of unequal depth; the answer is memgnn's even split (L/pp blocks)"
+        )
 
 
 def _accumulation(b: Builder, shard: int, replicate: int) -> None:

@@ -226,6 +226,7 @@ class AnalyticModel:
                             **places[best],
                         },
                         graph.train,
+                        per_path,
                     ),
                     model_version=self.version,
                     paths=per_path,

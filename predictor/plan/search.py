@@ -67,6 +67,8 @@ class Candidate:
     gpus: int = 1
     sharding: str = "none"
     tp: int = 1  # tensor-parallel degree: gpus / tp data-parallel ranks
+    pp: int = 1  # pipeline stages (--pp): gpus / (tp x pp) data-parallel ranks
+    microbatches: int = 1  # --pp: micro-batches of batch_size samples per step
     fsdp_reshard_after_forward: bool = True
     offload_activations: str = "none"
     decision: dict[str, Any] = field(default_factory=dict)  # `decision.Decision.to_dict`
@@ -298,6 +300,8 @@ def _candidate(prober: _Prober, b: int, g: int, train: TrainSpec, n_blocks: int 
         gpus=train.parallel.gpus,
         sharding=train.parallel.sharding,
         tp=train.parallel.tp,
+        pp=train.parallel.pp,
+        microbatches=train.parallel.pp_microbatches if train.parallel.pp > 1 else 1,
         fsdp_reshard_after_forward=train.parallel.reshard_after_forward,
         offload_activations=train.offload.activations,
         decision=decision,

@@ -233,7 +233,8 @@ def simulate(
             {"conditions": p.conditions, "tensor_peak_bytes": p.peak_bytes} for p in swept.paths
         ],
     }
-    annotate(breakdown, graph.train)  # a sharded step: one rank's peak, and which
+    # a sharded step: one rank's peak, and which (under --pp: the worst stage)
+    annotate(breakdown, graph.train, breakdown["paths"])
     # offloading: host and unified-memory figures of the worst path, each its own number
     breakdown.update(place_breakdown(graph, swept.path, swept.sizes, gpu=device.is_gpu))
     stats: dict[str, Any] = {"scenario": scenario, "violated_guards": swept.violated_guards}

@@ -33,6 +33,9 @@ __all__ = [
     "QUANTIZE_BASES",
     "QUANT_STORAGES",
     "STEP_KINDS",
+    "PP_MULTI_STAGE",
+    "PP_SCHEDULES",
+    "PP_SCHEDULES_MODELLED",
     "TP_SHARDINGS",
     "TORCH_OPTIMIZERS",
     "bnb_version_tuple",
@@ -141,3 +144,15 @@ def bnb_version_tuple(version: str) -> tuple[int, int, int]:
 # --sharding values --tp > 1 runs under: none (tensor parallel alone), fsdp (2-D: FSDP2 over
 # the data-parallel mesh dimension, TP over the other, as torchtitan)
 TP_SHARDINGS = ("none", "fsdp")
+
+# --pp-schedule: torch.distributed.pipelining's schedules by torchtitan's
+# pipeline_parallel_schedule names, lower-cased (GPipe, 1F1B, Interleaved1F1B, LoopedBFS,
+# InterleavedZeroBubble, ZBVZeroBubble, DualPipeV); memgnn runs GPipe, 1F1B and
+# Interleaved1F1B (`predictor.emulate.pipeline`), the others are refused by name
+PP_SCHEDULES = (
+    "gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzerobubble",
+    "zbvzerobubble", "dualpipev",
+)  # fmt: skip
+PP_SCHEDULES_MODELLED = ("gpipe", "1f1b", "interleaved1f1b")
+# schedules that run several stages per rank: torchtitan's default, 2 per rank
+PP_MULTI_STAGE = ("interleaved1f1b",)

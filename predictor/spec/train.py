@@ -7,7 +7,8 @@
       kernels      KernelSpec(attention, compile, loss)
       adapter      AdapterSpec(method, r, alpha, dropout, targets, dtype, args, config)
       quant        QuantSpec(base, bnb_version, quant_storage)
-      parallel     ParallelSpec(gpus, sharding, reshard_after_forward, hsdp_shard_size, grad_sync,
+      parallel     ParallelSpec(gpus, sharding, reshard_after_forward, hsdp_shard_size, tp, pp,
+                                pp_schedule, microbatches, grad_sync,
                                 fsdp1_*: FSDP1's own arguments, fsdp_*_dtype: its MixedPrecision)
       loop         LoopSpec(grad_accum, steps, hold_outputs)
       offload      OffloadSpec(activations, optimizer, gradients)
@@ -52,6 +53,9 @@ from memgnn.predictor.spec.choices import (
     PEFT_METHODS,
     PEFT_NOT_MODELLED,
     PEFT_ON_QUANTIZED,
+    PP_MULTI_STAGE,
+    PP_SCHEDULES,
+    PP_SCHEDULES_MODELLED,
     PRECISIONS,
     QUANT_STORAGES,
     QUANTIZE_BASES,
@@ -529,7 +533,8 @@ class QuantSpec:
 
 @dataclass(kw_only=True, slots=True)
 class ParallelSpec:
-    """Data parallelism and sharding (`emulate.parallel`): the answer is one rank's peak."""
+    """Data, tensor and pipeline parallelism and sharding (`emulate.parallel`,
+    `emulate.tensor_parallel`, `emulate.pipeline`): the answer is one rank's peak."""
 
     gpus: int = opt(1, name="gpus", lo=1, hi=65_536, help="world size; the answer is one rank's")
     sharding: str = opt("none", name="sharding", choices=SHARDINGS, help="how ranks split")
@@ -553,6 +558,27 @@ class ParallelSpec:
         "(PyTorch's ColwiseParallel/RowwiseParallel, the model's tp plan); --gpus is "
         "data-parallel ranks x --tp (--sharding none: --gpus = --tp; fsdp: 2-D, FSDP2 "
         "over --gpus/--tp ranks)",
+    )  # fmt: skip
+    # pipeline parallelism (predictor/emulate/pipeline.py): torch.distributed.pipelining's
+    # PipelineStage + schedule, each stage (L/pp blocks) on one rank; --gpus = --pp
+    pp: int = opt(
+        1, name="pp", lo=1, hi=4_096,
+        help="pipeline-parallel degree (torchtitan's pipeline_parallel_degree): the blocks "
+        "split evenly into this many stages, one per rank (the first with the embeddings, "
+        "the last with the final norm, lm_head and loss); the answer is the worst stage's "
+        "peak, every stage's listed; --gpus = --pp",
+    )  # fmt: skip
+    pp_schedule: str = opt(
+        "1f1b", name="pp_schedule", choices=PP_SCHEDULES,
+        help="--pp: the schedule (torchtitan's pipeline_parallel_schedule): gpipe "
+        "(ScheduleGPipe), 1f1b (Schedule1F1B) or interleaved1f1b (ScheduleInterleaved1F1B, "
+        "two stages per rank: ranks r and r + pp, torchtitan's default); the looped, "
+        "zero-bubble and V schedules are not modelled yet",
+    )  # fmt: skip
+    microbatches: int = opt(
+        0, name="microbatches", lo=0, hi=65_536,
+        help="--pp: micro-batches per step, each of --batch samples (torchtitan: "
+        "local_batch_size / pipeline_parallel_microbatch_size); 0: as many as --pp",
     )  # fmt: skip
     # every micro-step (the default), or the last only: DDP no_sync(), FSDP2
     # set_requires_gradient_sync(False), FSDP1 no_sync() (Lightning's no_backward_sync),
@@ -619,12 +645,13 @@ class ParallelSpec:
             raise ValueError(f"--gpus must be an integer >= 1, got {self.gpus!r}")
         _choice(self.sharding, SHARDINGS, "--sharding")
         self._check_tp()
+        self._check_pp()
         if self.sharding == "none" and self.dp > 1 and self.tp > 1:
             raise ValueError(
                 f"--gpus {self.gpus} with --tp {self.tp} leaves {self.dp} data-parallel "
                 f"ranks: add --sharding fsdp (2-D, as torchtitan), or --tp {self.gpus}"
             )
-        if self.sharding == "none" and self.dp > 1:
+        if self.sharding == "none" and self.dp > 1 and self.pp == 1:
             raise ValueError(
                 f"--gpus {self.gpus} needs --sharding (one of {SHARDINGS[1:]}): "
                 "how the ranks split the model"
@@ -683,10 +710,58 @@ class ParallelSpec:
                 "FSDP2 (--sharding fsdp, --gpus = data-parallel ranks x --tp)"
             )
 
+    def _check_pp(self) -> None:
+        """--pp: one stage per rank, alone (--gpus = --pp); its schedule and micro-batches."""
+        for name, value, lo in (("pp", self.pp, 1), ("microbatches", self.microbatches, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise ValueError(f"--{name} must be an integer >= {lo}, got {value!r}")
+        _choice(self.pp_schedule, PP_SCHEDULES, "--pp-schedule")
+        if self.pp == 1:
+            if self.microbatches:
+                raise ValueError("--microbatches applies to --pp N (pipeline parallel)")
+            return
+        if self.tp > 1 or self.sharding != "none":
+            with_ = f"--tp {self.tp}" if self.tp > 1 else f"--sharding {self.sharding}"
+            raise ValueError(
+                f"--pp {self.pp} with {with_} is not modelled yet: pipeline parallelism runs "
+                f"alone (--gpus {self.pp} --sharding none)"
+            )
+        if self.gpus != self.pp:
+            raise ValueError(f"--pp {self.pp} needs --gpus {self.pp} (one stage per rank)")
+        if self.pp_schedule not in PP_SCHEDULES_MODELLED:
+            raise ValueError(
+                f"--pp-schedule {self.pp_schedule} is not modelled yet (memgnn runs "
+                f"{', '.join(PP_SCHEDULES_MODELLED)}; the looped, zero-bubble and V schedules "
+                "are not run)"
+            )
+        rounds = max(1, self.pp_microbatches // self.pp)
+        if self.pp_schedule in PP_MULTI_STAGE and self.pp_microbatches % rounds:
+            raise ValueError(
+                f"--pp-schedule {self.pp_schedule} needs --microbatches a multiple of "
+                f"max(1, microbatches // --pp) = {rounds}, got {self.pp_microbatches} "
+                "(PyTorch's ScheduleInterleaved1F1B refuses others)"
+            )
+        if self.pp_schedule == "1f1b" and self.pp_microbatches < self.pp:
+            raise ValueError(
+                f"--pp-schedule 1f1b needs --microbatches >= --pp {self.pp}, got "
+                f"{self.microbatches} (PyTorch's Schedule1F1B refuses fewer)"
+            )
+
+    @property
+    def pp_stages_per_rank(self) -> int:
+        """Stages each rank holds: 2 for an interleaved schedule (torchtitan's default for
+        multi-stage schedules), else 1."""
+        return 2 if self.pp > 1 and self.pp_schedule in PP_MULTI_STAGE else 1
+
+    @property
+    def pp_microbatches(self) -> int:
+        """Micro-batches per pipeline step: --microbatches, or --pp where 0."""
+        return self.microbatches or self.pp
+
     @property
     def dp(self) -> int:
-        """Data-parallel ranks: --gpus / --tp."""
-        return self.gpus // self.tp if self.tp >= 1 else self.gpus
+        """Data-parallel ranks: --gpus / (--tp x --pp)."""
+        return self.gpus // (self.tp * self.pp) if self.tp >= 1 and self.pp >= 1 else self.gpus
 
     @property
     def distributed(self) -> bool:
@@ -864,6 +939,7 @@ class TrainSpec:
             )
         method = self.adapter.method
         self._check_tp()
+        self._check_pp()
         if base != "none" and method == "none":
             raise ValueError(
                 f"--quantize-base {base} needs --peft lora: a bitsandbytes-"
@@ -882,6 +958,38 @@ class TrainSpec:
         _check_offload(self)
         _check_compile(self)
         _check_loss(self)
+
+    def _check_pp(self) -> None:
+        """--pp with what memgnn has not run under pipeline parallelism: named, refused."""
+        pp = self.parallel.pp
+        if pp == 1:
+            return
+        others = {
+            f"--grad-accum {self.loop.grad_accum}": self.loop.grad_accum != 1,
+            f"--checkpointing {self.activations.checkpointing}": (
+                self.activations.checkpointing.split(":")[0] not in PP_CHECKPOINTING
+            ),
+            f"--attention {self.kernels.attention}": self.kernels.attention != "auto",
+            f"--compile {self.kernels.compile}": self.kernels.compile != "none",
+            f"--loss {self.kernels.loss}": self.kernels.loss != "model",
+            f"--float8 {self.numerics.float8}": self.numerics.float8 != "none",
+            f"--peft {self.adapter.method}": self.adapter.method != "none",
+            f"--quantize-base {self.quant.base}": self.quant.base != "none",
+            f"--offload-activations {self.offload.activations}": self.offload.activations != "none",
+            f"--offload-optimizer {self.offload.optimizer}": self.offload.optimizer != "none",
+            "--optimizer-in-bwd true": self.optim.in_backward,
+            "--hold-outputs": self.loop.hold_outputs,
+            f"--precision {self.numerics.precision} (a GradScaler)": (
+                self.numerics.uses_grad_scaler
+            ),
+        }
+        named = [flag for flag, on in others.items() if on]
+        if named:
+            raise ValueError(
+                f"--pp {pp} with {', '.join(named)} is not modelled yet: memgnn runs a pipeline "
+                "stage with a plain optimizer and precision (checked against real gloo runs); "
+                "drop one"
+            )
 
     def _check_tp(self) -> None:
         """--tp with what memgnn has not run under tensor parallelism: named, refused."""
@@ -943,6 +1051,12 @@ class TrainSpec:
     def changed(self) -> dict[str, Any]:
         """The options that differ from their defaults (what a user set)."""
         return {n: v for n, v in self.flat().items() if v != BY_NAME[n].default}
+
+
+# --checkpointing modes run per stage under --pp (each stage's own blocks, every:N counted
+# from the stage's first block, as torchtitan applies AC to each model part after the
+# split), checked against real gloo runs
+PP_CHECKPOINTING = ("none", "full", "every")
 
 
 def _check_float8(train: TrainSpec) -> None:

@@ -412,3 +412,61 @@ def test_the_benchmark_configs_read_as_their_rows(write, catalog, became, valid_
         "none",
     )
     assert (spec.numerics.precision, spec.parallel.fsdp_param_dtype) == ("fp32", "bf16")
+
+
+def test_pipeline_alone_maps_to_pp(write, valid_spec, became):
+    """pipeline_parallel_degree alone -> --pp N --gpus N, the schedule by torchtitan's
+    name, the micro-batch size as --batch and local / micro as --microbatches."""
+    text = """\
+[model]
+name = "llama3"
+flavor = "8B"
+[training]
+local_batch_size = 8
+seq_len = 2048
+[parallelism]
+data_parallel_shard_degree = 1
+pipeline_parallel_degree = 2
+pipeline_parallel_schedule = "GPipe"
+pipeline_parallel_microbatch_size = 2
+[activation_checkpoint]
+mode = "none"
+"""
+    r = read_config(write("pp.toml", text))
+    assert r.sizes == {"B": 2, "S": 2048}
+    opts = {k: r.options[k] for k in ("pp", "gpus", "pp_schedule", "microbatches")}
+    assert opts == {"pp": 2, "gpus": 2, "pp_schedule": "gpipe", "microbatches": 4}
+    spec = valid_spec(r)
+    assert (spec.parallel.pp, spec.parallel.pp_microbatches, spec.parallel.sharding) == (
+        2, 4, "none",
+    )  # fmt: skip
+    assert became(r)["parallelism.pipeline_parallel_microbatch_size"].startswith("--batch 2")
+    assert not any("pipeline" in w for w in r.warnings), r.warnings
+
+
+def test_pipeline_defaults_and_what_is_not_modelled(write):
+    """torchtitan's defaults (1F1B, micro-batch 1); with data parallelism (shard degree
+    -1: every rank left) a warning says the answer takes every rank as a stage; an
+    interleaved schedule is read, then refused by name when the spec is built."""
+    base = """\
+[model]
+name = "llama3"
+flavor = "8B"
+[training]
+local_batch_size = 4
+[parallelism]
+pipeline_parallel_degree = 4
+"""
+    r = read_config(write("pp4.toml", base))
+    assert (r.options["pp_schedule"], r.options["microbatches"], r.sizes["B"]) == ("1f1b", 4, 1)
+    assert any(w.startswith("data_parallel_shard_degree -1 with pipeline") for w in r.warnings)
+    assert any("torchtitan's default split counts the embeddings" in w for w in r.warnings)
+    from memgnn.predictor.spec.train import TrainSpec
+
+    r = read_config(write("i.toml", base + 'pipeline_parallel_schedule = "ZBVZeroBubble"\n'))
+    assert r.options["pp_schedule"] == "zbvzerobubble"
+    with pytest.raises(ValueError, match="--pp-schedule zbvzerobubble is not modelled yet"):
+        TrainSpec.of(**r.options)
+    r = read_config(write("tp.toml", base + "tensor_parallel_degree = 2\n"))
+    assert "pp" not in r.options
+    assert any(w.startswith("parallelism.pipeline_parallel_degree: 4") for w in r.warnings)
