@@ -19,7 +19,6 @@ needs the simulator in `dataset`.
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
@@ -131,10 +130,10 @@ class ReplayModel:
             hit = _MEMO.get(key)
             if hit is not None and hit[0] is graph:
                 _MEMO.move_to_end(key)
-                return _copy(hit[1], replay_memo=True)
+                return hit[1].copy(replay_memo=True)
         p = self._one(graph, q)
         with _MEMO_LOCK:
-            _MEMO[key] = (graph, _copy(p))
+            _MEMO[key] = (graph, p.copy())
             while len(_MEMO) > MEMO_SIZE:
                 _MEMO.popitem(last=False)
         return p
@@ -200,12 +199,6 @@ class ReplayModel:
 MEMO_SIZE = 4096  # replays remembered per process (each holds its graph alive)
 _MEMO: OrderedDict[tuple[Any, ...], tuple[StepGraph, Prediction]] = OrderedDict()
 _MEMO_LOCK = threading.Lock()
-
-
-def _copy(p: Prediction, **note: Any) -> Prediction:
-    """A prediction the caller may own (breakdown and paths are mutable)."""
-    breakdown = copy.deepcopy(p.breakdown) | note
-    return replace(p, breakdown=breakdown, paths=copy.deepcopy(p.paths))
 
 
 def _unlimited(cfg: AllocatorConfig | None) -> AllocatorConfig:
