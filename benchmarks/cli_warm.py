@@ -8,7 +8,8 @@ turn, `python -c "import torch"`, `memgnn predict` (default route: auto, which r
 the cached graph exactly, loading the compiled replay from numba's on-disk cache) and
 `memgnn predict --method gnn` (the learned model: no replay JIT), all in fresh processes.
 Reported: min and median wall seconds of each, and where a warm run's time goes: the
-cumulative import time of the top-level packages (`python -X importtime`) and the
+cumulative import time of the big packages (`python -X importtime`;
+torch.distributed.tensor is what the recorder and the FSDP emulation import) and the
 slowest calls of one warm run (cProfile, by cumulative time).
 Writes benchmarks/results/cli_warm.json and .md.
 """
@@ -43,7 +44,7 @@ CONFIG = {
     "vocab_size": 256,
     "max_position_embeddings": 64,
 }
-PACKAGES = ("torch", "transformers", "numba", "onnxruntime", "numpy", "memgnn")
+PACKAGES = ("torch", "torch.distributed.tensor", "transformers", "numba", "onnxruntime", "numpy")
 
 
 def _predict(config: Path, *extra: str) -> list[str]:
