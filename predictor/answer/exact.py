@@ -7,6 +7,8 @@ simulator's bytes. Where the replay runs out of device memory, the answer is wha
 step would need (the same trace replayed without a device limit) and the breakdown says
 ``would_oom`` with the simulator's message. A CPU target has no allocator to replay: the
 simulator's label there is the liveness sweep, and the prediction says ``analytic``.
+A query asked again on the same graph object is answered from that graph's replay memo
+(``breakdown["replay_memo"]``; `MEMO_SIZE` queries a graph; it lives and dies with the graph).
 
 `decide` routes a query (`answer.predict` runs the path): ``auto`` takes the replay where
 its estimated cost fits the per-request budget, else the learned model. The estimate is the fixed
@@ -20,9 +22,12 @@ needs the simulator in `dataset`.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.ir.vocab import METHOD_CHOICES
@@ -111,7 +116,30 @@ class ReplayModel:
         self.cost = cost or REPLAY_COST
 
     def predict(self, graph: StepGraph, queries: Sequence[Query]) -> list[Prediction]:
-        return [self._one(graph, q) for q in queries]
+        return [self._memo(graph, q) for q in queries]
+
+    def _memo(self, graph: StepGraph, q: Query) -> Prediction:
+        """`_one`, remembered: a replay is a pure function of the graph, the sizes, the
+        device, the scenario, the metric and the allocator settings, so a query asked again
+        (a training job polling its config) gets the same bytes without replaying; its
+        breakdown says ``replay_memo`` and keeps the first replay's ``replay_seconds``."""
+        device = get_profile(q.device)
+        key = (tuple(sorted(q.sizes.items())), repr(device), q.scenario,
+               q.resolved_metric(device.is_gpu), repr(self.allocator))  # fmt: skip
+        if not graph.paths:
+            return self._one(graph, q)
+        with _MEMO_LOCK:
+            memo = _memo_of(graph)
+            hit = memo.get(key)
+            if hit is not None:
+                memo.move_to_end(key)
+                return hit.copy(replay_memo=True)
+        p = self._one(graph, q)
+        with _MEMO_LOCK:
+            memo[key] = p.copy()
+            while len(memo) > MEMO_SIZE:
+                memo.popitem(last=False)
+        return p
 
     def _one(self, graph: StepGraph, q: Query) -> Prediction:
         device = get_profile(q.device)
@@ -169,6 +197,16 @@ class ReplayModel:
             paths=paths,
             method="replay" if device.is_gpu else "analytic",
         )
+
+
+MEMO_SIZE = 1024  # replays remembered per graph
+_MEMO_LOCK = threading.Lock()
+
+
+def _memo_of(graph: StepGraph) -> OrderedDict[tuple[Any, ...], Prediction]:
+    """The graph's replay memo, kept in its first path's derived-data cache: it lives and
+    dies with the graph (and is not pickled with it)."""
+    return graph.paths[0].cached("replay_memo", OrderedDict)
 
 
 def _unlimited(cfg: AllocatorConfig | None) -> AllocatorConfig:

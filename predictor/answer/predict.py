@@ -14,7 +14,9 @@ ran and why (`breakdown.route`), what model and training step it assumed (`model
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -31,7 +33,7 @@ from memgnn.predictor.answer.types import (
     Served,
 )
 from memgnn.predictor.capture.model_info import describe_bundle
-from memgnn.predictor.capture.query import unused_sizes
+from memgnn.predictor.capture.query import sizes_used, unused_sizes
 from memgnn.predictor.emulate.fsdp_offload import offload_warnings
 from memgnn.predictor.emulate.parallel import annotate
 from memgnn.predictor.errors import UserError
@@ -225,6 +227,34 @@ def model_info(
     return info | ({"capture": how} if how else {})
 
 
+_Facts = tuple[TrainSpec | None, dict[str, Any] | None, frozenset[str]]
+_FACTS: OrderedDict[str, _Facts] = OrderedDict()
+_FACTS_LOCK = threading.Lock()
+
+
+def _facts(entry: GraphEntry) -> _Facts:
+    """Per graph (by its content id), built once: the training spec it was captured under,
+    that spec's nested dict, and the size names its formulas use (`sizes_used`). Every
+    config of a request asked for them again: 20% of a warm /predict's CPU
+    (benchmarks/results/serving_fast.md)."""
+    with _FACTS_LOCK:
+        hit = _FACTS.get(entry.graph_id)
+    if hit is None:
+        graph = entry.graph
+        train = TrainSpec.from_dict(graph.train) if graph.train else None
+        hit = (train, train.to_dict() if train is not None else None, sizes_used(graph))
+        with _FACTS_LOCK:
+            _FACTS[entry.graph_id] = hit
+            while len(_FACTS) > 256:
+                _FACTS.popitem(last=False)
+    return hit
+
+
+def _fresh(nested: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A copy of a cached nested spec dict an answer may own (the options are scalars)."""
+    return None if nested is None else {g: dict(kv) for g, kv in nested.items()}
+
+
 def _answer(
     req: PredictRequest, i: int, entry: GraphEntry, served: Served | None,
     sizes: dict[str, int], bundle: ModelBundle | None, seconds: float,
@@ -232,7 +262,7 @@ def _answer(
     assert served is not None, i
     config, p, graph = req.configs[i], served.prediction, entry.graph
     device = get_profile(config.device)
-    train = TrainSpec.from_dict(graph.train) if graph.train else None
+    train, train_dict, used = _facts(entry)
     limit = resolve_limit(
         budget=req.budget, threshold=req.threshold, device_total=device.total_bytes,
         device=device.name, names=("budget_bytes", "threshold"),
@@ -252,8 +282,8 @@ def _answer(
         scenario=config.scenario,
         graph_id=entry.graph_id,
         model=model_info(graph, bundle, train or req.train, target),
-        train=train.to_dict() if train is not None else None,
-        warnings=unused_sizes(graph, list(config.sizes)) + offload_warnings(train),
+        train=_fresh(train_dict),
+        warnings=unused_sizes(graph, list(config.sizes), used) + offload_warnings(train),
         verdict=verdict,
         correction=served.correction.to_dict(),
         uncorrected_peak_bytes=served.raw.predicted_peak_bytes,

@@ -129,9 +129,15 @@ def capture_key(
     sm: int,
     static: dict[str, int],
     mode: str = "blocks",
+    traced_at: dict[str, int] | None = None,
 ) -> str:
+    """The cache key (see the module docstring); `traced_at`: every dim's trace size of a
+    capture at a query's own sizes (`capture_cached(traced_at=...)`), absent otherwise
+    so that the keys of captures at the example sizes stay as they were."""
+    extra = {} if traced_at is None else {"traced_at": dict(sorted(traced_at.items()))}
     blob = json.dumps(
         {
+            **extra,
             "capture": CAPTURE_VERSION,
             "capture_mode": mode,
             "versions": {
@@ -166,22 +172,31 @@ def capture_cached(
     directory: Path | None = None,
     use_cache: bool = True,
     mode: str = "blocks",
+    traced_at: dict[str, int] | None = None,
 ) -> StepGraph:
     """A symbolic capture of the step, from the on-disk cache when it was made before.
 
     Dims the bundle declares static are captured at `sizes` (default: the example dims),
-    so each such size has its own cached graph. `use_cache=False` (or MEMGNN_CACHE=off
-    without a `directory`) captures anew and stores nothing. `mode`: `CaptureConfig.mode`."""
+    so each such size has its own cached graph. `traced_at`: trace every dim at these
+    sizes instead (a recapture where the example sizes' graph breaks a guard at the
+    query's sizes, e.g. a sliding window: `capture.query.graph_for_query`), cached under
+    them. `use_cache=False` (or MEMGNN_CACHE=off without a `directory`) captures anew and
+    stores nothing. `mode`: `CaptureConfig.mode`."""
     from memgnn.predictor.capture.capture import CaptureConfig, capture
 
     wanted = sizes or {}
-    trace = bundle.sizes({d: wanted[d] for d in bundle.static_dims if d in wanted})
+    if traced_at is not None:
+        trace = bundle.sizes(traced_at)
+    else:
+        trace = bundle.sizes({d: wanted[d] for d in bundle.static_dims if d in wanted})
     static = {d: trace[d] for d in bundle.static_dims}
     config = CaptureConfig(target=target, sm=sm, sizes=trace, mode=mode)
     if not use_cache or (directory is None and not cache_enabled()):
         return capture(bundle, train, config)
     folder = (directory or cache_dir()) / "graphs"
-    path = folder / f"{capture_key(bundle, train, target, sm, static, mode)}.json.gz"
+    key = capture_key(bundle, train, target, sm, static, mode,
+                      traced_at=trace if traced_at is not None else None)  # fmt: skip
+    path = folder / f"{key}.json.gz"
     if path.is_file():
         try:
             graph = StepGraph.load(path)

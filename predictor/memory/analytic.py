@@ -128,9 +128,8 @@ def live_curve(
 
 def _breakdown_at(graph: StepGraph, path: int, nbytes: np.ndarray, node: int) -> dict[str, int]:
     p = graph.paths[path]
-    alloc = np.asarray(p.storages["alloc"], dtype=np.int64)
-    free = np.asarray(p.storages["free"], dtype=np.int64)
-    cat = np.asarray(p.storages["category"], dtype=np.int64)
+    alloc, free = p.array("storages", "alloc"), p.array("storages", "free")
+    cat = p.array("storages", "category")
     alive = (alloc <= node) & ((free < 0) | (free >= node))
     if node < 0:
         alive = alloc < 0
@@ -148,8 +147,7 @@ def sweep_path(graph: StepGraph, path: int, resolved: dict[str, int], round_to: 
     else:
         peak_node = int(np.argmax(live))
         peak = int(live[peak_node])
-    steps = np.asarray(p.nodes["step"], dtype=np.int64)
-    phases = np.asarray(p.nodes["phase"], dtype=np.int64)
+    steps, phases = p.array("nodes", "step"), p.array("nodes", "phase")
     step_peaks = {STEP_NAMES[s]: int(live[steps == s].max()) for s in (0, 1) if np.any(steps == s)}
     phase_peaks = {
         PHASES[k]: int(live[phases == k].max()) for k in range(len(PHASES)) if np.any(phases == k)
@@ -247,5 +245,8 @@ def _extra_bytes(graph: StepGraph, path: int, device: Any, metric: str) -> int:
     if not device.is_gpu:
         return 0
     p = graph.paths[path]
-    extra = cublas_workspaces(p.nodes["op"], p.nodes["phase"]) * device.cublas_workspace_bytes
+    handles = p.cached(
+        "cublas_workspaces", lambda: cublas_workspaces(p.nodes["op"], p.nodes["phase"])
+    )
+    extra = handles * device.cublas_workspace_bytes
     return extra + (device.context_bytes if metric == "device_total" else 0)

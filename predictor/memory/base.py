@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 from memgnn.predictor.errors import UserError
@@ -58,6 +58,22 @@ class Prediction:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def copy(self, **breakdown: Any) -> Prediction:
+        """A copy its receiver may change (breakdown and paths copied to their leaves,
+        which are plain data), with `breakdown` entries added: what a remembered answer
+        is handed out as."""
+        return replace(self, breakdown=_plain_copy(self.breakdown) | breakdown,
+                       paths=_plain_copy(self.paths))  # fmt: skip
+
+
+def _plain_copy(value: Any) -> Any:
+    """A copy of nested dicts and lists (several times cheaper than copy.deepcopy here)."""
+    if isinstance(value, dict):
+        return {k: _plain_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_copy(v) for v in value]
+    return value
 
 
 class GuardViolation(UserError):

@@ -27,7 +27,14 @@ import torch
 from memgnn.predictor.spec.bundle import ModelBundle
 from torch import nn
 
-from .hf_tasks import AUTO_CLASSES, HF_TASKS, infer_task, model_class, require_transformers
+from .hf_tasks import (
+    AUTO_CLASSES,
+    HF_TASKS,
+    check_task,
+    infer_task,
+    model_class,
+    require_transformers,
+)
 from .hub import resolve_config_file
 from .layers import IGNORE_INDEX, fake_mode_active, image_inputs, shifted_labels
 from .registry import coerce_like
@@ -180,7 +187,7 @@ def bundle_from_config_file(
             )
         setattr(config, key, coerce_like(getattr(config, key), raw, key))
     task = task or infer_task(config)
-    model_class(config, task)  # the config has a model for this task (else: which tasks)
+    check_task(config, task)  # the config has a model for this task (else: which tasks)
     bundle = _bundle_from_config(config, task, str(file), path, overrides)
     layers = repeated_layers(config)
     if layers is None:

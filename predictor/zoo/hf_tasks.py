@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["AUTO_CLASSES", "HF_TASKS", "infer_task", "model_class", "require_transformers"]
+__all__ = [
+    "AUTO_CLASSES",
+    "HF_TASKS",
+    "check_task",
+    "infer_task",
+    "model_class",
+    "require_transformers",
+]
 
 
 AUTO_CLASSES = {
@@ -33,20 +40,25 @@ def require_transformers() -> Any:
 
 def model_class(config: Any, task: str) -> type:
     """The transformers class `AutoModelFor<task>` builds for `config`; a ValueError names
-    the tasks the config does support when it has none for `task`."""
+    the tasks the config does support when it has none for `task`. Imports the model's
+    modeling code (about 1 s for a Llama): `check_task` checks without it."""
+    check_task(config, task)
+    return getattr(require_transformers(), AUTO_CLASSES[task])._model_mapping[type(config)]
+
+
+def check_task(config: Any, task: str) -> None:
+    """`model_class`'s ValueError where `config` has no model for `task`, without importing
+    the modeling code (the auto classes' lazy mappings test membership by name)."""
     tf = require_transformers()
-    mapping = getattr(tf, AUTO_CLASSES[task])._model_mapping
-    if type(config) not in mapping:
-        valid = [
-            t
-            for t, name in AUTO_CLASSES.items()
-            if type(config) in getattr(tf, name)._model_mapping
-        ]
-        raise ValueError(
-            f"{type(config).__name__} has no {AUTO_CLASSES[task]} class (task {task!r}); "
-            f"tasks it supports: {', '.join(valid) or 'none of ' + ', '.join(HF_TASKS)}"
-        )
-    return mapping[type(config)]
+    if type(config) in getattr(tf, AUTO_CLASSES[task])._model_mapping:
+        return
+    valid = [
+        t for t, name in AUTO_CLASSES.items() if type(config) in getattr(tf, name)._model_mapping
+    ]
+    raise ValueError(
+        f"{type(config).__name__} has no {AUTO_CLASSES[task]} class (task {task!r}); "
+        f"tasks it supports: {', '.join(valid) or 'none of ' + ', '.join(HF_TASKS)}"
+    )
 
 
 _ARCH_SUFFIXES = (

@@ -29,14 +29,21 @@ __all__ = ["JIT_STATES", "REPLAY_COST", "CostEstimate", "ReplayCost", "jit_state
 JIT_STATES = ("warm", "cached", "cold")
 
 
+_warm = False
+
+
 def jit_state() -> str:
     """``warm``: the replay kernel is compiled in this process; ``cached``: numba's
     on-disk cache holds machine code for today's source (a first call loads it);
     ``cold``: a first call compiles it."""
+    global _warm
+    if _warm:  # compiled code stays loaded: no need to ask numba again (~0.1 ms a call)
+        return "warm"
     from memgnn.predictor.sim.replay import core
 
     kernel = core.run_events
     if kernel.signatures:
+        _warm = True
         return "warm"
     try:  # numba has no public call for this: its cache's index, as a first call reads it
         index = kernel._cache._cache_file._load_index()

@@ -209,3 +209,26 @@ def test_demo_corpus_sim_labels_are_the_replay_s_bytes():
             if got != r[label]:
                 off.append((r["job_id"][:10], r["family"], r["sizes"], metric, got - r[label]))
     assert off == []
+
+
+def test_a_replay_asked_again_is_remembered_not_replayed(graphs, monkeypatch):
+    """The same query on the same graph: the same bytes, paths and breakdown (marked
+    ``replay_memo``) without a second replay; other sizes or another metric replay anew."""
+    from memgnn.predictor.answer import exact
+
+    graph, calls = graphs["gpt2"], []
+    real = exact.simulate
+    monkeypatch.setattr(exact, "simulate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    q = Query(sizes={"B": 3, "S": 48}, device="a100-80gb")
+    (first,) = ReplayModel().predict(graph, [q])
+    assert len(calls) == 1 and "replay_memo" not in first.breakdown
+    first.breakdown["mutated by a caller"] = True  # the memo keeps its own copy
+    (again,) = ReplayModel().predict(graph, [q])
+    assert len(calls) == 1 and again.breakdown.pop("replay_memo") is True
+    first.breakdown.pop("mutated by a caller")
+    assert (again.predicted_peak_bytes, again.paths, again.breakdown) == (
+        first.predicted_peak_bytes, first.paths, first.breakdown,
+    )  # fmt: skip
+    ReplayModel().predict(graph, [Query(sizes={"B": 3, "S": 64}, device="a100-80gb")])
+    ReplayModel().predict(graph, [Query(sizes=q.sizes, device=q.device, metric="allocated")])
+    assert len(calls) == 3

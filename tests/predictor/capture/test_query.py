@@ -65,3 +65,25 @@ def test_graph_for_query_recaptures_where_the_guards_hold(window, tmp_path):
     q = [Query(sizes=sizes, device="cpu")]
     got = AnalyticModel().predict(graph, q)[0].predicted_peak_bytes
     assert got == AnalyticModel().predict(direct, q)[0].predicted_peak_bytes
+
+
+def test_a_recapture_at_the_query_sizes_is_cached(window, tmp_path, monkeypatch):
+    """Past the window the first query captures twice (the example sizes, then its own);
+    the next query at those sizes reads both graphs from the cache and captures nothing."""
+    from memgnn.predictor.capture import capture as capture_module
+
+    bundle, _ = window
+    sizes = {"B": 2, "S": 4 * WINDOW}
+    calls = []
+    real = capture_module.capture
+    monkeypatch.setattr(capture_module, "capture", lambda *a, **k: calls.append(a) or real(*a, **k))
+    first = graph_for_query(bundle, TrainSpec(), sizes, target="cpu", directory=tmp_path)
+    assert len(calls) == 2
+    again = graph_for_query(bundle, TrainSpec(), sizes, target="cpu", directory=tmp_path)
+    assert len(calls) == 2
+    assert again.graph_id == first.graph_id
+    assert len(list((tmp_path / "graphs").glob("*.json.gz"))) == 2
+    # another size past the window is its own capture, not the first one's graph
+    other = {"B": 2, "S": 5 * WINDOW}
+    graph_for_query(bundle, TrainSpec(), other, target="cpu", directory=tmp_path)
+    assert len(calls) == 3

@@ -176,5 +176,29 @@ def test_one_query_path_answers_as_the_batch_path(model_dir, graphs, monkeypatch
         alone = model.predict(graph, queries)
         assert all(c._fast.usable for c in model._path_contexts(graph))
         monkeypatch.setattr(om, "FEW_QUERIES", 0)
+        model._answers.clear()  # else the remembered answers come back: nothing computed
         batch = model.predict(graph, queries)
         assert [p.to_dict() for p in alone] == [p.to_dict() for p in batch]
+
+
+def test_a_query_asked_again_is_answered_as_before_without_the_head(model_dir, graphs, monkeypatch):
+    """Answers are remembered per (graph, sizes, device, scenario, metric): asked again,
+    the same fields without features or head; a new query in the same batch is computed
+    (alone), and a caller changing its answer does not change what the next one gets."""
+    model = OnnxMemoryModel.load(model_dir[0])
+    graph = graphs["gpt"]
+    asked = [Query(sizes={"B": 4, "S": 32}, device="a100-80gb"),
+             Query(sizes={"B": 4, "S": 32}, device="a100-80gb", metric="allocated")]  # fmt: skip
+    first = model.predict(graph, asked)
+    want = [p.to_dict() for p in first]
+    first[0].breakdown["categories"]["changed by a caller"] = 1
+    batches = []
+    real = model._predict_batch
+    monkeypatch.setattr(
+        model, "_predict_batch", lambda e, g, qs: batches.append(qs) or real(e, g, qs)
+    )
+    new = Query(sizes={"B": 5, "S": 32}, device="a100-80gb")
+    again = model.predict(graph, [*asked, new])
+    assert [p.to_dict() for p in again[:2]] == want
+    assert batches == [[new]]
+    assert again[2].predicted_peak_bytes != again[0].predicted_peak_bytes

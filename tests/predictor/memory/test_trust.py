@@ -65,6 +65,7 @@ def test_corrections_far_outside_the_corpus_are_clipped_and_said(shipped, mlp_gr
 
     if raw is not None:
         monkeypatch.setattr(shipped, "head", lambda emb, q: np.full((len(q), 6), raw, np.float32))
+        monkeypatch.setattr(shipped, "_answers", type(shipped._answers)())  # none remembered
     p = shipped.predict(mlp_graph, [Query(sizes={"B": 8}, device="h100-80gb")])[0]
     assert 1 / 16 <= p.breakdown["correction"] <= 16
     assert p.upper_bound_bytes <= 16 * p.breakdown["analytic_bytes"] + p.breakdown["floor_bytes"]

@@ -101,11 +101,13 @@ def test_warm_replays_are_measured_and_a_jit_call_is_not(graph, cost, monkeypatc
     warm_replay()
     assert jit_state() == "warm"
     model = ReplayModel()
-    model.predict(graph, Q * 2)
+    model.predict(graph, [Query(sizes={"B": b}, device="a100-80gb") for b in (8, 9)])
     assert cost.samples == 2 and cost.factor > 0
+    model.predict(graph, [Query(sizes={"B": 9}, device="a100-80gb")])  # remembered: no replay
+    assert cost.samples == 2
     # a call that met a cold JIT (faked here) is not timed into the factor
     monkeypatch.setattr(exact, "jit_state", lambda: "cached")
-    model.predict(graph, Q)
+    model.predict(graph, [Query(sizes={"B": 10}, device="a100-80gb")])
     assert cost.samples == 2
     # a CPU target is the sweep, not a replay: not measured either
     monkeypatch.setattr(exact, "jit_state", lambda: "warm")
