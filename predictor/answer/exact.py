@@ -161,7 +161,7 @@ class ReplayModel:
         if breakdown["would_oom"]:  # what the step needs: no device limit
             need = simulate(
                 graph, q.sizes, device, scenario=q.scenario, replayer=replay_trace_fast,
-                allocator=_unlimited(self.allocator),
+                allocator=(self.allocator or AllocatorConfig()).unlimited(),
             )  # fmt: skip
             breakdown.update(
                 sim_peak_allocated_bytes=res.peak_allocated_bytes,
@@ -207,15 +207,6 @@ def _memo_of(graph: StepGraph) -> OrderedDict[tuple[Any, ...], Prediction]:
     """The graph's replay memo, kept in its first path's derived-data cache: it lives and
     dies with the graph (and is not pickled with it)."""
     return graph.paths[0].cached("replay_memo", OrderedDict)
-
-
-def _unlimited(cfg: AllocatorConfig | None) -> AllocatorConfig:
-    """The same allocator settings without a device limit (no capacity, no fraction)."""
-    cfg = cfg or AllocatorConfig()
-    fields = {name: getattr(cfg, name) for name in cfg.__slots__}
-    fields.update(capacity_bytes=1 << 62, memory_fraction=None)
-    fields["garbage_collection_threshold"] = None  # needs a fraction
-    return AllocatorConfig(**fields)
 
 
 @dataclass(frozen=True, slots=True)

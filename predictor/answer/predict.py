@@ -47,7 +47,15 @@ from memgnn.predictor.spec.train import TrainSpec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["MAX_BYTES", "answer_entry", "model_info", "precision_warning", "predict", "skipped"]
+__all__ = [
+    "MAX_BYTES",
+    "answer_entry",
+    "autocast_gather_warnings",
+    "model_info",
+    "precision_warning",
+    "predict",
+    "skipped",
+]
 
 MAX_BYTES = 1 << 62  # a prediction past this overflowed int64 arithmetic
 
@@ -211,6 +219,31 @@ def precision_warning(
     )
 
 
+def autocast_gather_warnings(train: TrainSpec | None, info: dict[str, Any] | None) -> list[str]:
+    """Autocast over FSDP2 without a MixedPrecisionPolicy: the gathered float32 weights are
+    cast per use, and autocast's weight-cast cache (leaf parameters that require grad)
+    keeps each cast until the autocast region exits, so every layer's unsharded weights
+    stay on each rank in the low precision until the forward ends, checkpointed or not
+    (without checkpointing autograd saves them too; tests/predictor/answer/test_predict.py
+    checks it on a real CPU FSDP2 step). The capture runs PyTorch's autocast, so the
+    figure includes them; this says why and what avoids it."""
+    if train is None or train.parallel.sharding not in ("fsdp", "hsdp"):
+        return []
+    low = train.numerics.precision.removeprefix("amp-")
+    if low == train.numerics.precision or train.parallel.fsdp_param_dtype != "none":
+        return []
+    params = int((info or {}).get("parameters") or 0)
+    size = f" (up to 2 B x {params:,} parameters = {2 * params:,} B)" if params else ""
+    return [
+        f"--precision {train.numerics.precision} under FSDP2 without a MixedPrecisionPolicy: "
+        f"autocast casts each all-gathered float32 weight to {low} and its weight-cast cache "
+        f"keeps every cast until the forward ends, so each rank holds the whole model's "
+        f"weights in {low}{size} at the forward's end; --fsdp-param-dtype {low} "
+        f"--fsdp-reduce-dtype fp32 (FSDP2's MixedPrecisionPolicy, as torchtitan) gathers "
+        f"{low} weights instead (`memgnn explain --whatif fsdp_mixed_precision`)"
+    ]
+
+
 def model_info(
     graph: StepGraph, bundle: ModelBundle | None, train: TrainSpec, target: str
 ) -> dict[str, Any] | None:
@@ -269,6 +302,7 @@ def _answer(
     ) or default_limit(device.total_bytes)  # fmt: skip
     verdict = None if limit is None else limit.verdict(p.upper_bound_bytes) | {"metric": p.metric}
     target = "cuda" if device.is_gpu else "cpu"
+    info = model_info(graph, bundle, train or req.train, target)
     return Answer(
         predicted_peak_bytes=p.predicted_peak_bytes,
         upper_bound_bytes=p.upper_bound_bytes,
@@ -281,9 +315,11 @@ def _answer(
         device=device.name,
         scenario=config.scenario,
         graph_id=entry.graph_id,
-        model=model_info(graph, bundle, train or req.train, target),
+        model=info,
         train=_fresh(train_dict),
-        warnings=unused_sizes(graph, list(config.sizes), used) + offload_warnings(train),
+        warnings=unused_sizes(graph, list(config.sizes), used)
+        + offload_warnings(train)
+        + autocast_gather_warnings(train, info),
         verdict=verdict,
         correction=served.correction.to_dict(),
         uncorrected_peak_bytes=served.raw.predicted_peak_bytes,

@@ -22,7 +22,6 @@ from typing import Any
 from memgnn.predictor.answer.types import Answer, PredictRequest, QueryConfig
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.plan.space import cost, offload_cost
-from memgnn.predictor.sim.allocator import AllocatorConfig
 from memgnn.predictor.sim.simulate import simulate
 from memgnn.predictor.spec.devices import get_profile
 from memgnn.predictor.spec.train import TrainSpec
@@ -39,6 +38,7 @@ WHATIFS = (
     "expandable_segments",
     "offload_activations",
     "offload_optimizer",
+    "fsdp_mixed_precision",
 )
 
 
@@ -115,10 +115,26 @@ def _candidates(
             else:
                 why = f"the optimizer is already offloaded ({train.offload.optimizer})"
                 out.append((name, why))
+        elif name == "fsdp_mixed_precision":
+            out.append(_fsdp_mixed_precision(train))
         else:
             raise UserError(f"unknown what-if {name!r}; expected some of {WHATIFS}",
                             loc=("whatifs",))  # fmt: skip
     return out
+
+
+def _fsdp_mixed_precision(train: TrainSpec) -> tuple:
+    """FSDP2's MixedPrecisionPolicy (bf16/fp16 gathers, fp32 reduce: torchtitan's) in place
+    of autocast alone, whose weight-cast cache holds every gathered weight's cast."""
+    name, low = "fsdp_mixed_precision", train.numerics.precision.removeprefix("amp-")
+    if train.parallel.sharding not in ("fsdp", "hsdp"):
+        return name, f"not FSDP2 (--sharding {train.parallel.sharding})"
+    if not train.numerics.precision.startswith("amp-"):
+        return name, f"--precision {train.numerics.precision} gathers its weights as they are"
+    if train.parallel.fsdp_param_dtype != "none":
+        return name, f"FSDP2 gathers {train.parallel.fsdp_param_dtype} already"
+    return (name, f"FSDP2 MixedPrecisionPolicy(param_dtype={low}, reduce_dtype=fp32)",
+            {"fsdp_param_dtype": low, "fsdp_reduce_dtype": "fp32"}, None, None)  # fmt: skip
 
 
 def run_whatifs(
@@ -186,14 +202,11 @@ def _allocator_value(graph: Any, base: Answer, config: QueryConfig, conf: str) -
     cfg = allocator_config(conf)
     res = simulate(graph, base.sizes, device, scenario=config.scenario, allocator=cfg)
     if res.stats.get("would_oom"):  # what the step needs, as the answer does
-        unlimited = AllocatorConfig(**{**_fields(cfg), "capacity_bytes": None})
-        res = simulate(graph, base.sizes, device, scenario=config.scenario, allocator=unlimited)
+        res = simulate(
+            graph, base.sizes, device, scenario=config.scenario, allocator=cfg.unlimited()
+        )
     return int({"allocated": res.peak_allocated_bytes, "reserved": res.peak_reserved_bytes,
                 "device_total": res.device_total_bytes}[base.metric])  # fmt: skip
-
-
-def _fields(cfg: AllocatorConfig) -> dict[str, Any]:
-    return {name: getattr(cfg, name) for name in cfg.__slots__}
 
 
 def _cost(

@@ -93,6 +93,15 @@ class AllocatorConfig:
             return None
         return int(self.memory_fraction * self.capacity_bytes)
 
+    def unlimited(self) -> AllocatorConfig:
+        """The same settings without a device limit (no capacity, fraction or collection
+        threshold): what a step needs where it would not fit. Not ``capacity_bytes=None``,
+        which `predictor.sim.simulate.simulate` reads as "the device's usable memory"."""
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        fields.update(capacity_bytes=1 << 62, memory_fraction=None)
+        fields["garbage_collection_threshold"] = None  # needs a fraction
+        return AllocatorConfig(**fields)
+
 
 class SimulatedOOM(torch.OutOfMemoryError):
     """Raised when the simulated allocator runs out of memory (like PyTorch's OOM)."""

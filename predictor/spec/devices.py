@@ -140,7 +140,7 @@ _UNITS = {
 }  # fmt: skip
 _SIZE_RE = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)([kmgt]i?b|b)?$")
 _CUSTOM_RE = re.compile(r"^custom-([0-9a-z.]+)-sm([0-9]+)$")
-_MIN_MEMORY = 256 * MiB
+_MIN_MEMORY = 1 << 30  # above the CUDA context (`_CONTEXT_LAZY`), with room to train
 
 
 def _memory_bytes(memory: str) -> int:
@@ -156,7 +156,10 @@ def _memory_bytes(memory: str) -> int:
     if not math.isfinite(value) or value != int(value):
         raise ValueError(f"device memory {memory!r} is not a whole number of bytes")
     if value < _MIN_MEMORY:
-        raise ValueError(f"device memory {memory!r} is under 256 MiB: not a training GPU")
+        raise ValueError(
+            f"device memory {memory!r} is under 1 GiB: not a training GPU (the CUDA "
+            f"context alone takes {_CONTEXT_LAZY // MiB} MiB)"
+        )
     return int(value)
 
 

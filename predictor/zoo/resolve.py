@@ -79,6 +79,12 @@ def resolve(
         return hf.bundle_from_config_file(path, task, model_args)
     if spec.startswith("py:"):
         return _from_python(spec, model_args)
+    if spec not in FAMILIES and "/" in spec:  # an org/name: a published config, not a zoo family
+        raise ValueError(
+            f"unknown model {spec!r}: an org/name model is read with the hf: prefix "
+            f"(--model hf:{spec}; `memgnn models` lists the bundled catalog); zoo names: "
+            f"{', '.join(FAMILIES)}"
+        )
     family = get_family(spec)
     if task is not None and task != family.task:
         raise ValueError(f"model {spec!r} trains for task {family.task!r}, not {task!r}")

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 from memgnn.predictor.answer.backend import LocalBackend
-from memgnn.predictor.answer.predict import predict
+from memgnn.predictor.answer.predict import autocast_gather_warnings, predict
 from memgnn.predictor.answer.types import Correction, ModelRef, PredictRequest, QueryConfig
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.sim.simulate import simulate
 from memgnn.predictor.spec.devices import get_profile
 from memgnn.predictor.spec.train import TrainSpec
+
+from tests.gloo_ranks import spawn_ranks
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +71,55 @@ def test_an_uploaded_graph_is_answered_by_its_own_train_spec(backend):
                     device="cpu")]), backend).predictions[0]  # fmt: skip
     assert again.predicted_peak_bytes == first.predicted_peak_bytes
     assert again.train == first.train and again.graph_id == first.graph_id
+
+
+def _autocast_rank(rank: int, port: int, out: str) -> None:
+    """A real 1-rank FSDP2 step's forward under bf16 autocast, checkpointed per layer: the
+    bytes live at the forward's end with autocast's weight-cast cache on and off."""
+    import json
+    import os
+    from pathlib import Path
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.utils.checkpoint import checkpoint
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=1)
+    live = {}
+    for cache in (True, False):
+        layers = torch.nn.ModuleList(torch.nn.Linear(1024, 1024, bias=False) for _ in range(4))
+        for layer in layers:
+            fully_shard(layer)
+        x = torch.randn(8, 1024, requires_grad=True)
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=acts, profile_memory=True) as prof:
+            with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=cache):
+                with torch.profiler.record_function("fwd"):
+                    y = x
+                    for layer in layers:
+                        y = checkpoint(layer, y, use_reentrant=False)
+            y.float().sum().backward()
+        events = prof.profiler.kineto_results.events()
+        end = next(e.end_ns() for e in events if e.name() == "fwd")
+        live[str(cache)] = sum(
+            e.nbytes() for e in events if e.name() == "[memory]" and e.start_ns() <= end
+        )
+    dist.destroy_process_group()
+    Path(out, f"rank{rank}.json").write_text(json.dumps(live))
+
+
+def test_autocast_keeps_every_fsdp2_gathered_cast_and_the_answer_says_so(tmp_path):
+    """The PyTorch fact `autocast_gather_warnings` states, on a real CPU step: with the
+    cache, each of the 4 layers' bf16 cast (1024 x 1024 x 2 B) is alive at the forward's end."""
+    (live,) = spawn_ranks(_autocast_rank, tmp_path, world=1)
+    cast = 1024 * 1024 * 2  # (the CPU run's own few KiB of bookkeeping vary run to run)
+    assert 4 * cast <= live["True"] - live["False"] < 5 * cast
+    amp = TrainSpec.of(precision="amp-bf16", gpus=2, sharding="fsdp")
+    (text,) = autocast_gather_warnings(amp, {"parameters": 10})
+    assert "--fsdp-param-dtype bf16" in text and "20 B" in text
+    policy = amp.with_options(fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32")
+    assert autocast_gather_warnings(policy, None) == []
+    assert autocast_gather_warnings(amp.with_options(precision="bf16"), None) == []
+    assert autocast_gather_warnings(TrainSpec.of(precision="amp-bf16"), None) == []

@@ -89,3 +89,37 @@ def test_a_request_that_is_over_stops_the_whatifs():
     base_req = PredictRequest(model=ModelRef(spec="m"), configs=[QueryConfig(sizes={"B": 8})])
     with pytest.raises(Over):
         run_whatifs(base_req, _answer(1000), None, cancelled, names=("checkpointing",))
+
+
+def test_an_allocator_whatif_on_a_step_that_does_not_fit_is_what_it_needs(one_thread):
+    """A step over the device: the expandable_segments what-if is what the step needs with
+    the setting (no device limit, as the answer's own figure), never the bytes reached
+    when the replay ran out (a 'saving' the setting does not give)."""
+    from memgnn.predictor.answer.whatif import _allocator_value
+    from memgnn.predictor.capture.capture import CaptureConfig, capture
+    from memgnn.predictor.sim.allocator import AllocatorConfig
+    from memgnn.predictor.sim.simulate import simulate
+    from memgnn.predictor.spec.devices import get_profile
+    from tiny_models import tiny_gpt_bundle
+
+    graph = capture(tiny_gpt_bundle(), TrainSpec(), CaptureConfig(target="cuda"))
+    sizes = {"B": 256, "S": 1024}
+    need = AllocatorConfig(expandable_segments=True).unlimited()
+    big = simulate(graph, sizes, get_profile("h100-80gb"), scenario="worst", allocator=need)
+    small = "custom-1gib-sm90"  # under the step's allocated peak
+    device = get_profile(small)
+    assert device.total_bytes < big.peak_allocated_bytes
+    base = _answer(big.peak_reserved_bytes * 2, sizes=sizes, device=small)
+    got = _allocator_value(graph, base, QueryConfig(sizes=sizes, scenario="worst"),
+                           "expandable_segments:True")  # fmt: skip
+    assert got == big.peak_reserved_bytes >= big.peak_allocated_bytes > device.total_bytes
+
+
+def test_fsdp_mixed_precision_applies_to_autocast_over_fsdp2_only():
+    amp = TrainSpec.of(precision="amp-bf16", gpus=2, sharding="fsdp")
+    got = _names(amp, {"B": 8})["fsdp_mixed_precision"]
+    assert got[2] == {"fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32"}
+    amp.with_options(**got[2])  # a valid run
+    assert _names(TrainSpec(), {"B": 8})["fsdp_mixed_precision"][1].startswith("not FSDP2")
+    done = amp.with_options(fsdp_param_dtype="bf16")
+    assert "already" in _names(done, {"B": 8})["fsdp_mixed_precision"][1]

@@ -139,7 +139,8 @@ def test_custom_profile_before_ampere_has_no_bf16():
     [
         ("48 gigs", 89, "cannot read a device memory size"),
         ("48XB", 89, "cannot read a device memory size"),
-        ("100MiB", 89, "under 256 MiB"),
+        ("100MiB", 89, "under 1 GiB"),
+        ("512MiB", 89, "under 1 GiB"),
         ("0.5", 89, "whole number of bytes"),
         ("48GiB", 8, "compute capability"),
         ("48GiB", 130, "compute capability"),

@@ -326,3 +326,11 @@ def test_resolve_python_factory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         zoo.resolve("py:zoo_no_such_module_xyz:factory")
     with pytest.raises(ValueError, match="py:module:factory"):
         zoo.resolve("py:just_a_module")
+
+
+def test_an_org_name_without_the_hf_prefix_says_how_to_name_it():
+    with pytest.raises(ValueError, match=r"--model hf:meta-llama/Llama-3.1-8B") as info:
+        zoo.resolve("meta-llama/Llama-3.1-8B")
+    assert "memgnn models" in str(info.value)
+    with pytest.raises(ValueError, match="valid zoo names"):
+        zoo.resolve("gpt3")  # a plain unknown name: the zoo's list, as before
