@@ -15,6 +15,7 @@ from memgnn.predictor.ir.vocab import MethodChoice as Method
 from memgnn.predictor.ir.vocab import Metric, Scenario, SearchMode, Sharding
 from memgnn.predictor.spec.choices import (
     OPTIMIZER_IMPLS,
+    PP_SCHEDULES,
     PRECISIONS,
 )
 from memgnn.predictor.spec.devices import get_profile
@@ -317,6 +318,15 @@ class SpaceIn(Strict):
     )
     sharding: list[Sharding] = Field(default_factory=list, max_length=7)
     gpus: list[Annotated[int, Field(ge=1, le=1 << 16)]] = Field(default_factory=list, max_length=8)
+    # model-parallel layouts ([] = the model's train spec's; each layout a capture)
+    tp: list[Annotated[int, Field(ge=1, le=1 << 16)]] = Field(default_factory=list, max_length=8)
+    pp: list[Annotated[int, Field(ge=1, le=4096)]] = Field(default_factory=list, max_length=8)
+    pp_schedule: list[Literal[PP_SCHEDULES]] = Field(  # type: ignore[valid-type]
+        default_factory=list, max_length=8
+    )
+    microbatches: list[Annotated[int, Field(ge=0, le=1 << 16)]] = Field(
+        default_factory=list, max_length=8
+    )
 
 
 class PlanRequest(Strict):
@@ -379,6 +389,11 @@ class CandidateOut(BaseModel):
     optimizer_impl: str = "auto"
     gpus: int = 1
     sharding: str = "none"
+    tp: int = 1
+    pp: int = 1
+    pp_schedule: str = "1f1b"
+    microbatches: int = 1
+    stage_peaks: list[int] = Field(default_factory=list)  # --pp: each stage's, by stage
     fsdp_reshard_after_forward: bool = True
     decision: dict[str, Any] = Field(default_factory=dict)  # state, per-sample bytes
 
@@ -401,6 +416,7 @@ class PlanResponse(BaseModel):
     train: dict[str, Any] | None = None  # the chosen training step (nested by group)
     graph_seconds: list[float] = Field(default_factory=list)  # per distinct capture
     config: dict[str, Any] | None = None  # what a framework config file said, key by key
+    left_out: list[str] = Field(default_factory=list)  # configurations the capture refused
     # the chosen configuration again at the top (`memgnn plan --json`'s contract); None
     # where nothing fits
     batch_size: int | None = None
@@ -410,6 +426,11 @@ class PlanResponse(BaseModel):
     optimizer_impl: str | None = None
     gpus: int | None = None
     sharding: str | None = None
+    tp: int | None = None
+    pp: int | None = None
+    pp_schedule: str | None = None
+    microbatches: int | None = None
+    stage_peaks: list[int] | None = None
     global_batch: int | None = None
     decision: dict[str, Any] | None = None
     prediction: dict[str, Any] | None = None

@@ -36,6 +36,7 @@ from memgnn.predictor.answer.backend import LocalBackend
 from memgnn.predictor.answer.plan import PlanRequest, plan
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.vocab import METRICS, SEARCH_MODES
+from memgnn.predictor.plan.space import layouts
 from memgnn.predictor.spec.devices import get_profile
 from memgnn.predictor.spec.train import TrainSpec
 
@@ -77,6 +78,21 @@ def add_plan_space_args(p: argparse.ArgumentParser) -> None:
         "--gpus-choices", default=None, help="default: --gpus; 1 runs unsharded, more take each"
     )
     g.add_argument("--effective-batch", type=int, default=None, help="B*G at least (per rank)")
+    g.add_argument("--tp-choices", default=None, help="comma list of --tp (default: --tp)")
+    g.add_argument("--pp-choices", default=None, help="comma list of --pp (default: --pp)")
+    g.add_argument(
+        "--pp-schedule-choices", default=None, help="comma list of --pp-schedule (default: its)"
+    )
+    g.add_argument(
+        "--microbatch-choices", default=None, help="comma list of --microbatches (default: its)"
+    )
+    g.add_argument(
+        "--layouts", action="store_true",
+        help="search the model-parallel layouts of --gpus (or the largest --gpus-choices): "
+        "--tp over powers of two within a node (up to 8) and --pp over powers of two up to "
+        "16 stages, each with the data-parallel ranks left sharded by --sharding-choices; "
+        "explicit --tp-choices / --pp-choices win",
+    )  # fmt: skip
 
 
 def _csv(text: str | None, name: str, cast=str) -> list:
@@ -114,7 +130,15 @@ def plan_request(args: argparse.Namespace) -> PlanRequest:
         "optimizer_impl": _csv(args.optimizer_impl_choices, "--optimizer-impl-choices"),
         "sharding": _csv(args.sharding_choices, "--sharding-choices"),
         "gpus": _csv(args.gpus_choices, "--gpus-choices", int),
+        "tp": _csv(args.tp_choices, "--tp-choices", int),
+        "pp": _csv(args.pp_choices, "--pp-choices", int),
+        "pp_schedule": _csv(args.pp_schedule_choices, "--pp-schedule-choices"),
+        "microbatches": _csv(args.microbatch_choices, "--microbatch-choices", int),
     }
+    if args.layouts:
+        auto = layouts(max(space["gpus"] or [base.parallel.gpus]))
+        space["tp"] = space["tp"] or auto["tp"]
+        space["pp"] = space["pp"] or auto["pp"]
     return PlanRequest(
         model=model_ref(args),
         train=base,
@@ -151,7 +175,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
         for line in config_lines(out["config"]):
             print(line)
     for c in out["runners_up"]:
-        where = f" {c['sharding']} x{c['gpus']}" if c["gpus"] > 1 else ""
+        where = f" {_layout(c)}" if c["gpus"] > 1 else ""
         print(
             f"  then B={c['batch_size']} G={c['grad_accum']} {c['checkpointing']} "
             f"{c['precision']} {c['optimizer_impl']}{where}: {fmt_bytes(c['bound_bytes'])}"
@@ -161,6 +185,8 @@ def plan_cmd(args: argparse.Namespace) -> int:
         f"({sum(out['graph_seconds']):.1f} s to capture or load them), {out['queries']} "
         "predictions"
     )
+    for text in out["left_out"]:
+        print(f"left out (the capture refused it): {text}")
     return 0
 
 
@@ -173,13 +199,32 @@ def _ckpt_text(ckpt: str, blocks: int | None) -> str:
     return f"{n} of {blocks} blocks checkpointed" if blocks else f"{n} blocks checkpointed"
 
 
+def _layout(c: dict[str, Any]) -> str:
+    """How a candidate splits over its GPUs: the data-parallel ranks' sharding, --tp, --pp
+    with its schedule and micro-batches."""
+    tp, pp = c.get("tp") or 1, c.get("pp") or 1
+    dp = c["gpus"] // (tp * pp)
+    parts = [f"{c['sharding']} x{dp}" if dp > 1 else ""]
+    parts.append(f"--tp {tp}" if tp > 1 else "")
+    if pp > 1:
+        micro = c.get("microbatches") or pp
+        parts.append(f"--pp {pp} {c.get('pp_schedule', '1f1b')} ({micro} micro-batches of B)")
+    return ", ".join(p for p in parts if p) + f" over {c['gpus']} GPUs"
+
+
 def _split(out: dict[str, Any]) -> str:
     """How the chosen configuration splits over its GPUs (sharding, --tp, --pp)."""
-    tp, pp = out.get("tp") or 1, (out.get("best") or {}).get("pp", 1)
-    if pp > 1:
-        micro = out["best"]["microbatches"]
-        return f"--pp {pp} over {out['gpus']} GPUs ({micro} micro-batches of B)"
-    return f"{out['sharding']} over {out['gpus']} GPUs" + (f", --tp {tp}" if tp > 1 else "")
+    return _layout(out["best"])
+
+
+def _stage_line(out: dict[str, Any]) -> str | None:
+    """Every pipeline stage's peak and the worst, where the choice is a pipeline."""
+    peaks = (out.get("best") or {}).get("stage_peaks") or []
+    if len(peaks) < 2:
+        return None
+    worst = max(range(len(peaks)), key=lambda k: (peaks[k], -k))
+    each = ", ".join(f"{k}: {fmt_bytes(v)}" for k, v in enumerate(peaks))
+    return f"stages {each} (worst: stage {worst})"
 
 
 def decision_lines(out: dict[str, Any], limit: int) -> list[str]:
@@ -207,6 +252,8 @@ def decision_lines(out: dict[str, Any], limit: int) -> list[str]:
             f"theoretical largest batch (limit - fixed) / per-sample = {d['theoretical_max_batch']}"
         )
     p = out["prediction"]
+    if (stages := _stage_line(out)) is not None:
+        lines.append(stages)
     lines.append(
         f"chosen B={out['batch_size']}, G={out['grad_accum']}, "
         f"{_ckpt_text(out['checkpointing'], out['model'].get('blocks'))}, "

@@ -113,6 +113,7 @@ class PlanAnswer:
     train: dict[str, Any] | None
     graph_seconds: list[float]
     config: dict[str, Any] | None = None  # what a framework config file said
+    left_out: list[str] = field(default_factory=list)  # configurations the capture refused
 
     def to_dict(self) -> dict[str, Any]:
         """The answer, with the chosen configuration's fields at the top as well (the
@@ -120,7 +121,8 @@ class PlanAnswer:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         b = self.best
         chosen = ("batch_size", "grad_accum", "checkpointing", "precision", "optimizer_impl",
-                  "gpus", "sharding", "tp", "decision", "prediction")  # fmt: skip
+                  "gpus", "sharding", "tp", "pp", "pp_schedule", "microbatches", "stage_peaks",
+                  "decision", "prediction")  # fmt: skip
         out |= {k: b[k] if b else None for k in chosen}
         # one sample per data-parallel rank: the --tp ranks of a group share theirs, the
         # --pp stages pass each of their micro-batches on
@@ -157,6 +159,7 @@ def plan(req: PlanRequest, backend: Backend) -> PlanAnswer:
     fields = dict(req.space)
     entries: dict[int, GraphEntry] = {}
     variant_ids: dict[tuple[str, str, bool], str] = {}
+    capture_ids: dict[str, str] = {}  # a capture spec's graph, by repr(spec.flat())
     seconds: dict[str, float] = {}
     bundle = None
     if req.model is not None:
@@ -193,6 +196,7 @@ def plan(req: PlanRequest, backend: Backend) -> PlanAnswer:
             seconds.setdefault(entry.graph_id, round(time.perf_counter() - t0, 3))
             entries[id(entry.graph)] = entry
             variant_ids.setdefault(_variant(train), entry.graph_id)
+            capture_ids[repr(train.flat())] = entry.graph_id
             return entry.graph
     else:
         base, graph_for = _uploaded(req, backend, fields, entries, variant_ids)
@@ -214,7 +218,7 @@ def plan(req: PlanRequest, backend: Backend) -> PlanAnswer:
     model = AnalyticModel() if method == "analytic" else backend.learned_model
     n_blocks = info.get("blocks") if info else None
     result = search(model, graph_for, base, space, cfg, n_blocks=n_blocks, top=1000,
-                    exact=exact)  # fmt: skip
+                    exact=exact, hidden=info.get("hidden") if info else None)  # fmt: skip
     candidates = [c for c in [result.best, *result.runners_up] if c is not None]
     if req.objective == "effective_batch":
         candidates.sort(key=lambda c: (-c.batch_size * c.grad_accum, -c.objective, c.bound_bytes))
@@ -224,18 +228,15 @@ def plan(req: PlanRequest, backend: Backend) -> PlanAnswer:
         return c.to_dict() | {
             "limit_bytes": cfg.limit,
             "under_threshold": c.bound_bytes <= cfg.limit,
-            "graph_id": variant_ids.get(variant, ""),
+            "graph_id": (c.train and capture_ids.get(repr(capture_spec(c.train).flat())))
+            or variant_ids.get(variant, ""),
         }
 
     best = candidates[0] if candidates else None
     chosen = None
     if best is not None:
-        picked = first.with_options(
-            precision=best.precision, checkpointing=best.checkpointing,
-            optimizer_impl=best.optimizer_impl, gpus=best.gpus, sharding=best.sharding,
-            grad_accum=best.grad_accum,
-            fsdp_reshard_after_forward=best.fsdp_reshard_after_forward,
-        )  # fmt: skip
+        assert best.train is not None
+        picked = best.train.with_options(grad_accum=best.grad_accum)
         chosen_graph = graph_for(capture_spec(picked))  # captured already
         info = model_info(chosen_graph, bundle, picked, target)
         chosen = picked.to_dict()
@@ -249,6 +250,7 @@ def plan(req: PlanRequest, backend: Backend) -> PlanAnswer:
         queries=result.queries,
         graphs=result.graphs,
         variants=result.variants,
+        left_out=result.left_out,
         reason=result.reason,
         model_version=model.version,
         method=method,

@@ -22,14 +22,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from memgnn.predictor.emulate.parallel import annotate
+from memgnn.predictor.errors import LimitExceeded, UserError
 from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.memory.base import GuardViolation, MemoryModel, Prediction, Query
 from memgnn.predictor.memory.places import place_peaks
 from memgnn.predictor.plan.decision import decide
-from memgnn.predictor.plan.space import SearchSpace, capture_spec, cost, offload_cost, variants
+from memgnn.predictor.plan.space import (
+    SearchSpace,
+    capture_spec,
+    cost,
+    offload_cost,
+    variants,
+    work_share,
+)
 from memgnn.predictor.spec.train import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -69,12 +78,17 @@ class Candidate:
     tp: int = 1  # tensor-parallel degree: gpus / tp data-parallel ranks
     pp: int = 1  # pipeline stages (--pp): gpus / (tp x pp) data-parallel ranks
     microbatches: int = 1  # --pp: micro-batches of batch_size samples per step
+    pp_schedule: str = "1f1b"  # --pp: the schedule
+    stage_peaks: list[int] = field(default_factory=list)  # --pp: each stage's peak, by stage
     fsdp_reshard_after_forward: bool = True
     offload_activations: str = "none"
     decision: dict[str, Any] = field(default_factory=dict)  # `decision.Decision.to_dict`
+    train: TrainSpec | None = None  # the configuration itself (not in `to_dict`)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(replace(self, train=None))
+        del out["train"]
+        return out
 
 
 @dataclass(kw_only=True, slots=True)
@@ -86,6 +100,7 @@ class PlanResult:
     closest: Candidate | None = None  # when nothing fits: the smallest bound at B=1 (over)
     graphs: int = 0  # distinct captured graphs the search asked for (captured or cached)
     variants: int = 0  # training configurations searched (each answered by one of them)
+    left_out: list[str] = field(default_factory=list)  # configurations the capture refused
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -96,6 +111,7 @@ class PlanResult:
             "closest": self.closest.to_dict() if self.closest else None,
             "graphs": self.graphs,
             "variants": self.variants,
+            "left_out": self.left_out,
         }
 
 
@@ -233,12 +249,14 @@ def plan(
     n_blocks: int | None = None,
     top: int = 5,
     exact: MemoryModel | None = None,
+    hidden: int | None = None,
 ) -> PlanResult:
     """Search the space; the best candidate maximises B*G / cost with its bound under limit.
 
     With `exact` (e.g. the replay), the steps near the limit and the answer are decided
     by it: no batch is refused whose exact answer fits, none admitted whose does not.
-    `graph_for` is called once per distinct capture (`capture_spec`), never per batch."""
+    `graph_for` is called once per distinct capture (`capture_spec`), never per batch.
+    `n_blocks` and `hidden` (the model's) weigh checkpointing and --tp in the cost."""
     candidates: list[Candidate] = []
     closest: Candidate | None = None  # the smallest bound at B=1, when nothing fits
     refused: GuardViolation | None = None
@@ -246,10 +264,19 @@ def plan(
     graphs: dict[str, Any] = {}
     probers: dict[int, _Prober] = {}
     trains = variants(base, space)
+    refusals: dict[str, tuple[str, UserError]] = {}  # by capture: (its options, why)
     for train in trains:
         key = repr(capture_spec(train).flat())
+        if key in refusals:
+            continue
         if key not in graphs:
-            graphs[key] = graph_for(capture_spec(train))
+            try:
+                graphs[key] = graph_for(capture_spec(train))
+            except UserError as exc:  # e.g. --pp stages that do not split the blocks evenly
+                if isinstance(exc, LimitExceeded) or getattr(exc, "status", None) == 503:
+                    raise
+                refusals[key] = (_layout_text(capture_spec(train)), exc)
+                continue
         prober = _Prober(model, graphs[key], space, cfg, exact)
         b = largest_batch(prober, space.max_batch, space.mode, space.power_of_two)
         if exact is not None:
@@ -257,17 +284,20 @@ def plan(
         refused = refused or prober.refused
         g = train.loop.grad_accum
         if b == 0 and 1 in prober.cache:
-            one = _candidate(prober, 1, g, train, n_blocks)
+            one = _candidate(prober, 1, g, train, (n_blocks, hidden))
             if closest is None or one.bound_bytes < closest.bound_bytes:
                 closest = one
         if b and space.effective_batch:
             b, g = _fit_effective(b, g, space.effective_batch)
         if b:
-            candidates.append(_candidate(prober, b, g, train, n_blocks))
+            candidates.append(_candidate(prober, b, g, train, (n_blocks, hidden)))
             probers[id(candidates[-1])] = prober
         queries += prober.queries
     candidates.sort(key=lambda c: (-c.objective, c.gpus, -c.batch_size, c.bound_bytes))
-    counts = {"queries": queries, "graphs": len(graphs), "variants": len(trains)}
+    counts: dict[str, Any] = {"queries": queries, "graphs": len(graphs), "variants": len(trains)}
+    if refusals and not graphs:  # every configuration refused: the first reason is the answer
+        raise next(iter(refusals.values()))[1]
+    counts["left_out"] = [f"{text}: {exc}" for text, exc in refusals.values()]
     if not candidates:
         reason = _no_fit_reason(cfg, closest, refused)
         return PlanResult(best=None, runners_up=[], reason=reason, closest=closest, **counts)
@@ -284,24 +314,42 @@ def plan(
     return PlanResult(best=best, runners_up=candidates[1:top], **counts)
 
 
-def _candidate(prober: _Prober, b: int, g: int, train: TrainSpec, n_blocks: int | None):
+def _layout_text(train: TrainSpec) -> str:
+    """A configuration as its options read (those that differ from the defaults)."""
+    return " ".join(f"{k}={v}" for k, v in sorted(train.changed().items()))
+
+
+def _candidate(
+    prober: _Prober, b: int, g: int, train: TrainSpec, shape: tuple[int | None, int | None]
+) -> Candidate:
+    """The candidate at batch b; its objective is whole-model sample passes per rank per
+    step (B*G x `work_share`) per unit of cost (`shape`: the model's blocks and hidden)."""
     decision = decide(
         prober.line_bounds, prober.graph, prober.space.sizes, b, prober.cfg.limit
     ).to_dict()
+    prediction = prober.predict(b)
+    pipeline = train.parallel.pp > 1  # one path per stage
+    note = annotate({}, prober.graph.train, prediction.paths)["parallel"] if pipeline else {}
     return Candidate(
         batch_size=b,
         grad_accum=g,
         checkpointing=train.activations.checkpointing,
         precision=train.numerics.precision,
-        objective=b * g / (cost(train, n_blocks) * _offload_cost(prober, b, train)),
+        objective=b
+        * g
+        * work_share(train)
+        / (cost(train, *shape) * _offload_cost(prober, b, train)),
         bound_bytes=prober.bound(b),
-        prediction=prober.predict(b).to_dict(),
+        prediction=prediction.to_dict(),
         optimizer_impl=train.optim.impl,
         gpus=train.parallel.gpus,
         sharding=train.parallel.sharding,
         tp=train.parallel.tp,
         pp=train.parallel.pp,
         microbatches=train.parallel.pp_microbatches if train.parallel.pp > 1 else 1,
+        pp_schedule=train.parallel.pp_schedule,
+        stage_peaks=note.get("stage_peak_bytes", []),
+        train=train,
         fsdp_reshard_after_forward=train.parallel.reshard_after_forward,
         offload_activations=train.offload.activations,
         decision=decision,

@@ -6,12 +6,28 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from memgnn.predictor.ir.vocab import SEARCH_MODES, SHARDINGS
-from memgnn.predictor.spec.choices import OFFLOAD_ACTIVATIONS, OPTIMIZER_IMPLS, PRECISIONS
+from memgnn.predictor.spec.choices import (
+    OFFLOAD_ACTIVATIONS,
+    OPTIMIZER_IMPLS,
+    PP_SCHEDULES,
+    PRECISIONS,
+)
 from memgnn.predictor.spec.train import TrainSpec
 
-__all__ = ["SearchSpace", "capture_spec", "cost", "offload_cost", "variants"]
+__all__ = [
+    "SearchSpace",
+    "capture_spec",
+    "cost",
+    "layouts",
+    "offload_cost",
+    "pp_cost",
+    "tp_cost",
+    "variants",
+    "work_share",
+]
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +54,17 @@ EXPOSED_COMM = 0.05
 # hidden behind compute until the copies take longer than it.
 PCIE_BYTES_PER_S = 25e9
 TRAIN_FLOPS_PER_S = 0.4 * 312e12
+# Tensor parallelism (Megatron's layout, as PyTorch's ColwiseParallel/RowwiseParallel
+# plans apply it): per layer and token, two all-reduces of the hidden state in forward and
+# two in backward (sequence parallel: all-gathers and reduce-scatters of the same volume),
+# each moving 2(t-1)/t x 2H bf16 bytes per rank on a ring, on the critical path (not
+# overlapped). Against 72 H^2 / t FLOPs per rank per token and layer (6 x 12 H^2
+# parameters), that is (t - 1) x TRAIN_FLOPS_PER_S / (4.5 x H x NVLINK_BYTES_PER_S) of a
+# step. Priors, not measurements: 300 GB/s per direction is A100 NVLink 3. `layouts`
+# keeps --tp within a node's NVLink domain (`NODE_GPUS`), as torchtitan and Megatron advise.
+NVLINK_BYTES_PER_S = 300e9
+NODE_GPUS = 8
+DEFAULT_HIDDEN = 4096  # where the model's hidden size is unknown
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,6 +81,12 @@ class SearchSpace:
     sharding: list[str] = field(default_factory=list)  # [] = the base spec's
     gpus: list[int] = field(default_factory=list)  # [] = the base spec's; 1 pairs with none
     offload_activations: list[str] = field(default_factory=list)  # [] = the base spec's
+    # model-parallel layouts, [] = the base spec's: each (gpus, tp, pp) leaves gpus / (tp x
+    # pp) data-parallel ranks, which take each sharding (none where there is one)
+    tp: list[int] = field(default_factory=list)
+    pp: list[int] = field(default_factory=list)
+    pp_schedule: list[str] = field(default_factory=list)
+    microbatches: list[int] = field(default_factory=list)  # 0: as many as --pp
 
     def __post_init__(self) -> None:
         if self.max_batch < 1:
@@ -80,6 +113,15 @@ class SearchSpace:
                 raise ValueError(f"unknown sharding {sharding!r} in search space ({SHARDINGS})")
         if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.gpus):
             raise ValueError(f"gpus choices must be integers >= 1, got {self.gpus}")
+        for name, lo in (("tp", 1), ("pp", 1), ("microbatches", 0)):
+            values = getattr(self, name)
+            if any(isinstance(n, bool) or not isinstance(n, int) or n < lo for n in values):
+                raise ValueError(f"{name} choices must be integers >= {lo}, got {values}")
+        for schedule in self.pp_schedule:
+            if schedule not in PP_SCHEDULES:
+                raise ValueError(
+                    f"unknown pipeline schedule {schedule!r} in search space ({PP_SCHEDULES})"
+                )
         for kind in self.offload_activations:
             if kind not in OFFLOAD_ACTIVATIONS:
                 raise ValueError(
@@ -88,9 +130,35 @@ class SearchSpace:
                 )
 
 
-def cost(train: TrainSpec, n_blocks: int | None = None) -> float:
-    """Relative step cost of checkpointing, precision, optimizer implementation and
-    communication (1.0 = plain fp32 on one GPU, the optimizer PyTorch picks)."""
+def tp_cost(tp: int, hidden: int | None) -> float:
+    """Relative step cost of tensor parallelism over `tp` ranks (see NVLINK_BYTES_PER_S)."""
+    h = hidden or DEFAULT_HIDDEN
+    return 1.0 + (tp - 1) * TRAIN_FLOPS_PER_S / (4.5 * h * NVLINK_BYTES_PER_S)
+
+
+def pp_cost(pp: int, microbatches: int, schedule: str) -> float:
+    """Relative step time of a pipeline of `pp` stages: compute plus the bubble, (pp - 1)
+    idle slots against `microbatches` busy ones per stage (GPipe and 1F1B; the
+    interleaved and looped schedules run 2 stages per rank, halving it: Narayanan et al.
+    2021, sec. 2.2). The zero-bubble schedules are given the interleaved figure."""
+    if pp == 1:
+        return 1.0
+    stages = 1 if schedule in ("gpipe", "1f1b") else 2
+    return 1.0 + (pp - 1) / (stages * microbatches)
+
+
+def work_share(train: TrainSpec) -> float:
+    """A rank's share of a step's compute per sample of B*G, in whole-model sample passes:
+    the --tp ranks of a group split each sample's work, a --pp stage runs 1/pp of the
+    model on each of its micro-batches. The plan's objective is B*G x this / cost."""
+    p = train.parallel
+    return (p.pp_microbatches if p.pp > 1 else 1) / (p.tp * p.pp)
+
+
+def cost(train: TrainSpec, n_blocks: int | None = None, hidden: int | None = None) -> float:
+    """Relative step cost of checkpointing, precision, optimizer implementation,
+    communication and the model-parallel layout (1.0 = plain fp32 on one GPU, the
+    optimizer PyTorch picks; `hidden`: the model's hidden size, for --tp)."""
     blocks = train.activations.checkpoint_blocks
     if blocks is None:
         recompute = 0.0
@@ -105,11 +173,14 @@ def cost(train: TrainSpec, n_blocks: int | None = None) -> float:
     if train.parallel.sharding == "fsdp1" and train.parallel.fsdp1_strategy in keep:
         volume = 1.0
     comm = 1.0 + EXPOSED_COMM * volume
+    p = train.parallel
     return (
         (1.0 + recompute)
         * PRECISION_COST[train.numerics.precision]
         * IMPL_COST[train.optim.impl]
         * comm
+        * tp_cost(p.tp, hidden)
+        * pp_cost(p.pp, p.pp_microbatches, p.pp_schedule)
     )
 
 
@@ -130,20 +201,42 @@ def capture_spec(train: TrainSpec) -> TrainSpec:
     return train.with_options(grad_accum=min(train.loop.grad_accum, 2))
 
 
-def _parallel_choices(base: TrainSpec, space: SearchSpace) -> list[tuple[int, str]]:
-    """(gpus, sharding) pairs: one GPU runs unsharded; several take each sharding but none,
-    and none too where they are the --tp or --pp ranks (tensor or pipeline parallelism
-    alone)."""
-    gpus = space.gpus or [base.parallel.gpus]
-    shardings = space.sharding or [base.parallel.sharding]
-    pairs = []
-    for n in sorted(set(gpus)):
-        if n == 1:
-            pairs.append((1, "none"))
-        else:
-            tp_alone = n in (base.parallel.tp, base.parallel.pp)
-            pairs += [(n, s) for s in dict.fromkeys(shardings) if s != "none" or tp_alone]
-    return pairs
+def _layouts(base: TrainSpec, space: SearchSpace) -> list[dict[str, Any]]:
+    """The parallel options of each layout: the GPU count, --tp and --pp degrees (their
+    product dividing the GPU count), the pipeline schedule and micro-batches, and the
+    sharding of the data-parallel ranks left: none where there is one (one GPU, or all of
+    them --tp x --pp ranks), each other sharding where there are several. Layouts the
+    spec refuses (e.g. --pp with --tp, not modelled) are left out by `variants`."""
+    p = base.parallel
+    out = []
+    for n in sorted(set(space.gpus or [p.gpus])):
+        for tp in sorted(set(space.tp or [p.tp])):
+            for pp in sorted(set(space.pp or [p.pp])):
+                if n % (tp * pp):
+                    continue
+                dp = n // (tp * pp)
+                shardings = ["none"] if dp == 1 else [
+                    s for s in dict.fromkeys(space.sharding or [p.sharding]) if s != "none"
+                ]  # fmt: skip
+                schedules = (space.pp_schedule or [p.pp_schedule]) if pp > 1 else [p.pp_schedule]
+                micro = (space.microbatches or [p.microbatches]) if pp > 1 else [0]
+                for sharding in shardings:
+                    for schedule in dict.fromkeys(schedules):
+                        for m in dict.fromkeys(micro):
+                            out.append({"gpus": n, "tp": tp, "pp": pp, "sharding": sharding,
+                                        "pp_schedule": schedule, "microbatches": m})  # fmt: skip
+    return out
+
+
+def layouts(gpus: int, blocks: int | None = None) -> dict[str, list[int]]:
+    """The --tp and --pp degrees worth searching on `gpus` GPUs (`plan --layouts`): powers
+    of two dividing it, --tp up to a node (`NODE_GPUS`), --pp up to the model's blocks
+    (a stage holds one at least) and 16 stages. The micro-batches stay the base's (--pp
+    where not given): more of them is more samples per step, which the user's global
+    batch decides, not the memory."""
+    twos = [1 << k for k in range(gpus.bit_length()) if gpus % (1 << k) == 0]
+    most = min(16, blocks or 16)
+    return {"tp": [t for t in twos if t <= NODE_GPUS], "pp": [p for p in twos if p <= most]}
 
 
 def variants(base: TrainSpec, space: SearchSpace) -> list[TrainSpec]:
@@ -156,8 +249,9 @@ def variants(base: TrainSpec, space: SearchSpace) -> list[TrainSpec]:
     for precision, offload in ((p, o) for p in space.precision for o in dict.fromkeys(offloads)):
         for ckpt in space.checkpointing:
             for impl in dict.fromkeys(impls):
-                for n, sharding in _parallel_choices(base, space):
-                    fsdp_like = sharding in ("fsdp", "hsdp")
+                for layout in _layouts(base, space):
+                    fsdp_like = layout["sharding"] in ("fsdp", "hsdp")
+                    same = layout["gpus"] == base.parallel.gpus
                     for g in _accum_choices(space):
                         try:
                             out.append(
@@ -166,14 +260,11 @@ def variants(base: TrainSpec, space: SearchSpace) -> list[TrainSpec]:
                                     offload_activations=offload,
                                     checkpointing=ckpt,
                                     optimizer_impl=impl,
-                                    gpus=n,
-                                    sharding=sharding,
+                                    **layout,
                                     fsdp_reshard_after_forward=(
                                         base.parallel.reshard_after_forward or not fsdp_like
                                     ),
-                                    hsdp_shard_size=base.parallel.hsdp_shard_size
-                                    if n == base.parallel.gpus
-                                    else 0,
+                                    hsdp_shard_size=base.parallel.hsdp_shard_size if same else 0,
                                     grad_accum=g,
                                 )
                             )

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from memgnn.cli.plan import _layout, _stage_line
 from tests.memgnn.cli.clirun import run_cli
 
 BASE = ("plan", "--model", "mlp", "--device", "cpu", "--budget", "2MiB",
@@ -72,8 +73,37 @@ def test_bad_search_choices_exit_2(capsys, extra, message):
     assert code == 2 and message in err
 
 
-def test_the_split_names_tensor_parallelism():
-    from memgnn.cli.plan import _split
+def test_the_layout_names_sharding_tp_and_the_pipeline():
+    assert _layout({"sharding": "fsdp", "gpus": 4}) == "fsdp x4 over 4 GPUs"
+    assert _layout({"sharding": "none", "gpus": 2, "tp": 2}) == "--tp 2 over 2 GPUs"
+    assert _layout({"sharding": "fsdp", "gpus": 16, "tp": 8}) == "fsdp x2, --tp 8 over 16 GPUs"
+    pipe = {"sharding": "none", "gpus": 4, "pp": 4, "pp_schedule": "gpipe", "microbatches": 8}
+    assert _layout(pipe) == "--pp 4 gpipe (8 micro-batches of B) over 4 GPUs"
+    assert _stage_line({"best": {"stage_peaks": [3 << 30, 1 << 30]}}) == (
+        "stages 0: 3.00 GiB, 1: 1.00 GiB (worst: stage 0)"
+    )
+    assert _stage_line({"best": {"stage_peaks": []}}) is None
 
-    assert _split({"sharding": "fsdp", "gpus": 4}) == "fsdp over 4 GPUs"
-    assert _split({"sharding": "none", "gpus": 2, "tp": 2}) == "none over 2 GPUs, --tp 2"
+
+def test_layouts_search_tp_and_pp_and_name_what_the_capture_refused(capsys):
+    """--layouts on 2 GPUs: ddp x2 and --pp 2 (the zoo llama's 2 blocks, one a stage), each
+    answered per rank, the pipeline's stages listed; --tp 2 alone left out, as the capture
+    refuses it (its foreach optimizer over DTensor and plain weights), and said why."""
+    argv = ("plan", "--model", "llama", "--seq", "16", "--gpus", "2", "--sharding", "ddp",
+            "--layouts", "--device", "h100-80gb", "--budget", "1GiB", "--max-batch", "8",
+            "--checkpointing-choices", "none", "--json")  # fmt: skip
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    got = json.loads(out)
+    every = [got["best"], *got["runners_up"]]
+    layouts = {(c["tp"], c["pp"], c["sharding"]) for c in every}
+    assert layouts == {(1, 1, "ddp"), (1, 2, "none")}
+    assert got["variants"] == 3 and got["graphs"] == 2
+    (why,) = got["left_out"]
+    assert why.startswith("gpus=2 tp=2: --tp 2 --optimizer-impl auto: ")
+    (pipe,) = [c for c in every if c["pp"] == 2]
+    assert len(pipe["stage_peaks"]) == 2 and max(pipe["stage_peaks"]) == pipe["bound_bytes"]
+    assert pipe["microbatches"] == 2 and pipe["pp_schedule"] == "1f1b"
+    # each layout's objective: B x its work share / its cost (ddp has none of the others')
+    ddp = next(c for c in every if c["sharding"] == "ddp")
+    assert pipe["objective"] < ddp["objective"]  # a 2-stage bubble with 2 micro-batches

@@ -1,5 +1,6 @@
 import pytest
 from memgnn.predictor.capture.capture import capture
+from memgnn.predictor.errors import LimitExceeded, UserError
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.memory.base import Prediction
 from memgnn.predictor.plan.search import PlanConfig, largest_batch, plan
@@ -142,3 +143,27 @@ def test_plan_offloads_activations_only_when_nothing_else_fits(tiny_gpt):
     assert res.best.offload_activations == "none"
     assert res.runners_up[0].offload_activations == "save_on_cpu"
     assert res.runners_up[0].batch_size > res.best.batch_size
+
+
+def test_a_layout_the_capture_refuses_is_left_out_with_why():
+    """A configuration whose capture refuses (e.g. --pp stages that do not split the blocks)
+    is left out and named; where every one is refused, the first refusal is the answer."""
+
+    def refusing(train):
+        if train.activations.checkpointing != "none":
+            raise UserError("the blocks do not split evenly")
+        return "plain"
+
+    space = SearchSpace(checkpointing=["none", "full"])
+    res = plan(LinearModel(), refusing, TrainSpec(), space, PlanConfig(budget_bytes=14_000))
+    assert res.best is not None and res.best.checkpointing == "none"
+    assert res.left_out == ["checkpointing=full: the blocks do not split evenly"]
+    with pytest.raises(UserError, match="split evenly"):
+        plan(LinearModel(), refusing, TrainSpec(), SearchSpace(checkpointing=["full"]),
+             PlanConfig(budget_bytes=14_000))  # fmt: skip
+
+    def over(train):
+        raise LimitExceeded("too many captures")
+
+    with pytest.raises(LimitExceeded):  # a server's limit is never a left-out layout
+        plan(LinearModel(), over, TrainSpec(), space, PlanConfig(budget_bytes=14_000))

@@ -2,7 +2,16 @@ import pytest
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.plan.search import PlanConfig, plan
-from memgnn.predictor.plan.space import SearchSpace, capture_spec, cost, variants
+from memgnn.predictor.plan.space import (
+    SearchSpace,
+    capture_spec,
+    cost,
+    layouts,
+    pp_cost,
+    tp_cost,
+    variants,
+    work_share,
+)
 from memgnn.predictor.spec.train import TrainSpec
 from tiny_models import tiny_mlp_bundle
 
@@ -146,3 +155,49 @@ def test_variants_keep_tensor_parallelism_alone_and_2d():
     }
     assert got == {(2, "none"), (4, "fsdp")}
     assert {t.parallel.tp for t in variants(TrainSpec.of(gpus=2, tp=2), space)} == {2}
+
+
+def test_layouts_span_tp_and_pp_degrees_with_the_ranks_left_sharded():
+    """On 8 GPUs, --tp {1, 2, 8} x --pp {1, 8}: each (tp, pp) dividing 8 leaves 8/(tp x pp)
+    data-parallel ranks, sharded (fsdp) where several, none where one; the spec's refusals
+    (--pp with --tp or with sharding, not modelled) left out."""
+    space = SearchSpace(checkpointing=["none"], gpus=[8], sharding=["fsdp"], tp=[1, 2, 8],
+                        pp=[1, 8])  # fmt: skip
+    got = {
+        (t.parallel.tp, t.parallel.pp, t.parallel.sharding, t.parallel.dp)
+        for t in variants(TrainSpec.of(gpus=8, sharding="fsdp"), space)
+    }
+    assert got == {(1, 1, "fsdp", 8), (2, 1, "fsdp", 4), (8, 1, "none", 1), (1, 8, "none", 1)}
+    with pytest.raises(ValueError, match="tp choices"):
+        SearchSpace(tp=[0])
+    with pytest.raises(ValueError, match="pipeline schedule"):
+        SearchSpace(pp_schedule=["zigzag"])
+
+
+def test_pipeline_schedules_and_microbatches_are_searched_for_pp_only():
+    space = SearchSpace(checkpointing=["none"], gpus=[4], pp=[1, 4], sharding=["ddp"],
+                        pp_schedule=["gpipe", "1f1b"], microbatches=[4, 8])  # fmt: skip
+    got = {
+        (t.parallel.pp, t.parallel.pp_schedule, t.parallel.pp_microbatches)
+        for t in variants(TrainSpec.of(gpus=4, sharding="ddp"), space)
+    }
+    assert got == {(1, "1f1b", 1), (4, "gpipe", 4), (4, "gpipe", 8), (4, "1f1b", 4), (4, "1f1b", 8)}
+
+
+def test_auto_layouts_keep_tp_in_a_node_and_pp_to_the_blocks():
+    assert layouts(64) == {"tp": [1, 2, 4, 8], "pp": [1, 2, 4, 8, 16]}
+    assert layouts(64, blocks=6) == {"tp": [1, 2, 4, 8], "pp": [1, 2, 4]}
+    assert layouts(12) == {"tp": [1, 2, 4], "pp": [1, 2, 4]}
+
+
+def test_layout_costs_bubble_and_tp_traffic_and_work_share():
+    assert pp_cost(1, 1, "1f1b") == 1.0
+    assert pp_cost(4, 4, "1f1b") == pytest.approx(1.75)  # 3 idle slots against 4 busy
+    assert pp_cost(4, 4, "interleaved1f1b") == pytest.approx(1.375)  # 2 stages a rank
+    assert tp_cost(1, 8192) == 1.0
+    assert tp_cost(8, 8192) == pytest.approx(1 + 7 * 0.4 * 312e12 / (4.5 * 8192 * 300e9))
+    assert tp_cost(8, 1024) > tp_cost(8, 8192)  # narrow layers: traffic weighs more
+    assert work_share(TrainSpec.of(gpus=8, tp=8)) == pytest.approx(1 / 8)
+    pipe = TrainSpec.of(gpus=4, pp=4, microbatches=8)
+    assert work_share(pipe) == pytest.approx(2.0)  # 8 micro-batches through 1/4 of it
+    assert cost(pipe) == pytest.approx(pp_cost(4, 8, "1f1b") * cost(TrainSpec()))
