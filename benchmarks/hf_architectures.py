@@ -95,6 +95,14 @@ EXTRA = {  # per-layer lists and layouts that 2 layers must still cover
         },
     ),
     "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32]},  # LM head needs both
+    # the shared attention block is tied across the hybrid layers: with one hybrid layer
+    # there is nothing to tie it to, which transformers refuses (the default 76-layer layout has 13)
+    "zamba": {
+        "num_hidden_layers": 3,
+        "layers_block_type": ["linear_attention", "hybrid", "hybrid"],
+    },
+    # the adapters' language (else `set_default_language` or lang_ids per batch)
+    "xmod": {"default_language": "en_XX"},
 }
 # multi-head latent attention (DeepSeek V2/V3 and their kin): latent ranks and head dims
 # of its own, consistent at hidden 64 (its rotary `head_dim` is the rope part, every
@@ -152,6 +160,8 @@ def tiny_config(model_type: str) -> Any:
     layers = kwargs.get("num_hidden_layers")
     for key in KIND_LISTS:
         kinds = vars(default).get(key)  # stored lists only (some are derived properties)
+        if key in EXTRA.get(model_type, {}):  # a layout of the type's own
+            continue
         if isinstance(layers, int) and isinstance(kinds, list) and kinds:
             distinct = list(dict.fromkeys(map(str, kinds)))
             if len(distinct) > 1 and all(isinstance(k, str) for k in kinds):
