@@ -58,7 +58,8 @@ EXTRA = {  # per-layer lists and layouts that 2 layers must still cover
     # default: every layer a mamba mixer (Granite 4.0's hybrids put attention in some)
     "granitemoehybrid": {"layer_types": ["linear_attention", "full_attention"]},
     "zamba2": {"hybrid_layer_ids": [1]},  # the layer its kind list makes hybrid
-    "mamba2": {"head_dim": 32},  # num_heads x head_dim = expand x hidden
+    # num_heads x head_dim = expand x hidden; the groups divide the heads (default 8 > 4)
+    "mamba2": {"head_dim": 32, "n_groups": 2},
     "zaya": {"num_experts_per_tok": 1},  # the only routing it supports
     "esmc": {"num_key_value_heads": 4},  # no grouped-query attention
     "t5": {"decoder_start_token_id": 0},  # every T5 checkpoint's config.json has it
@@ -73,6 +74,35 @@ EXTRA = {  # per-layer lists and layouts that 2 layers must still cover
         "num_decoder_attention_heads": 4,
     },  # fmt: skip
     "esm": {"pad_token_id": 1, "mask_token_id": 2},  # default: None, its mask needs one
+    # fields the model reads that its config class leaves unset (every released checkpoint's
+    # config.json sets them: dbrx-instruct's attn_config rope_theta 500000 and clip_qkv 8
+    # (None clamps with neither bound, which torch refuses), dots.llm1's n_shared_experts 2,
+    # LFM2-8B-A1B's layer_types and 2 dense layers of 24)
+    "dbrx": {
+        "attn_config": {"kv_n_heads": 2, "rope_theta": 500000.0, "clip_qkv": 8},
+        "ffn_config": {"ffn_hidden_size": 128, "moe_num_experts": 4, "moe_top_k": 2},
+    },
+    "dots1": {"n_shared_experts": 1},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    # the full-attention layers' head_dim (default 512: 8 x the tiny hidden size) and the
+    # per-layer input embedding (default 262144 x 256 per layer: 134M parameters at 2 layers)
+    **dict.fromkeys(
+        ("gemma4_text", "gemma4_unified_text"),
+        {
+            "global_head_dim": 32,
+            "vocab_size_per_layer_input": 256,
+            "hidden_size_per_layer_input": 16,
+        },
+    ),
+    "reformer": {"is_decoder": True, "axial_pos_embds_dim": [32, 32]},  # LM head needs both
+    # the shared attention block is tied across the hybrid layers: with one hybrid layer
+    # there is nothing to tie it to, which transformers refuses (the default 76-layer layout has 13)
+    "zamba": {
+        "num_hidden_layers": 3,
+        "layers_block_type": ["linear_attention", "hybrid", "hybrid"],
+    },
+    # the adapters' language (else `set_default_language` or lang_ids per batch)
+    "xmod": {"default_language": "en_XX"},
 }
 # multi-head latent attention (DeepSeek V2/V3 and their kin): latent ranks and head dims
 # of its own, consistent at hidden 64 (its rotary `head_dim` is the rope part, every
@@ -118,6 +148,10 @@ def tiny_config(model_type: str) -> Any:
     import transformers
 
     default = transformers.AutoConfig.for_model(model_type)
+    if getattr(default, "is_heterogeneous", False):
+        # per-layer overrides (Gemma 4's full-attention layers' own head_dim): the shrink
+        # reads and sets the global values; the overrides are the type's (EXTRA sizes them)
+        default.allow_global_per_layer_attribute_access = True
     drop = DROP.get(model_type, ())
     kwargs = {k: v for k, v in TINY.items() if k not in drop and hasattr(default, k)}
     kwargs |= EXTRA.get(model_type, {})
@@ -126,6 +160,8 @@ def tiny_config(model_type: str) -> Any:
     layers = kwargs.get("num_hidden_layers")
     for key in KIND_LISTS:
         kinds = vars(default).get(key)  # stored lists only (some are derived properties)
+        if key in EXTRA.get(model_type, {}):  # a layout of the type's own
+            continue
         if isinstance(layers, int) and isinstance(kinds, list) and kinds:
             distinct = list(dict.fromkeys(map(str, kinds)))
             if len(distinct) > 1 and all(isinstance(k, str) for k in kinds):

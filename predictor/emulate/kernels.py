@@ -330,13 +330,17 @@ def _efficient_attention_backward(rec: Any, func: Any, args: tuple, kwargs: dict
 
 
 def _constant_pad_nd(rec: Any, func: Any, args: tuple, kwargs: dict) -> Any:
-    # the op's CompositeExplicitAutograd kernel takes concrete pads only, so a pad that is a
-    # size expression (the linear-attention reference kernels of Qwen3-Next, Mamba2 and
-    # their kin pad S up to a multiple of the chunk: `(C - S % C) % C`) fails under fake
-    # tensors; the kernel (native/PadNd.cpp) makes one output of the padded shape in the
-    # input's suggested memory format and copies into it, as made here
+    # the op's CompositeExplicitAutograd kernel runs as it is under fake tensors and wants
+    # concrete sizes: a pad that is a size expression (the linear-attention reference
+    # kernels of Qwen3-Next, Mamba2 and their kin pad S up to a multiple of the chunk:
+    # `(C - S % C) % C`) fails; a negative pad narrows first, which fails on symbolic sizes
+    # (RWKV's time shift, `ZeroPad2d((0, 0, 1, -1))`: "Cannot call storage_offset()"); a
+    # positive constant pad of a symbolic input pins its sizes to their hints (Mamba2's
+    # `F.pad(A_cumsum[..., -1], (1, 0))`: B == 4). The kernel (native/PadNd.cpp) makes one
+    # output of the padded shape in the input's suggested memory format and copies into it
+    # (where no pad is positive, a clone of the narrowed input: as many bytes), as made here
     x, pad = args[0], list(args[1])
-    if all(isinstance(v, int) for v in pad):
+    if all(isinstance(v, int) for v in (*pad, *x.shape)):
         out = func(*args, **kwargs)
     else:
         shape = list(x.shape)
@@ -385,8 +389,10 @@ def symbolic_hooks() -> dict[Any, Any]:
     bias gradient; the hook allocates the same padded buffer and narrows it.
     `aten.polar` (DeepSeek-V2's complex rotary embedding) specializes B and S in its
     reference rule; the hook makes its one complex output with `aten.complex`.
-    `aten.constant_pad_nd` by a symbolic amount (linear-attention reference kernels) runs
-    a kernel that takes concrete pads only; the hook makes its one padded output.
+    `aten.constant_pad_nd` of a symbolic-size input runs a kernel that takes concrete sizes:
+    a symbolic amount (linear-attention reference kernels) fails, a negative one (RWKV's
+    time shift) fails in its narrow, a positive constant one pins B and S to their hints
+    (Mamba2); the hook makes its one padded output.
     `aten.linalg_solve_triangular` (the same kernels' UT solve) broadcasts in its meta rule
     by concrete sizes; the hook makes the kernel's F-contiguous result (and A's clone as
     scratch where the kernel clones it).

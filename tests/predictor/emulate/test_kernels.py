@@ -272,3 +272,46 @@ def test_symbolic_pads_and_triangular_solves_capture_as_the_cpu_runs_them():
         real = profile(bundle, train, sizes, ProfileConfig(backend="cpu"))
         sim = profile(bundle, train, sizes, ProfileConfig(backend="sim", device="cpu"))
         assert sim.peak_allocated_bytes == real.peak_allocated_bytes, sizes
+
+
+class _TimeShift(torch.nn.Module):
+    """RWKV's token shift (`ZeroPad2d((0, 0, 1, -1))`: one step back, the last dropped) and
+    Mamba2's chunk-decay pad (`F.pad(x, (1, 0))`, a constant pad of a symbolic input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.shift = torch.nn.ZeroPad2d((0, 0, 1, -1))
+
+    def forward(self, x):
+        h = self.proj(x)  # (B, S, 16)
+        shifted = self.shift(h)  # negative pad: the kernel narrows first
+        edge = torch.nn.functional.pad(h[:, :, -1], (1, 0))  # (B, S + 1)
+        return (shifted * h).sum() + edge.exp().sum()
+
+
+@pytest.mark.slow  # real and simulated steps at two sizes, ~10 s
+def test_negative_and_constant_pads_keep_sizes_symbolic_and_equal_a_real_cpu_step():
+    """A negative pad failed under fake tensors ("Cannot call storage_offset() on tensor
+    with symbolic sizes"), a constant one pinned B and S to their hints; the hook makes
+    the kernel's one output. The symbolic graph, simulated at sizes it was not traced at,
+    equals a real CPU step to the byte."""
+    from memgnn.dataset.profile import ProfileConfig, profile
+
+    bundle = ModelBundle(
+        name="time-shift", family="test", build=_TimeShift,
+        make_inputs=lambda s, device, float_dtype=torch.float32: {
+            "x": torch.randn(s["B"], s["S"], 16, device=device, dtype=float_dtype)
+        },
+        loss=lambda m, i: m(i["x"]), dims={"B": 3, "S": 10},
+    )  # fmt: skip
+    train = TrainSpec.of(optimizer="sgd", steps="first")
+    graph = capture(bundle, train, CaptureConfig(target="cpu"))
+    assert graph.guards == []  # neither B nor S pinned
+    assert list(graph.paths[0].nodes["op"]).count("constant_pad_nd.default") >= 2
+    sim_config = ProfileConfig(backend="sim", device="cpu")
+    for sizes in ({"B": 2, "S": 13}, {"B": 5, "S": 41}):
+        real = profile(bundle, train, sizes, ProfileConfig(backend="cpu"))
+        sim = profile(bundle, train, sizes, sim_config, graph=graph)
+        assert sim.stats["label_graph"] == "symbolic"
+        assert sim.peak_allocated_bytes == real.peak_allocated_bytes, sizes

@@ -217,3 +217,57 @@ def test_a_bundle_knows_the_dtype_its_checkpoint_is_stored_in(tmp_path, key):
     assert zoo.resolve(f"hf:{_hub_style_config(tmp_path, **{key: 'bfloat16'})}").stored_dtype == (
         "bfloat16"
     )
+
+
+_SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+_MOE = dict(intermediate_size=128, moe_intermediate_size=32, num_experts_per_tok=2)
+
+
+@pytest.mark.slow  # a symbolic capture, a real CPU step and its simulation, ~5-15 s each
+@pytest.mark.parametrize(
+    "model_type, kwargs",
+    [
+        # dots.llm1: its shared experts are moe_intermediate_size x n_shared_experts wide
+        # (the config class defaults n_shared_experts to None, which the model cannot build)
+        ("dots1", dict(**_SMALL, **_MOE, num_hidden_layers=2, n_routed_experts=4,
+                       n_shared_experts=1, first_k_dense_replace=1)),
+        # LFM2-MoE: short convolutions and attention by layer_types (None: unbuildable)
+        ("lfm2_moe", dict(**_SMALL, **_MOE, num_hidden_layers=2, num_experts=4,
+                          num_dense_layers=1, layer_types=["conv", "full_attention"])),
+        # Gemma 4: full-attention layers with a head_dim of their own (per-layer overrides)
+        ("gemma4_text", dict(**_SMALL, intermediate_size=128, head_dim=16, num_hidden_layers=2,
+                             global_head_dim=32, vocab_size_per_layer_input=256,
+                             hidden_size_per_layer_input=16)),
+        # Mamba2's chunked scan pads a symbolic input by a constant (the pad hook)
+        ("mamba2", dict(hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32,
+                        n_groups=2, vocab_size=256)),
+        # Zamba: one attention block shared by (tied across) its hybrid layers; its CPU
+        # selective scan loops over the sequence in Python, which pins S (a guard)
+        ("zamba", dict(**_SMALL, intermediate_size=128, num_hidden_layers=3,
+                       layers_block_type=["linear_attention", "hybrid", "hybrid"])),
+    ],
+)  # fmt: skip
+def test_recent_families_capture_symbolically_as_a_real_cpu_step_runs(tmp_path, model_type, kwargs):
+    """Each family's symbolic capture holds at sizes it was not traced at (no guard pins B,
+    nor S unless a Python loop runs over it) and, simulated there, peaks where a real CPU
+    step of the same model does."""
+    from memgnn.dataset.profile import ProfileConfig, profile
+    from memgnn.predictor.capture.capture import CaptureConfig, capture
+
+    bundle = zoo.resolve(f"hf:{_write_config(tmp_path, model_type, **kwargs)}", task="causal-lm")
+    model = bundle.build()
+    if model_type == "gemma4_text":  # sliding layer: head_dim 16, full-attention: 32
+        assert [layer.self_attn.head_dim for layer in model.model.layers] == [16, 32]
+    if model_type == "zamba":  # the shared block is one set of parameters
+        shared = [layer.shared_transf for layer in model.model.layers[1:]]
+        assert shared[0].self_attn.q_proj.weight is shared[1].self_attn.q_proj.weight
+    train = TrainSpec.of(steps="first")
+    graph = capture(bundle, train, CaptureConfig(target="cpu"))
+    seq = 128 if model_type == "zamba" else 24
+    assert ("(S == 128)" in graph.guards) == (model_type == "zamba")
+    assert not graph.violated_guards(graph.resolve_sizes({"B": 2, "S": seq}))
+    sizes = {"B": 3, "S": 128 if model_type == "zamba" else 37}
+    real = profile(bundle, train, sizes, ProfileConfig(backend="cpu"))
+    sim = profile(bundle, train, sizes, ProfileConfig(backend="sim", device="cpu"), graph=graph)
+    assert sim.stats["label_graph"] == "symbolic"
+    assert sim.peak_allocated_bytes == real.peak_allocated_bytes
