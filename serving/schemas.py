@@ -416,7 +416,7 @@ class PlanResponse(BaseModel):
     train: dict[str, Any] | None = None  # the chosen training step (nested by group)
     graph_seconds: list[float] = Field(default_factory=list)  # per distinct capture
     config: dict[str, Any] | None = None  # what a framework config file said, key by key
-    left_out: list[str] = Field(default_factory=list)  # configurations the capture refused
+    left_out: list[str] = Field(default_factory=list)  # refused by the spec or the capture, why
     # the chosen configuration again at the top (`memgnn plan --json`'s contract); None
     # where nothing fits
     batch_size: int | None = None

@@ -186,7 +186,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
         "predictions"
     )
     for text in out["left_out"]:
-        print(f"left out (the capture refused it): {text}")
+        print(f"left out: {text}")
     return 0
 
 

@@ -113,7 +113,7 @@ class PlanAnswer:
     train: dict[str, Any] | None
     graph_seconds: list[float]
     config: dict[str, Any] | None = None  # what a framework config file said
-    left_out: list[str] = field(default_factory=list)  # configurations the capture refused
+    left_out: list[str] = field(default_factory=list)  # refused by the spec or the capture, why
 
     def to_dict(self) -> dict[str, Any]:
         """The answer, with the chosen configuration's fields at the top as well (the

@@ -100,7 +100,7 @@ class PlanResult:
     closest: Candidate | None = None  # when nothing fits: the smallest bound at B=1 (over)
     graphs: int = 0  # distinct captured graphs the search asked for (captured or cached)
     variants: int = 0  # training configurations searched (each answered by one of them)
-    left_out: list[str] = field(default_factory=list)  # configurations the capture refused
+    left_out: list[str] = field(default_factory=list)  # refused by the spec or the capture, why
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -263,7 +263,8 @@ def plan(
     queries = 0
     graphs: dict[str, Any] = {}
     probers: dict[int, _Prober] = {}
-    trains = variants(base, space)
+    spec_refused: dict[str, str] = {}  # the spec's reason: the first layout it refused
+    trains = variants(base, space, spec_refused)
     refusals: dict[str, tuple[str, UserError]] = {}  # by capture: (its options, why)
     for train in trains:
         key = repr(capture_spec(train).flat())
@@ -297,7 +298,9 @@ def plan(
     counts: dict[str, Any] = {"queries": queries, "graphs": len(graphs), "variants": len(trains)}
     if refusals and not graphs:  # every configuration refused: the first reason is the answer
         raise next(iter(refusals.values()))[1]
-    counts["left_out"] = [f"{text}: {exc}" for text, exc in refusals.values()]
+    counts["left_out"] = [f"{where}: {why}" for why, where in spec_refused.items()] + [
+        f"{text}: {exc}" for text, exc in refusals.values()
+    ]
     if not candidates:
         reason = _no_fit_reason(cfg, closest, refused)
         return PlanResult(best=None, runners_up=[], reason=reason, closest=closest, **counts)

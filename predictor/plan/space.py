@@ -239,9 +239,12 @@ def layouts(gpus: int, blocks: int | None = None) -> dict[str, list[int]]:
     return {"tp": [t for t in twos if t <= NODE_GPUS], "pp": [p for p in twos if p <= most]}
 
 
-def variants(base: TrainSpec, space: SearchSpace) -> list[TrainSpec]:
+def variants(
+    base: TrainSpec, space: SearchSpace, refused: dict[str, str] | None = None
+) -> list[TrainSpec]:
     """Every valid training configuration of the space (an invalid combination, e.g. hsdp
-    on 2 GPUs, is left out; ValueError naming the first when none is valid)."""
+    on 2 GPUs, is left out; ValueError naming the first when none is valid). `refused`,
+    where given, gets each reason the spec gave, with the first layout it refused."""
     out: list[TrainSpec] = []
     first_error: ValueError | None = None
     impls = space.optimizer_impl or [base.optim.impl]
@@ -270,6 +273,9 @@ def variants(base: TrainSpec, space: SearchSpace) -> list[TrainSpec]:
                             )
                         except ValueError as exc:
                             log.info("plan: leaving out %s", exc)
+                            if refused is not None:
+                                where = " ".join(f"{k}={v}" for k, v in layout.items())
+                                refused.setdefault(str(exc).splitlines()[0], where)
                             first_error = first_error or exc
     if not out:
         raise ValueError(f"no valid configuration in the search space: {first_error}")

@@ -201,3 +201,13 @@ def test_layout_costs_bubble_and_tp_traffic_and_work_share():
     pipe = TrainSpec.of(gpus=4, pp=4, microbatches=8)
     assert work_share(pipe) == pytest.approx(2.0)  # 8 micro-batches through 1/4 of it
     assert cost(pipe) == pytest.approx(pp_cost(4, 8, "1f1b") * cost(TrainSpec()))
+
+
+def test_the_layouts_the_spec_refuses_are_named_once_per_reason():
+    refused: dict[str, str] = {}
+    space = SearchSpace(checkpointing=["none", "full"], gpus=[4], sharding=["fsdp"], pp=[1, 2])
+    trains = variants(TrainSpec.of(gpus=4, sharding="fsdp"), space, refused)
+    assert {t.parallel.pp for t in trains} == {1}
+    ((why, where),) = refused.items()  # two checkpointing choices, one reason
+    assert why.startswith("--pp 2 with --sharding fsdp is not modelled yet")
+    assert where.startswith("gpus=4 tp=1 pp=2 sharding=fsdp")
