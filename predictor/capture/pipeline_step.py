@@ -45,14 +45,16 @@ class PipelineStep(TrainingStep):
         if pp < 2:
             raise ValueError("PipelineStep runs a --pp >= 2 TrainSpec")
         super().__init__(
-            stage_bundle(bundle, pp, world.rank, train.parallel.pp_stages_per_rank),
+            stage_bundle(bundle, pp, world.pp_rank, train.parallel.pp_stages_per_rank),
             train, device=device, target=target,
             fake=fake, world=world,
         )  # fmt: skip
         self.bundle = bundle  # the whole model's inputs
         self.fake = fake
         group = world.pp_mesh.get_group() if world.pp_mesh is not None else None
-        self.stages, self.schedule = stage_schedule(self.model, world.rank, train, device, group)
+        self.stages, self.schedule = stage_schedule(
+            self.model, world.pp_rank, train, device, group
+        )
 
     def _peers(self, ids: torch.Tensor) -> Any:
         """Over the fake process group: the neighbours' metadata (`peer_metadata`), the

@@ -75,7 +75,7 @@ import torch
 import torch.distributed as dist
 from memgnn.predictor.emulate.fsdp1 import fake_addresses, fsdp1_gradients, fsdp1_wrap
 from memgnn.predictor.emulate.fsdp_offload import cpu_stream_sync, fsdp2_offload_places
-from memgnn.predictor.emulate.pipeline import pp_note
+from memgnn.predictor.emulate.pipeline import StageParts, pp_note
 from memgnn.predictor.emulate.quant import Linear4bitSim
 from memgnn.predictor.emulate.tensor_parallel import (
     apply_tp,
@@ -115,7 +115,13 @@ class World:
     rank: int
     mesh: Any  # torch.distributed.device_mesh.DeviceMesh (1-D, or 2-D for hsdp): data-parallel
     tp_mesh: Any = None  # --tp > 1: the tensor-parallel mesh dimension (emulate.tensor_parallel)
-    pp_mesh: Any = None  # --pp > 1: the pipeline mesh, one stage per rank (emulate.pipeline)
+    pp_mesh: Any = None  # --pp > 1: the pipeline mesh dimension (emulate.pipeline)
+
+    @property
+    def pp_rank(self) -> int:
+        """The rank's coordinate along the pipeline mesh dimension: its stage (0 without
+        --pp)."""
+        return self.pp_mesh.get_local_rank() if self.pp_mesh is not None else 0
 
 
 @contextlib.contextmanager
@@ -143,8 +149,9 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
     addresses = fake_addresses() if train.parallel.sharding == "fsdp1" else contextlib.nullcontext()
     try:
         shard, tp, dp = train.parallel.shard_group_size, train.parallel.tp, train.parallel.dp
-        if train.parallel.pp > 1:  # pipeline alone: one stage per rank
-            shape, names = (train.parallel.pp,), ("pp",)
+        if train.parallel.pp > 1:  # one stage per rank, or (pp, dp_shard): torchtitan's
+            pp = train.parallel.pp
+            shape, names = ((pp, dp), ("pp", "dp_shard")) if dp > 1 else ((pp,), ("pp",))
         elif tp > 1:  # dp x tp (torchtitan's mesh order), or tp alone
             shape, names = ((dp, tp), ("dp", "tp")) if dp > 1 else ((tp,), ("tp",))
         elif train.parallel.hybrid:
@@ -157,7 +164,8 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
             world.mesh = mesh["dp"] if dp > 1 else None
             world.tp_mesh = mesh["tp"]
         if train.parallel.pp > 1:
-            world.mesh, world.pp_mesh = None, mesh
+            world.mesh = mesh["dp_shard"] if dp > 1 else None
+            world.pp_mesh = mesh["pp"] if dp > 1 else mesh
         with contextlib.ExitStack() as stack:
             stack.enter_context(unrecorded_propagation())
             stack.enter_context(addresses)
@@ -177,7 +185,14 @@ def parallelize(
     """Wrap `model` as `train.parallel.sharding` says (module docstring), its linears split
     first where `--tp` > 1 (`emulate.tensor_parallel`); returns what to call. `target`
     ("cpu"/"cuda"): where CPU offload's host-device copies are made (`emulate.fsdp_offload`)."""
-    if train.parallel.pp > 1:  # the stage runs whole on its rank (emulate.pipeline)
+    if train.parallel.pp > 1:  # the rank's stage(s) (emulate.pipeline)
+        if train.parallel.sharding == "none":  # whole on its rank
+            return model
+        # FSDP2 over the stage's data-parallel ranks, each model part its own root, as
+        # torchtitan's parallelize runs on every model part of a pipeline rank
+        for part in model if isinstance(model, StageParts) else [model]:
+            inside = {id(m) for m in part.modules()}
+            _fsdp2(part, [b for b in blocks if id(b) in inside], train, world, target)
         return model
     if train.parallel.tp > 1:
         apply_tp(model, blocks, world.tp_mesh, train.parallel.tp)
@@ -187,6 +202,13 @@ def parallelize(
         return _ddp(model, world)
     if train.parallel.sharding == "fsdp1":
         return fsdp1_wrap(model, blocks, train, world, target)
+    return _fsdp2(model, blocks, train, world, target)
+
+
+def _fsdp2(
+    model: nn.Module, blocks: list[nn.Module], train: TrainSpec, world: World, target: str
+) -> nn.Module:
+    """FSDP2's `fully_shard` on every block, then on `model` (module docstring)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     if not blocks:
@@ -448,10 +470,12 @@ def annotate(
 
 def _stage_peaks(paths: list[dict[str, Any]]) -> dict[str, Any]:
     """{stage_peak_bytes, worst_stage, rank, rank_stages} from the per-rank paths of a
-    pipeline (`emulate.pipeline`): path k is rank k, holding stage k (or stages k, k + pp,
-    ... under an interleaved schedule)."""
+    pipeline (`emulate.pipeline`): path k is pipeline rank k (global rank k x dp under
+    --sharding fsdp: `rank` is the worst's), holding stage k (or stages k, k + pp, ...
+    under an interleaved schedule)."""
     peaks: dict[int, int] = {}
     held: dict[int, list[int]] = {}
+    ranks: dict[int, int] = {}
     for p in paths:
         cond = next((c for c in p["conditions"] if c.get("kind") == "pipeline_stage"), None)
         value = p.get("predicted_peak_bytes", p.get("tensor_peak_bytes"))
@@ -459,8 +483,9 @@ def _stage_peaks(paths: list[dict[str, Any]]) -> dict[str, Any]:
             return {}
         peaks[cond["stage"]] = int(value)
         held[cond["stage"]] = list(cond.get("stages", [cond["stage"]]))
+        ranks[cond["stage"]] = int(cond.get("rank", cond["stage"]))
     if not peaks:
         return {}
     worst = max(peaks, key=lambda k: (peaks[k], -k))
     return {"stage_peak_bytes": [peaks[k] for k in sorted(peaks)], "worst_stage": worst,
-            "rank": worst, "rank_stages": [held[k] for k in sorted(held)]}  # fmt: skip
+            "rank": ranks[worst], "rank_stages": [held[k] for k in sorted(held)]}  # fmt: skip

@@ -288,7 +288,23 @@ def peer_metadata(boundary: torch.Tensor, gloo: bool) -> Iterator[None]:
 def pp_note(spec: Any) -> dict[str, Any]:
     """What `--pp` ran (`emulate.pipeline`): the stages, schedule and micro-batches."""
     p = spec.parallel
-    return {
+    fsdp = (
+        {
+            "dp": p.dp,
+            "pp_fsdp": f"each stage sharded by FSDP2 over its {p.dp} data-parallel ranks "
+            "(torchtitan's (pp, dp_shard) mesh: stage k on global ranks k x dp ...; each "
+            "stage's first one answered, it holds the largest padded shards): fully_shard "
+            "per block, then on the stage (each model part its own root), "
+            f"reshard_after_forward {str(p.reshard_after_forward).lower()} "
+            "(--fsdp-reshard-after-forward; torchtitan's default policy under PP is false, "
+            "its 'always' true); PyTorch's PipelineStage runs every micro-batch's backward "
+            "without gradient sync or reshard, so the stage's unsharded parameters and "
+            "gradients stay until the step's last backward reduce-scatters them",
+        }
+        if p.sharding == "fsdp"
+        else {}
+    )
+    return fsdp | {
         "pp": p.pp,
         "pp_schedule": p.pp_schedule,
         "microbatches": p.pp_microbatches,

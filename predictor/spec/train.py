@@ -56,6 +56,7 @@ from memgnn.predictor.spec.choices import (
     PP_MULTI_STAGE,
     PP_SCHEDULES,
     PP_SCHEDULES_MODELLED,
+    PP_SHARDINGS,
     PRECISIONS,
     QUANT_STORAGES,
     QUANTIZE_BASES,
@@ -711,7 +712,9 @@ class ParallelSpec:
             )
 
     def _check_pp(self) -> None:
-        """--pp: one stage per rank, alone (--gpus = --pp); its schedule and micro-batches."""
+        """--pp: one stage per rank, alone (--gpus = --pp) or each stage sharded by FSDP2
+        over its data-parallel ranks (--sharding fsdp, --gpus = --pp x dp, dp >= 2); its
+        schedule and micro-batches."""
         for name, value, lo in (("pp", self.pp, 1), ("microbatches", self.microbatches, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"--{name} must be an integer >= {lo}, got {value!r}")
@@ -720,14 +723,38 @@ class ParallelSpec:
             if self.microbatches:
                 raise ValueError("--microbatches applies to --pp N (pipeline parallel)")
             return
-        if self.tp > 1 or self.sharding != "none":
-            with_ = f"--tp {self.tp}" if self.tp > 1 else f"--sharding {self.sharding}"
+        if self.tp > 1:
             raise ValueError(
-                f"--pp {self.pp} with {with_} is not modelled yet: pipeline parallelism runs "
-                f"alone (--gpus {self.pp} --sharding none)"
+                f"--pp {self.pp} with --tp {self.tp} is not modelled yet: pipeline parallelism "
+                f"runs alone (--gpus {self.pp} --sharding none) or with FSDP2 over the "
+                f"data-parallel ranks (--sharding fsdp, --gpus = --pp x data-parallel ranks)"
             )
-        if self.gpus != self.pp:
+        if self.sharding not in PP_SHARDINGS:
+            raise ValueError(
+                f"--pp {self.pp} with --sharding {self.sharding} is not modelled yet: each "
+                "stage runs whole (--sharding none) or sharded by FSDP2 over its "
+                "data-parallel ranks (--sharding fsdp, torchtitan's PP x FSDP)"
+            )
+        if self.sharding == "fsdp" and (self.gpus % self.pp or self.gpus < 2 * self.pp):
+            raise ValueError(
+                f"--pp {self.pp} with --sharding fsdp needs --gpus a multiple >= {2 * self.pp} "
+                f"of --pp (>= 2 data-parallel ranks per stage), got {self.gpus}"
+            )
+        if self.sharding == "none" and self.gpus % self.pp:
             raise ValueError(f"--pp {self.pp} needs --gpus {self.pp} (one stage per rank)")
+        if self.sharding == "none" and self.gpus != self.pp:
+            raise ValueError(
+                f"--pp {self.pp} --gpus {self.gpus} leaves {self.dp} data-parallel ranks per "
+                "stage: add --sharding fsdp (each stage sharded by FSDP2 over them, as "
+                f"torchtitan's PP x FSDP), or --gpus {self.pp}"
+            )
+        if self.fsdp_cpu_offload:
+            raise ValueError(f"--pp {self.pp} with --fsdp-cpu-offload is not modelled yet")
+        if self.grad_sync != "every":
+            raise ValueError(
+                f"--grad-sync {self.grad_sync} with --pp {self.pp}: PyTorch's PipelineStage "
+                "itself defers every micro-batch's gradient sync to the step's end"
+            )
         if self.pp_schedule not in PP_SCHEDULES_MODELLED:
             raise ValueError(
                 f"--pp-schedule {self.pp_schedule} is not modelled yet (memgnn runs "
