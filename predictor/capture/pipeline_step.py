@@ -52,9 +52,7 @@ class PipelineStep(TrainingStep):
         self.bundle = bundle  # the whole model's inputs
         self.fake = fake
         group = world.pp_mesh.get_group() if world.pp_mesh is not None else None
-        self.stages, self.schedule = stage_schedule(
-            self.model, world.pp_rank, train, device, group
-        )
+        self.stages, self.schedule = stage_schedule(self.model, world.pp_rank, train, device, group)
 
     def _peers(self, ids: torch.Tensor) -> Any:
         """Over the fake process group: the neighbours' metadata (`peer_metadata`), the
