@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from memgnn.predictor.capture.step import NullObserver, StepObserver, TrainingStep
-from memgnn.predictor.emulate.parallel import World
+from memgnn.predictor.emulate.parallel import World, mp_policy
 from memgnn.predictor.emulate.pipeline import peer_metadata, stage_bundle, stage_schedule
 from memgnn.predictor.ir.recorder import unrecorded
 from memgnn.predictor.spec.bundle import ModelBundle
@@ -56,7 +56,8 @@ class PipelineStep(TrainingStep):
 
     def _peers(self, ids: torch.Tensor) -> Any:
         """Over the fake process group: the neighbours' metadata (`peer_metadata`), the
-        hidden states between stages of one micro-batch in the embeddings' dtype."""
+        hidden states between stages of one micro-batch in the embeddings' dtype (FSDP2's
+        mixed-precision param_dtype where --fsdp-param-dtype is given)."""
         if not self.fake:
             return contextlib.nullcontext()
         boundary = self._boundary(ids)
@@ -65,7 +66,9 @@ class PipelineStep(TrainingStep):
     def _boundary(self, ids: torch.Tensor) -> torch.Tensor:
         micro = self.train.parallel.pp_microbatches
         hidden = self.model.config.hidden_size
-        dtype = self.train.numerics.param_dtype
+        # FSDP2's MixedPrecisionPolicy computes (and sends) in its param_dtype
+        policy = mp_policy(self.train) if self.train.parallel.sharding == "fsdp" else None
+        dtype = getattr(policy, "param_dtype", None) or self.train.numerics.param_dtype
         with unrecorded():
             boundary = torch.empty(
                 ids.shape[0] // micro, ids.shape[1], hidden, dtype=dtype, device=self.device,
