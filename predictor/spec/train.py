@@ -541,7 +541,8 @@ class ParallelSpec:
     sharding: str = opt("none", name="sharding", choices=SHARDINGS, help="how ranks split")
     reshard_after_forward: bool = opt(
         True, name="fsdp_reshard_after_forward", cli="bool",
-        help="fsdp/hsdp: free all-gathered parameters after forward (default true)",
+        help="fsdp/hsdp: free all-gathered parameters after forward (default true; with "
+        "--pp, torchtitan's default policy is false)",
     )  # fmt: skip
     fsdp_cpu_offload: bool = opt(
         False, name="fsdp_cpu_offload", cli="bool",
@@ -561,13 +562,17 @@ class ParallelSpec:
         "over --gpus/--tp ranks)",
     )  # fmt: skip
     # pipeline parallelism (predictor/emulate/pipeline.py): torch.distributed.pipelining's
-    # PipelineStage + schedule, each stage (L/pp blocks) on one rank; --gpus = --pp
+    # PipelineStage + schedule, each stage (L/pp blocks) on one rank (--gpus = --pp), or
+    # sharded by FSDP2 over dp ranks (--sharding fsdp, --gpus = --pp x dp: torchtitan's
+    # (pp, dp_shard) mesh)
     pp: int = opt(
         1, name="pp", lo=1, hi=4_096,
         help="pipeline-parallel degree (torchtitan's pipeline_parallel_degree): the blocks "
-        "split evenly into this many stages, one per rank (the first with the embeddings, "
-        "the last with the final norm, lm_head and loss); the answer is the worst stage's "
-        "peak, every stage's listed; --gpus = --pp",
+        "split evenly into this many stages (the first with the embeddings, the last with "
+        "the final norm, lm_head and loss); the answer is the worst stage's peak, every "
+        "stage's listed; --sharding none: one stage per rank, --gpus = --pp; --sharding "
+        "fsdp: each stage sharded by FSDP2 over --gpus/--pp >= 2 ranks (torchtitan's PP x "
+        "FSDP)",
     )  # fmt: skip
     pp_schedule: str = opt(
         "1f1b", name="pp_schedule", choices=PP_SCHEDULES,
