@@ -360,9 +360,9 @@ def _capture_stages(
     t0 = time.perf_counter()
     runs = []
     for stage in range(train.parallel.pp):
-        # the stage's first data-parallel rank (torchtitan's (pp, dp_shard) mesh: ranks
-        # stage x dp ... ): under --sharding fsdp it holds the largest (padded) shards
-        rank = stage * train.parallel.dp
+        # the stage's first rank (torchtitan's (pp, dp_shard, tp) mesh: ranks from
+        # stage x dp x tp): under --sharding fsdp it holds the largest (padded) shards
+        rank = stage * train.parallel.dp * train.parallel.tp
         runner = _Run(bundle, train, cfg, sizes, rank=rank)
         rec, state, names, env = runner.run([])
         if alternatives(state) or state.data:

@@ -16,7 +16,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from memgnn.predictor.capture.step import NullObserver, StepObserver, TrainingStep
+from memgnn.predictor.capture.step import (
+    NullObserver,
+    StepObserver,
+    TrainingStep,
+    mixed_dtensor_refusal,
+)
 from memgnn.predictor.emulate.parallel import World, mp_policy
 from memgnn.predictor.emulate.pipeline import peer_metadata, stage_bundle, stage_schedule
 from memgnn.predictor.ir.recorder import unrecorded
@@ -119,11 +124,12 @@ class PipelineStep(TrainingStep):
             del losses, ids, labels
             obs.on_backward_end(self.model, step, 0)
             obs.on_phase("optimizer", step, 0)
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
+            with mixed_dtensor_refusal(self.train):  # --tp: DTensor and plain weights
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
             obs.on_optimizer_end(self.optimizer, step)
             obs.on_phase("zero_grad", step, 0)
             self.optimizer.zero_grad(set_to_none=self.train.optim.set_to_none)

@@ -149,9 +149,10 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
     addresses = fake_addresses() if train.parallel.sharding == "fsdp1" else contextlib.nullcontext()
     try:
         shard, tp, dp = train.parallel.shard_group_size, train.parallel.tp, train.parallel.dp
-        if train.parallel.pp > 1:  # one stage per rank, or (pp, dp_shard): torchtitan's
-            pp = train.parallel.pp
-            shape, names = ((pp, dp), ("pp", "dp_shard")) if dp > 1 else ((pp,), ("pp",))
+        if train.parallel.pp > 1:  # torchtitan's (pp, dp_shard, tp), the dims > 1 kept
+            dims = [("pp", train.parallel.pp), ("dp_shard", dp), ("tp", tp)]
+            kept = [(n, k) for n, k in dims if k > 1 or n == "pp"]
+            names, shape = tuple(n for n, _ in kept), tuple(k for _, k in kept)
         elif tp > 1:  # dp x tp (torchtitan's mesh order), or tp alone
             shape, names = ((dp, tp), ("dp", "tp")) if dp > 1 else ((tp,), ("tp",))
         elif train.parallel.hybrid:
@@ -160,12 +161,13 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
             shape, names = (train.parallel.gpus,), ("dp",)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         world = World(size=train.parallel.gpus, rank=rank, mesh=mesh)
-        if tp > 1:
-            world.mesh = mesh["dp"] if dp > 1 else None
-            world.tp_mesh = mesh["tp"]
         if train.parallel.pp > 1:
             world.mesh = mesh["dp_shard"] if dp > 1 else None
-            world.pp_mesh = mesh["pp"] if dp > 1 else mesh
+            world.pp_mesh = mesh["pp"] if len(shape) > 1 else mesh
+            world.tp_mesh = mesh["tp"] if tp > 1 else None
+        elif tp > 1:
+            world.mesh = mesh["dp"] if dp > 1 else None
+            world.tp_mesh = mesh["tp"]
         with contextlib.ExitStack() as stack:
             stack.enter_context(unrecorded_propagation())
             stack.enter_context(addresses)
@@ -186,13 +188,15 @@ def parallelize(
     first where `--tp` > 1 (`emulate.tensor_parallel`); returns what to call. `target`
     ("cpu"/"cuda"): where CPU offload's host-device copies are made (`emulate.fsdp_offload`)."""
     if train.parallel.pp > 1:  # the rank's stage(s) (emulate.pipeline)
-        if train.parallel.sharding == "none":  # whole on its rank
-            return model
-        # FSDP2 over the stage's data-parallel ranks, each model part its own root, as
-        # torchtitan's parallelize runs on every model part of a pipeline rank
+        # TP, then FSDP2 over the stage's data-parallel ranks, on each model part (its own
+        # root), as torchtitan's parallelize runs on every model part of a pipeline rank
         for part in model if isinstance(model, StageParts) else [model]:
             inside = {id(m) for m in part.modules()}
-            _fsdp2(part, [b for b in blocks if id(b) in inside], train, world, target)
+            own = [b for b in blocks if id(b) in inside]
+            if train.parallel.tp > 1:
+                apply_tp(part, own, world.tp_mesh, train.parallel.tp)
+            if train.parallel.sharding == "fsdp":
+                _fsdp2(part, own, train, world, target)
         return model
     if train.parallel.tp > 1:
         apply_tp(model, blocks, world.tp_mesh, train.parallel.tp)

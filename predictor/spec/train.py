@@ -652,7 +652,7 @@ class ParallelSpec:
         _choice(self.sharding, SHARDINGS, "--sharding")
         self._check_tp()
         self._check_pp()
-        if self.sharding == "none" and self.dp > 1 and self.tp > 1:
+        if self.sharding == "none" and self.dp > 1 and self.tp > 1 and self.pp == 1:
             raise ValueError(
                 f"--gpus {self.gpus} with --tp {self.tp} leaves {self.dp} data-parallel "
                 f"ranks: add --sharding fsdp (2-D, as torchtitan), or --tp {self.gpus}"
@@ -718,8 +718,9 @@ class ParallelSpec:
 
     def _check_pp(self) -> None:
         """--pp: one stage per rank, alone (--gpus = --pp) or each stage sharded by FSDP2
-        over its data-parallel ranks (--sharding fsdp, --gpus = --pp x dp, dp >= 2); its
-        schedule and micro-batches."""
+        over its data-parallel ranks (--sharding fsdp, --gpus = --pp x dp, dp >= 2), each
+        split over --tp ranks too where --tp > 1 (--gpus = --pp x dp x --tp); its schedule
+        and micro-batches."""
         for name, value, lo in (("pp", self.pp, 1), ("microbatches", self.microbatches, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"--{name} must be an integer >= {lo}, got {value!r}")
@@ -728,30 +729,31 @@ class ParallelSpec:
             if self.microbatches:
                 raise ValueError("--microbatches applies to --pp N (pipeline parallel)")
             return
-        if self.tp > 1:
-            raise ValueError(
-                f"--pp {self.pp} with --tp {self.tp} is not modelled yet: pipeline parallelism "
-                f"runs alone (--gpus {self.pp} --sharding none) or with FSDP2 over the "
-                f"data-parallel ranks (--sharding fsdp, --gpus = --pp x data-parallel ranks)"
-            )
         if self.sharding not in PP_SHARDINGS:
             raise ValueError(
                 f"--pp {self.pp} with --sharding {self.sharding} is not modelled yet: each "
                 "stage runs whole (--sharding none) or sharded by FSDP2 over its "
                 "data-parallel ranks (--sharding fsdp, torchtitan's PP x FSDP)"
             )
-        if self.sharding == "fsdp" and (self.gpus % self.pp or self.gpus < 2 * self.pp):
+        # ranks per stage: --tp x data-parallel ranks (torchtitan's (pp, dp_shard, tp) mesh)
+        tp, per = self.tp, self.pp * self.tp
+        with_tp = f" x --tp {tp}" if tp > 1 else ""
+        if self.sharding == "fsdp" and (self.gpus % per or self.gpus < 2 * per):
             raise ValueError(
-                f"--pp {self.pp} with --sharding fsdp needs --gpus a multiple >= {2 * self.pp} "
-                f"of --pp (>= 2 data-parallel ranks per stage), got {self.gpus}"
+                f"--pp {self.pp}{with_tp} with --sharding fsdp needs --gpus a multiple of "
+                f"{per} (--pp{' x --tp' if tp > 1 else ''}) >= {2 * per} (>= 2 data-parallel "
+                f"ranks per stage), got {self.gpus}"
             )
-        if self.sharding == "none" and self.gpus % self.pp:
-            raise ValueError(f"--pp {self.pp} needs --gpus {self.pp} (one stage per rank)")
-        if self.sharding == "none" and self.gpus != self.pp:
+        if self.sharding == "none" and self.gpus % per:
             raise ValueError(
-                f"--pp {self.pp} --gpus {self.gpus} leaves {self.dp} data-parallel ranks per "
-                "stage: add --sharding fsdp (each stage sharded by FSDP2 over them, as "
-                f"torchtitan's PP x FSDP), or --gpus {self.pp}"
+                f"--pp {self.pp}{with_tp} needs --gpus {per} (one stage per "
+                f"{'--tp ranks' if tp > 1 else 'rank'})"
+            )
+        if self.sharding == "none" and self.gpus != per:
+            raise ValueError(
+                f"--pp {self.pp}{with_tp} --gpus {self.gpus} leaves {self.dp} data-parallel "
+                "ranks per stage: add --sharding fsdp (each stage sharded by FSDP2 over them, "
+                f"as torchtitan's PP x FSDP), or --gpus {per}"
             )
         if self.fsdp_cpu_offload:
             raise ValueError(f"--pp {self.pp} with --fsdp-cpu-offload is not modelled yet")

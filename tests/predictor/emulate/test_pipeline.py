@@ -55,7 +55,7 @@ RNG_STATE = 5056  # torch.get_rng_state().numel(): the CPU generator's state, by
         ),
         ({"gpus": 2, "pp": 2, "pp_schedule": "zbvzerobubble"}, "zbvzerobubble is not modelled"),
         ({"gpus": 2, "pp": 2, "pp_schedule": "bogus"}, "unknown --pp-schedule 'bogus'"),
-        ({"gpus": 4, "pp": 2, "tp": 2}, "--pp 2 with --tp 2 is not modelled yet"),
+        ({"gpus": 4, "pp": 2, "tp": 2}, None),  # PP x TP (test_pipeline_composed.py)
         ({"gpus": 4, "pp": 2, "sharding": "hsdp"}, "--pp 2 with --sharding hsdp is not"),
         ({"microbatches": 2}, "--microbatches applies to --pp N"),
         ({"gpus": 2, "pp": 2, "grad_accum": 2}, "--pp 2 with --grad-accum 2 is not modelled"),

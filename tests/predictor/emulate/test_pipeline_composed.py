@@ -1,7 +1,8 @@
-"""Pipeline parallelism composed with FSDP2 (`--pp P --sharding fsdp --gpus P x dp`,
-torchtitan's PP x FSDP): the options and their refusals, each stage's state sharded over
-its data-parallel ranks by hand, and real 4-rank gloo runs (pp 2 x dp 2) recorded by
-memgnn's own recorder against the per-stage prediction."""
+"""Pipeline parallelism composed with FSDP2 and tensor parallelism (`--pp P --sharding fsdp
+--gpus P x dp`, `--pp P --tp T --gpus P x T`, and 3-D, torchtitan's (pp, dp_shard, tp)
+mesh): the options and their refusals, each stage's state sharded over its data-parallel
+ranks by hand, and real gloo runs (pp 2 x dp 2, pp 2 x tp 2: 4 ranks; pp 2 x dp 2 x tp 2:
+8 ranks) recorded by memgnn's own recorder against the per-stage prediction."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from gloo_ranks import spawn_ranks
 from memgnn.dataset.cpu_backend import profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.emulate.pipeline import stage_bundle
+from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.vocab import CATEGORIES
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.memory.base import Query
@@ -35,15 +37,22 @@ MODEL_ARGS = {"layers": 4, "vocab": 64}  # every dim 0 even: both dp ranks hold 
         ({"gpus": 6, "pp": 2, "sharding": "fsdp"}, None),  # dp 3: FSDP2 pads the shards
         ({"gpus": 8, "pp": 4, "sharding": "fsdp", "pp_schedule": "gpipe"}, None),
         ({"gpus": 4, "pp": 2, "sharding": "fsdp", "fsdp_reshard_after_forward": False}, None),
-        ({"gpus": 2, "pp": 2, "sharding": "fsdp"}, "needs --gpus a multiple >= 4 of --pp"),
-        ({"gpus": 5, "pp": 2, "sharding": "fsdp"}, "needs --gpus a multiple >= 4 of --pp"),
+        ({"gpus": 2, "pp": 2, "sharding": "fsdp"}, "needs --gpus a multiple of 2 \\(--pp\\) >= 4"),
+        ({"gpus": 5, "pp": 2, "sharding": "fsdp"}, "needs --gpus a multiple of 2 \\(--pp\\) >= 4"),
         ({"gpus": 4, "pp": 2}, "leaves 2 data-parallel ranks per stage: add --sharding fsdp"),
         ({"gpus": 3, "pp": 2}, "--pp 2 needs --gpus 2"),
         ({"gpus": 4, "pp": 2, "sharding": "hsdp"}, "--sharding hsdp is not modelled yet"),
         ({"gpus": 4, "pp": 2, "sharding": "zero3"}, "--sharding zero3 is not modelled yet"),
         ({"gpus": 4, "pp": 2, "sharding": "ddp"}, "--sharding ddp is not modelled yet"),
         ({"gpus": 4, "pp": 2, "sharding": "fsdp1"}, "--sharding fsdp1 is not modelled yet"),
-        ({"gpus": 8, "pp": 2, "tp": 2, "sharding": "fsdp"}, "--pp 2 with --tp 2 is not"),
+        ({"gpus": 4, "pp": 2, "tp": 2}, None),  # PP x TP
+        ({"gpus": 8, "pp": 2, "tp": 2, "sharding": "fsdp"}, None),  # 3-D
+        ({"gpus": 8, "pp": 2, "tp": 2}, "--pp 2 x --tp 2 --gpus 8 leaves 2 data-parallel"),
+        ({"gpus": 6, "pp": 2, "tp": 2}, "--pp 2 x --tp 2 needs --gpus 4"),
+        (
+            {"gpus": 4, "pp": 2, "tp": 2, "sharding": "fsdp"},
+            "a multiple of 4 \\(--pp x --tp\\) >= 8",
+        ),
         (
             {"gpus": 4, "pp": 2, "sharding": "fsdp", "fsdp_cpu_offload": True},
             "--pp 2 with --fsdp-cpu-offload is not modelled yet",
@@ -57,7 +66,8 @@ MODEL_ARGS = {"layers": 4, "vocab": 64}  # every dim 0 even: both dp ranks hold 
 def test_pp_fsdp_options_and_refusals(kwargs, needle):
     if needle is None:
         p = TrainSpec.of(**kwargs).parallel
-        assert p.dp == kwargs["gpus"] // kwargs["pp"] and p.dp >= 2
+        assert p.dp == kwargs["gpus"] // (kwargs["pp"] * kwargs.get("tp", 1))
+        assert (p.dp >= 2) == (p.sharding == "fsdp")
         return
     with pytest.raises(ValueError, match=needle):
         TrainSpec.of(**kwargs)
@@ -72,8 +82,12 @@ def _llama():
 
 @functools.cache
 def _captured(**kwargs: Any) -> Any:
-    train = TrainSpec.of(gpus=4, pp=2, sharding="fsdp", microbatches=4, **kwargs)
-    return capture(_llama(), train, CaptureConfig(target="cpu"))
+    return capture(_llama(), _spec(**kwargs), CaptureConfig(target="cpu"))
+
+
+def _spec(**kwargs: Any) -> TrainSpec:
+    """--pp 2, 4 micro-batches; --sharding fsdp over 4 GPUs unless `kwargs` say."""
+    return TrainSpec.of(**({"gpus": 4, "pp": 2, "sharding": "fsdp", "microbatches": 4} | kwargs))
 
 
 def _predict(graph, sizes=SIZES):
@@ -124,11 +138,12 @@ def test_each_stage_holds_its_own_fsdp_shards_by_hand():
 
 
 def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
-    """One rank of a real --pp 2 --sharding fsdp --gpus 4 job on CPU over gloo, laid out
-    as torchtitan's mesh (pp, dp_shard): memgnn's PipelineStep (the rank's stage, fully_shard
-    per block and on the stage over dp_shard, PyTorch's PipelineStage and schedule over pp)
-    on real tensors, recorded by the same StepRecorder as capture, and torch.profiler's
-    allocator events over the same steps."""
+    """One rank of a real --pp 2 job composed with --sharding fsdp and/or --tp on CPU over
+    gloo, laid out as torchtitan's mesh (pp, dp_shard, tp): memgnn's PipelineStep (the
+    rank's stage, its linears split over tp, fully_shard per block and on the stage over
+    dp_shard, PyTorch's PipelineStage and schedule over pp) on real tensors, recorded by the
+    same StepRecorder as capture, and torch.profiler's allocator events over the same
+    steps."""
     from memgnn.predictor.capture.pipeline_step import PipelineStep
     from memgnn.predictor.capture.step import step_plan
     from memgnn.predictor.emulate.parallel import ShardedObserver, World, comm_hooks
@@ -140,12 +155,18 @@ def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
     from torch.distributed.fsdp import FSDPModule
     from torch.profiler import ProfilerActivity, profile
 
+    train = _spec(**options)
+    par = train.parallel
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=4)
+    dist.init_process_group("gloo", rank=rank, world_size=par.gpus)
     torch.set_num_threads(1)
-    train = TrainSpec.of(gpus=4, pp=2, sharding="fsdp", microbatches=4, **options)
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp_shard"))
-    world = World(size=4, rank=rank, mesh=mesh["dp_shard"], pp_mesh=mesh["pp"])
+    dims = [(n, k) for n, k in (("pp", par.pp), ("dp_shard", par.dp), ("tp", par.tp)) if k > 1]
+    mesh = init_device_mesh("cpu", tuple(k for _, k in dims),
+                            mesh_dim_names=tuple(n for n, _ in dims))  # fmt: skip
+    world = World(
+        size=par.gpus, rank=rank, mesh=mesh["dp_shard"] if par.dp > 1 else None,
+        pp_mesh=mesh["pp"], tp_mesh=mesh["tp"] if par.tp > 1 else None,
+    )  # fmt: skip
     bundle = _llama()
     step = PipelineStep(bundle, train, device=torch.device("cpu"), target="cpu", world=world)
     fsdp = sum(isinstance(m, FSDPModule) for m in step.model.modules())
@@ -189,7 +210,7 @@ def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.slow  # four spawned ranks per run, ~1 min on 2 shared cores
+@pytest.mark.slow  # four (eight: 3-D) spawned ranks per run, ~1 min on 2 shared cores
 @pytest.mark.parametrize(
     "options",
     [
@@ -198,28 +219,58 @@ def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
         {"pp_schedule": "interleaved1f1b"},  # two model parts per rank, each its own root
         {"pp_schedule": "1f1b", "fsdp_reshard_after_forward": False},  # torchtitan's default
         {"pp_schedule": "1f1b", "fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32"},
+        {"pp_schedule": "1f1b", "sharding": "none", "tp": 2},  # PP x TP
+        {"pp_schedule": "gpipe", "sharding": "none", "tp": 2},
+        {"pp_schedule": "1f1b", "gpus": 8, "tp": 2},  # 3-D: (pp, dp_shard, tp)
     ],
     ids=lambda o: "-".join(str(v) for v in o.values()),
 )
-def test_stage_peaks_match_a_real_4_rank_gloo_run(tmp_path, options):
+def test_stage_peaks_match_a_real_gloo_run(tmp_path, options):
     """memgnn's per-stage prediction (one symbolic capture per stage over the fake process
-    group, rank stage x dp of a (pp, dp_shard) mesh, at an odd micro-batch) against a real
-    4-rank gloo run of the same step: memgnn's CPU recorder on every real rank gives its
-    stage's predicted peak to the byte (both dp ranks of a stage hold alike shards), once
-    gloo's reduce-scatter staging clones are set aside (capture counts them as the
-    collective's scratch). torch.profiler's allocator events (parameters before + the
-    step's peak delta) cross-check it within 2 KB, plus what gloo's worker thread may
+    group, rank stage x dp x tp of a (pp, dp_shard, tp) mesh, at an odd micro-batch)
+    against a real gloo run of the same step: memgnn's CPU recorder on every real rank gives
+    its stage's predicted peak to the byte (every dim split evenly: a stage's ranks hold
+    alike shards), once gloo's reduce-scatter staging clones are set aside (capture counts
+    them as the collective's scratch). torch.profiler's allocator events (parameters before
+    + the step's peak delta) cross-check it within 2 KB, plus what gloo's worker thread may
     free late (up to the staging copies' sum), as the FSDP2 checks bound theirs.
     Measured (stage 0, stage 1 peaks; every rank equal to its stage's, profiler excess 0 B
     on all four): 1F1B 4,166,540 / 2,928,804 B; GPipe 6,309,772 / 6,605,008; interleaved
     1F1B 5,238,284 / 4,071,364; 1F1B without reshard after forward 4,166,284 / 2,912,164;
-    1F1B with MixedPrecisionPolicy(bf16, fp32) 2,736,140 / 2,076,964."""
+    1F1B with MixedPrecisionPolicy(bf16, fp32) 2,736,140 / 2,076,964. PP x TP (pp 2 x tp 2):
+    1F1B 2,700,044 / 1,941,892 (one rank read 30,712 B more: a late buffer), GPipe
+    4,154,124 / 4,498,512; 3-D (pp 2 x dp 2 x tp 2, 8 ranks) 1F1B 2,600,716 / 1,780,996 on
+    all 8 ranks."""
     ours = _stage_peaks(_captured(**options))
-    real = spawn_ranks(_rank, tmp_path, options, world=4)
-    assert [r["stage"] for r in real] == [0, 0, 1, 1]
-    parts = TrainSpec.of(gpus=4, pp=2, sharding="fsdp", **options).parallel.pp_stages_per_rank
-    assert all(r["fsdp_modules"] == 2 + parts for r in real)  # 2 blocks + each part's root
-    assert [r["recorded"] for r in real] == [ours[0], ours[0], ours[1], ours[1]], real
+    par = _spec(**options).parallel
+    per = par.gpus // par.pp
+    real = spawn_ranks(_rank, tmp_path, options, world=par.gpus)
+    assert [r["stage"] for r in real] == [r // per for r in range(par.gpus)]
+    blocks = 2 if par.sharding == "fsdp" else 0  # + each model part's root
+    assert all(r["fsdp_modules"] == blocks + (blocks > 0) * par.pp_stages_per_rank for r in real)
+    # under --tp gloo's worker thread may free an all-reduced activation (micro-batch x S x
+    # hidden, fp32) after the main thread's next allocations, at random (as in
+    # tests/predictor/emulate/test_tensor_parallel.py): only a whole number of such buffers
+    # may separate a reading from the prediction, and only under --tp
+    # (the peak then lands on another node: a few bytes off, measured -8 B once; within
+    # 1 KB; the profiler within 4 KB of whole buffers, measured 2,048 B on 3-D ranks)
+    late = SIZES["B"] * SIZES["S"] * _llama().hparams["hidden"] * 4 if par.tp > 1 else 0
+    slack = 1024 if late else 0
     for r in real:
-        excess = r["before"] + r["profiler_delta"] - ours[r["stage"]]
-        assert -2048 <= excess <= sum(r["staged"]) + 2048, (ours, r)
+        ours_r = ours[r["stage"]]
+        k = max(round((r["recorded"] - ours_r) / late), 0) if late else 0
+        assert abs(r["recorded"] - ours_r - k * late) <= slack, (ours, r)
+        excess = r["before"] + r["profiler_delta"] - ours_r
+        k = max(round(excess / late), 0) if late else 0
+        bound = 2048 + 2 * slack
+        assert -bound <= excess - k * late <= sum(r["staged"]) + bound, (ours, r)
+
+
+@pytest.mark.slow  # one stage captured before the refusal, ~10 s
+def test_pp_tp_with_a_foreach_optimizer_is_refused_as_a_real_job_fails():
+    """--pp x --tp alone on CUDA: the default AdamW is foreach, which refuses the split
+    linears' DTensors next to the stage's plain weights (as --tp alone)."""
+    train = _spec(gpus=4, sharding="none", tp=2)
+    with pytest.raises(UserError, match="--optimizer-impl for-loop, or --sharding fsdp"):
+        capture(_llama(), train, CaptureConfig(target="cuda"))
+    assert not dist.is_initialized()
