@@ -253,17 +253,19 @@ def test_stage_peaks_match_a_real_gloo_run(tmp_path, options):
     # tests/predictor/emulate/test_tensor_parallel.py): only a whole number of such buffers
     # may separate a reading from the prediction, and only under --tp
     # (the peak then lands on another node: a few bytes off, measured -8 B once; within
-    # 1 KB; the profiler within 4 KB of whole buffers, measured 2,048 B on 3-D ranks)
+    # 1 KB)
     late = SIZES["B"] * SIZES["S"] * _llama().hparams["hidden"] * 4 if par.tp > 1 else 0
     slack = 1024 if late else 0
     for r in real:
         ours_r = ours[r["stage"]]
         k = max(round((r["recorded"] - ours_r) / late), 0) if late else 0
         assert abs(r["recorded"] - ours_r - k * late) <= slack, (ours, r)
+        # the profiler: late all-reduce buffers (whole ones, up to 8) and late staging
+        # copies (any of them) on top of the prediction, within 2 KB (4 KB under --tp)
         excess = r["before"] + r["profiler_delta"] - ours_r
-        k = max(round(excess / late), 0) if late else 0
         bound = 2048 + 2 * slack
-        assert -bound <= excess - k * late <= sum(r["staged"]) + bound, (ours, r)
+        fits = [-bound <= excess - k * late <= sum(r["staged"]) + bound for k in range(9)]
+        assert any(fits if late else fits[:1]), (ours, r)
 
 
 @pytest.mark.slow  # one stage captured before the refusal, ~10 s
