@@ -40,9 +40,13 @@ FSDP2's prefetching are PyTorch's, recorded node for node by the same `StepRecor
 DTensor's `parallelize_module` first: alone (`--sharding none`, `--gpus N`) over a 1-D `tp`
 mesh, or 2-D under `fsdp` (`--gpus dp x N`: a (dp, tp) mesh, FSDP2 over `dp`).
 
-`--pp N` (`predictor.emulate.pipeline`) runs rank k as pipeline stage k (`--gpus N`, a 1-D
-`pp` mesh): the stage module whole on its rank, PyTorch's `PipelineStage` and schedule over
-it (`capture.pipeline_step.PipelineStep`); each stage's rank is captured, not only rank 0.
+`--pp N` (`predictor.emulate.pipeline`) runs pipeline rank k as stage k, PyTorch's
+`PipelineStage` and schedule over it (`capture.pipeline_step.PipelineStep`); each stage's
+rank is captured, not only rank 0. Alone (`--gpus N`, a 1-D `pp` mesh) the stage is whole
+on its rank; composed as torchtitan does, over a (pp, dp_shard, tp) mesh (the dimensions
+> 1), each model part of the rank is split by `--tp` first, then sharded by `fully_shard`
+(per block, then the part as its own root) over `dp_shard` (`--sharding fsdp`, `--gpus =
+N x dp x tp`); stage k's first rank, k x dp x tp, is the one captured.
 
 Gradient accumulation (`TrainSpec.grad_sync`): `every` syncs on every micro-step (FSDP2's
 default: each backward reduce-scatters into the sharded gradients); `last` runs every

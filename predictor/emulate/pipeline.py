@@ -25,6 +25,13 @@ model parts (`StageParts`), one `PipelineStage` each, run by `ScheduleInterleave
 optimizer over both parts (torchtitan keeps one per part: the same state, the same
 for-loop steps; a foreach or fused step groups the tensors per part there).
 
+Composed with FSDP2 and TP (`--sharding fsdp`, `--tp`: `emulate.parallel.parallelize`),
+each model part is split and sharded before its `PipelineStage` is built, as torchtitan
+builds them; PyTorch's `PipelineStage` then runs every micro-batch's backward without
+gradient sync or reshard (`backward_maybe_with_nosync`) and reduce-scatters once after the
+last (`perform_reduce_grad`): what the rank holds meanwhile (the unsharded gradients and
+parameters of its stage) is recorded with the rest.
+
 Under the fake process group (one rank in one process, `emulate.parallel.fake_world`) the
 tensor sends and receives run as c10d ops that move no data, into the buffers the stage
 allocated (the same as in a real job). Two exchanges carry values the rank needs, and the

@@ -24,7 +24,10 @@ from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.vocab import CATEGORIES
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.memory.base import Query
+from memgnn.predictor.plan.space import SearchSpace, variants
 from memgnn.predictor.spec.train import TrainSpec
+
+from memgnn.cli.predict import _ranks
 
 SIZES = {"B": 3, "S": 40}  # an odd micro-batch, not the trace sizes (B=4, S=64)
 MODEL_ARGS = {"layers": 4, "vocab": 64}  # every dim 0 even: both dp ranks hold alike shards
@@ -131,6 +134,8 @@ def test_each_stage_holds_its_own_fsdp_shards_by_hand():
     worst = par["worst_stage"]
     assert par["rank"] == 2 * worst and answer.predicted_peak_bytes == max(_stage_peaks(graph))
     assert [p["conditions"][-1]["rank"] for p in answer.paths] == [0, 2]
+    assert _ranks(par) == "pp 2 x fsdp dp 2: 1f1b, 4 micro-batches"
+    assert _ranks(par | {"tp": 2}) == "pp 2 x fsdp dp 2 x tp 2: 1f1b, 4 micro-batches"
     assert not dist.is_initialized()
 
 
@@ -276,3 +281,15 @@ def test_pp_tp_with_a_foreach_optimizer_is_refused_as_a_real_job_fails():
     with pytest.raises(UserError, match="--optimizer-impl for-loop, or --sharding fsdp"):
         capture(_llama(), train, CaptureConfig(target="cuda"))
     assert not dist.is_initialized()
+
+
+def test_plan_keeps_pp_x_fsdp_and_pp_x_tp_and_leaves_out_what_it_refuses():
+    """`plan` over shardings: --pp 2 --gpus 4 runs under fsdp only (none leaves 2 ranks per
+    stage, hsdp is refused under --pp); --pp 2 --tp 2 --gpus 4 under none (one rank per
+    stage x tp)."""
+    space = SearchSpace(sharding=["none", "fsdp", "hsdp"])
+    got = {(t.parallel.gpus, t.parallel.sharding) for t in variants(_spec(), space)}
+    assert got == {(4, "fsdp")}
+    got = {(t.parallel.gpus, t.parallel.sharding, t.parallel.tp)
+           for t in variants(_spec(sharding="none", tp=2), space)}  # fmt: skip
+    assert got == {(4, "none", 2)}
