@@ -31,6 +31,7 @@ from memgnn.cli.predict import _ranks
 
 SIZES = {"B": 3, "S": 40}  # an odd micro-batch, not the trace sizes (B=4, S=64)
 MODEL_ARGS = {"layers": 4, "vocab": 64}  # every dim 0 even: both dp ranks hold alike shards
+RNG_STATE = 5056  # torch.get_rng_state().numel(): the CPU generator's state, bytes
 
 
 @pytest.mark.parametrize(
@@ -224,6 +225,7 @@ def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
         {"pp_schedule": "interleaved1f1b"},  # two model parts per rank, each its own root
         {"pp_schedule": "1f1b", "fsdp_reshard_after_forward": False},  # torchtitan's default
         {"pp_schedule": "1f1b", "fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32"},
+        {"pp_schedule": "1f1b", "checkpointing": "full"},
         {"pp_schedule": "1f1b", "sharding": "none", "tp": 2},  # PP x TP
         {"pp_schedule": "gpipe", "sharding": "none", "tp": 2},
         {"pp_schedule": "1f1b", "gpus": 8, "tp": 2},  # 3-D: (pp, dp_shard, tp)
@@ -242,7 +244,9 @@ def test_stage_peaks_match_a_real_gloo_run(tmp_path, options):
     Measured (stage 0, stage 1 peaks; every rank equal to its stage's, profiler excess 0 B
     on all four): 1F1B 4,166,540 / 2,928,804 B; GPipe 6,309,772 / 6,605,008; interleaved
     1F1B 5,238,284 / 4,071,364; 1F1B without reshard after forward 4,166,284 / 2,912,164;
-    1F1B with MixedPrecisionPolicy(bf16, fp32) 2,736,140 / 2,076,964. PP x TP (pp 2 x tp 2):
+    1F1B with MixedPrecisionPolicy(bf16, fp32) 2,736,140 / 2,076,964; 1F1B with
+    --checkpointing full 2,430,284 / 2,333,604 (the profiler: + 4 x 5,056 B of RNG state,
+    one rank + a 181,760 B staging copy freed late). PP x TP (pp 2 x tp 2):
     1F1B 2,700,044 / 1,941,892 (one rank read 30,712 B more: a late buffer), GPipe
     4,154,124 / 4,498,512; 3-D (pp 2 x dp 2 x tp 2, 8 ranks) 1F1B 2,600,716 / 1,780,996 on
     all 8 ranks."""
@@ -269,7 +273,10 @@ def test_stage_peaks_match_a_real_gloo_run(tmp_path, options):
         # copies (any of them) on top of the prediction, within 2 KB (4 KB under --tp)
         excess = r["before"] + r["profiler_delta"] - ours_r
         bound = 2048 + 2 * slack
-        fits = [-bound <= excess - k * late <= sum(r["staged"]) + bound for k in range(9)]
+        # checkpointing: the CPU generator's state per block and micro-batch in flight
+        # (torch.get_rng_state(), made outside any aten op; as test_pipeline.py)
+        top = sum(r["staged"]) + bound + (8 * RNG_STATE if "checkpointing" in options else 0)
+        fits = [-bound <= excess - k * late <= top for k in range(9)]
         assert any(fits if late else fits[:1]), (ours, r)
 
 
