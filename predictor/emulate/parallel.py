@@ -478,9 +478,9 @@ def annotate(
 
 def _stage_peaks(paths: list[dict[str, Any]]) -> dict[str, Any]:
     """{stage_peak_bytes, worst_stage, rank, rank_stages} from the per-rank paths of a
-    pipeline (`emulate.pipeline`): path k is pipeline rank k (global rank k x dp under
-    --sharding fsdp: `rank` is the worst's), holding stage k (or stages k, k + pp, ...
-    under an interleaved schedule)."""
+    pipeline (`emulate.pipeline`): path k is pipeline rank k (global rank k x dp x tp
+    composed with fsdp / tp: `rank` is the worst's), holding stage k (or stages k, k + pp,
+    ... under an interleaved schedule)."""
     peaks: dict[int, int] = {}
     held: dict[int, list[int]] = {}
     ranks: dict[int, int] = {}

@@ -559,20 +559,21 @@ class ParallelSpec:
         help="tensor-parallel degree: each block's linears split over this many ranks "
         "(PyTorch's ColwiseParallel/RowwiseParallel, the model's tp plan); --gpus is "
         "data-parallel ranks x --tp (--sharding none: --gpus = --tp; fsdp: 2-D, FSDP2 "
-        "over --gpus/--tp ranks)",
+        "over --gpus/--tp ranks; x --pp with pipeline stages)",
     )  # fmt: skip
     # pipeline parallelism (predictor/emulate/pipeline.py): torch.distributed.pipelining's
     # PipelineStage + schedule, each stage (L/pp blocks) on one rank (--gpus = --pp), or
-    # sharded by FSDP2 over dp ranks (--sharding fsdp, --gpus = --pp x dp: torchtitan's
-    # (pp, dp_shard) mesh)
+    # split by --tp and/or sharded by FSDP2 over dp ranks (--sharding fsdp, --gpus = --pp x
+    # dp x tp: torchtitan's (pp, dp_shard, tp) mesh)
     pp: int = opt(
         1, name="pp", lo=1, hi=4_096,
         help="pipeline-parallel degree (torchtitan's pipeline_parallel_degree): the blocks "
         "split evenly into this many stages (the first with the embeddings, the last with "
         "the final norm, lm_head and loss); the answer is the worst stage's peak, every "
         "stage's listed; --sharding none: one stage per rank, --gpus = --pp; --sharding "
-        "fsdp: each stage sharded by FSDP2 over --gpus/--pp >= 2 ranks (torchtitan's PP x "
-        "FSDP)",
+        "fsdp: each stage sharded by FSDP2 over dp >= 2 ranks, --gpus = --pp x dp "
+        "(torchtitan's PP x FSDP); with --tp T each stage's linears split over T ranks "
+        "too (--gpus = --pp x dp x T)",
     )  # fmt: skip
     pp_schedule: str = opt(
         "1f1b", name="pp_schedule", choices=PP_SCHEDULES,
