@@ -132,8 +132,8 @@ def capture_spec(train: TrainSpec) -> TrainSpec:
 
 def _parallel_choices(base: TrainSpec, space: SearchSpace) -> list[tuple[int, str]]:
     """(gpus, sharding) pairs: one GPU runs unsharded; several take each sharding but none,
-    and none too where they are the --tp x --pp ranks (tensor and/or pipeline parallelism
-    without data parallelism)."""
+    and none too where they are the --tp or --pp ranks (tensor or pipeline parallelism
+    alone)."""
     gpus = space.gpus or [base.parallel.gpus]
     shardings = space.sharding or [base.parallel.sharding]
     pairs = []
@@ -141,7 +141,7 @@ def _parallel_choices(base: TrainSpec, space: SearchSpace) -> list[tuple[int, st
         if n == 1:
             pairs.append((1, "none"))
         else:
-            tp_alone = n == base.parallel.tp * base.parallel.pp  # one rank per stage x tp
+            tp_alone = n in (base.parallel.tp, base.parallel.pp)
             pairs += [(n, s) for s in dict.fromkeys(shardings) if s != "none" or tp_alone]
     return pairs
 

@@ -290,16 +290,12 @@ def test_pp_tp_with_a_foreach_optimizer_is_refused_as_a_real_job_fails():
     assert not dist.is_initialized()
 
 
-def test_plan_keeps_pp_x_fsdp_and_pp_x_tp_and_leaves_out_what_it_refuses():
+def test_plan_keeps_pp_x_fsdp_and_leaves_out_what_it_refuses():
     """`plan` over shardings: --pp 2 --gpus 4 runs under fsdp only (none leaves 2 ranks per
-    stage, hsdp is refused under --pp); --pp 2 --tp 2 --gpus 4 under none (one rank per
-    stage x tp)."""
+    stage, hsdp is refused under --pp)."""
     space = SearchSpace(sharding=["none", "fsdp", "hsdp"])
     got = {(t.parallel.gpus, t.parallel.sharding) for t in variants(_spec(), space)}
     assert got == {(4, "fsdp")}
-    got = {(t.parallel.gpus, t.parallel.sharding, t.parallel.tp)
-           for t in variants(_spec(sharding="none", tp=2), space)}  # fmt: skip
-    assert got == {(4, "none", 2)}
 
 
 @pytest.mark.slow  # six spawned ranks, ~1 min on 2 shared cores
