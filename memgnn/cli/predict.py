@@ -122,10 +122,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ranks(par: dict[str, Any]) -> str:
-    """How the ranks split: the sharding, and `tp N` (x `dp M` under a sharding) for --tp."""
+    """How the ranks split: the sharding, and `tp N` (x `dp M` under a sharding) for --tp;
+    `pp N` (x `fsdp dp M`, x `tp T`), the schedule and micro-batches for --pp."""
     tp, pp = par.get("tp", 1), par.get("pp", 1)
     if pp > 1:
-        return f"pp {pp}: {par['pp_schedule']}, {par['microbatches']} micro-batches"
+        fsdp = f" x fsdp dp {par['dp']}" if par["sharding"] == "fsdp" else ""
+        split = fsdp + (f" x tp {tp}" if tp > 1 else "")
+        return f"pp {pp}{split}: {par['pp_schedule']}, {par['microbatches']} micro-batches"
     if tp == 1:
         return par["sharding"]
     if par["sharding"] == "none":
@@ -144,8 +147,9 @@ def predict_lines(out: dict[str, Any]) -> list[str]:
         + (f", per rank (rank {par['rank']} of {par['world_size']}, {_ranks(par)})" if par else "")
     ]
     if par and "stage_peak_bytes" in par and any(len(s) > 1 for s in par["rank_stages"]):
+        who = "rank" if par["world_size"] == par["pp"] else "pp rank"  # x fsdp / tp: stage k's
         lines.append("pipeline ranks: " + ", ".join(  # interleaved: the stages each holds
-            f"rank {k} (stages {', '.join(map(str, s))}) {fmt_bytes(b)}"
+            f"{who} {k} (stages {', '.join(map(str, s))}) {fmt_bytes(b)}"
             + (" (worst)" if k == par["worst_stage"] else "")
             for k, (b, s) in enumerate(zip(par["stage_peak_bytes"], par["rank_stages"]))
         ))  # fmt: skip

@@ -360,7 +360,10 @@ def _capture_stages(
     t0 = time.perf_counter()
     runs = []
     for stage in range(train.parallel.pp):
-        runner = _Run(bundle, train, cfg, sizes, rank=stage)
+        # the stage's first rank (torchtitan's (pp, dp_shard, tp) mesh: ranks from
+        # stage x dp x tp): under --sharding fsdp it holds the largest (padded) shards
+        rank = stage * train.parallel.dp * train.parallel.tp
+        runner = _Run(bundle, train, cfg, sizes, rank=rank)
         rec, state, names, env = runner.run([])
         if alternatives(state) or state.data:
             raise CaptureError(
@@ -369,7 +372,7 @@ def _capture_stages(
             )
         held = rank_stages(train.parallel.pp, train.parallel.pp_stages_per_rank, stage)
         state.conditions.append(
-            {"kind": "pipeline_stage", "stage": stage, "rank": stage, "stages": held}
+            {"kind": "pipeline_stage", "stage": stage, "rank": rank, "stages": held}
         )
         runs.append((rec, state, names, env))
     graph = _assemble(bundle, train, cfg, sizes, runs)

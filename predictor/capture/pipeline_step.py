@@ -16,8 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from memgnn.predictor.capture.step import NullObserver, StepObserver, TrainingStep
-from memgnn.predictor.emulate.parallel import World
+from memgnn.predictor.capture.step import (
+    NullObserver,
+    StepObserver,
+    TrainingStep,
+    mixed_dtensor_refusal,
+)
+from memgnn.predictor.emulate.parallel import World, mp_policy
 from memgnn.predictor.emulate.pipeline import peer_metadata, stage_bundle, stage_schedule
 from memgnn.predictor.ir.recorder import unrecorded
 from memgnn.predictor.spec.bundle import ModelBundle
@@ -45,18 +50,19 @@ class PipelineStep(TrainingStep):
         if pp < 2:
             raise ValueError("PipelineStep runs a --pp >= 2 TrainSpec")
         super().__init__(
-            stage_bundle(bundle, pp, world.rank, train.parallel.pp_stages_per_rank),
+            stage_bundle(bundle, pp, world.pp_rank, train.parallel.pp_stages_per_rank),
             train, device=device, target=target,
             fake=fake, world=world,
         )  # fmt: skip
         self.bundle = bundle  # the whole model's inputs
         self.fake = fake
         group = world.pp_mesh.get_group() if world.pp_mesh is not None else None
-        self.stages, self.schedule = stage_schedule(self.model, world.rank, train, device, group)
+        self.stages, self.schedule = stage_schedule(self.model, world.pp_rank, train, device, group)
 
     def _peers(self, ids: torch.Tensor) -> Any:
         """Over the fake process group: the neighbours' metadata (`peer_metadata`), the
-        hidden states between stages of one micro-batch in the embeddings' dtype."""
+        hidden states between stages of one micro-batch in the embeddings' dtype (FSDP2's
+        mixed-precision param_dtype where --fsdp-param-dtype is given)."""
         if not self.fake:
             return contextlib.nullcontext()
         boundary = self._boundary(ids)
@@ -65,7 +71,9 @@ class PipelineStep(TrainingStep):
     def _boundary(self, ids: torch.Tensor) -> torch.Tensor:
         micro = self.train.parallel.pp_microbatches
         hidden = self.model.config.hidden_size
-        dtype = self.train.numerics.param_dtype
+        # FSDP2's MixedPrecisionPolicy computes (and sends) in its param_dtype
+        policy = mp_policy(self.train) if self.train.parallel.sharding == "fsdp" else None
+        dtype = getattr(policy, "param_dtype", None) or self.train.numerics.param_dtype
         with unrecorded():
             boundary = torch.empty(
                 ids.shape[0] // micro, ids.shape[1], hidden, dtype=dtype, device=self.device,
@@ -116,11 +124,12 @@ class PipelineStep(TrainingStep):
             del losses, ids, labels
             obs.on_backward_end(self.model, step, 0)
             obs.on_phase("optimizer", step, 0)
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
+            with mixed_dtensor_refusal(self.train):  # --tp: DTensor and plain weights
+                if self.scaler is not None:
+                    self.scaler.step(self.optimizer)
+                    self.scaler.update()
+                else:
+                    self.optimizer.step()
             obs.on_optimizer_end(self.optimizer, step)
             obs.on_phase("zero_grad", step, 0)
             self.optimizer.zero_grad(set_to_none=self.train.optim.set_to_none)

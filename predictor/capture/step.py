@@ -219,7 +219,7 @@ def check_cuda_only(train: TrainSpec, target: str) -> None:
 
 
 @contextlib.contextmanager
-def _mixed_dtensor_refusal(train: TrainSpec):
+def mixed_dtensor_refusal(train: TrainSpec):
     """--tp alone leaves DTensor weights (the split linears) next to plain ones (embeddings,
     norms, lm_head); torch.optim's foreach and fused kernels refuse the mix, in a real job
     as here: a UserError naming the options that run (`emulate.tensor_parallel`)."""
@@ -411,7 +411,7 @@ class TrainingStep:
             for micro in range(n_micro):
                 self._micro_step(sizes, obs, step, micro, g, last=micro == n_micro - 1)
             obs.on_phase("optimizer", step, 0)
-            with _mixed_dtensor_refusal(self.train):
+            with mixed_dtensor_refusal(self.train):
                 if self.scaler is not None:
                     self.scaler.step(self.optimizer)
                     self.scaler.update()

@@ -40,9 +40,13 @@ FSDP2's prefetching are PyTorch's, recorded node for node by the same `StepRecor
 DTensor's `parallelize_module` first: alone (`--sharding none`, `--gpus N`) over a 1-D `tp`
 mesh, or 2-D under `fsdp` (`--gpus dp x N`: a (dp, tp) mesh, FSDP2 over `dp`).
 
-`--pp N` (`predictor.emulate.pipeline`) runs rank k as pipeline stage k (`--gpus N`, a 1-D
-`pp` mesh): the stage module whole on its rank, PyTorch's `PipelineStage` and schedule over
-it (`capture.pipeline_step.PipelineStep`); each stage's rank is captured, not only rank 0.
+`--pp N` (`predictor.emulate.pipeline`) runs pipeline rank k as stage k, PyTorch's
+`PipelineStage` and schedule over it (`capture.pipeline_step.PipelineStep`); each stage's
+rank is captured, not only rank 0. Alone (`--gpus N`, a 1-D `pp` mesh) the stage is whole
+on its rank; composed as torchtitan does, over a (pp, dp_shard, tp) mesh (the dimensions
+> 1), each model part of the rank is split by `--tp` first, then sharded by `fully_shard`
+(per block, then the part as its own root) over `dp_shard` (`--sharding fsdp`, `--gpus =
+N x dp x tp`); stage k's first rank, k x dp x tp, is the one captured.
 
 Gradient accumulation (`TrainSpec.grad_sync`): `every` syncs on every micro-step (FSDP2's
 default: each backward reduce-scatters into the sharded gradients); `last` runs every
@@ -75,7 +79,7 @@ import torch
 import torch.distributed as dist
 from memgnn.predictor.emulate.fsdp1 import fake_addresses, fsdp1_gradients, fsdp1_wrap
 from memgnn.predictor.emulate.fsdp_offload import cpu_stream_sync, fsdp2_offload_places
-from memgnn.predictor.emulate.pipeline import pp_note
+from memgnn.predictor.emulate.pipeline import StageParts, pp_note
 from memgnn.predictor.emulate.quant import Linear4bitSim
 from memgnn.predictor.emulate.tensor_parallel import (
     apply_tp,
@@ -115,7 +119,13 @@ class World:
     rank: int
     mesh: Any  # torch.distributed.device_mesh.DeviceMesh (1-D, or 2-D for hsdp): data-parallel
     tp_mesh: Any = None  # --tp > 1: the tensor-parallel mesh dimension (emulate.tensor_parallel)
-    pp_mesh: Any = None  # --pp > 1: the pipeline mesh, one stage per rank (emulate.pipeline)
+    pp_mesh: Any = None  # --pp > 1: the pipeline mesh dimension (emulate.pipeline)
+
+    @property
+    def pp_rank(self) -> int:
+        """The rank's coordinate along the pipeline mesh dimension: its stage (0 without
+        --pp)."""
+        return self.pp_mesh.get_local_rank() if self.pp_mesh is not None else 0
 
 
 @contextlib.contextmanager
@@ -143,8 +153,10 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
     addresses = fake_addresses() if train.parallel.sharding == "fsdp1" else contextlib.nullcontext()
     try:
         shard, tp, dp = train.parallel.shard_group_size, train.parallel.tp, train.parallel.dp
-        if train.parallel.pp > 1:  # pipeline alone: one stage per rank
-            shape, names = (train.parallel.pp,), ("pp",)
+        if train.parallel.pp > 1:  # torchtitan's (pp, dp_shard, tp), the dims > 1 kept
+            dims = [("pp", train.parallel.pp), ("dp_shard", dp), ("tp", tp)]
+            kept = [(n, k) for n, k in dims if k > 1 or n == "pp"]
+            names, shape = tuple(n for n, _ in kept), tuple(k for _, k in kept)
         elif tp > 1:  # dp x tp (torchtitan's mesh order), or tp alone
             shape, names = ((dp, tp), ("dp", "tp")) if dp > 1 else ((tp,), ("tp",))
         elif train.parallel.hybrid:
@@ -153,11 +165,13 @@ def fake_world(train: TrainSpec, rank: int = 0) -> Iterator[World]:
             shape, names = (train.parallel.gpus,), ("dp",)
         mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
         world = World(size=train.parallel.gpus, rank=rank, mesh=mesh)
-        if tp > 1:
+        if train.parallel.pp > 1:
+            world.mesh = mesh["dp_shard"] if dp > 1 else None
+            world.pp_mesh = mesh["pp"] if len(shape) > 1 else mesh
+            world.tp_mesh = mesh["tp"] if tp > 1 else None
+        elif tp > 1:
             world.mesh = mesh["dp"] if dp > 1 else None
             world.tp_mesh = mesh["tp"]
-        if train.parallel.pp > 1:
-            world.mesh, world.pp_mesh = None, mesh
         with contextlib.ExitStack() as stack:
             stack.enter_context(unrecorded_propagation())
             stack.enter_context(addresses)
@@ -177,7 +191,16 @@ def parallelize(
     """Wrap `model` as `train.parallel.sharding` says (module docstring), its linears split
     first where `--tp` > 1 (`emulate.tensor_parallel`); returns what to call. `target`
     ("cpu"/"cuda"): where CPU offload's host-device copies are made (`emulate.fsdp_offload`)."""
-    if train.parallel.pp > 1:  # the stage runs whole on its rank (emulate.pipeline)
+    if train.parallel.pp > 1:  # the rank's stage(s) (emulate.pipeline)
+        # TP, then FSDP2 over the stage's data-parallel ranks, on each model part (its own
+        # root), as torchtitan's parallelize runs on every model part of a pipeline rank
+        for part in model if isinstance(model, StageParts) else [model]:
+            inside = {id(m) for m in part.modules()}
+            own = [b for b in blocks if id(b) in inside]
+            if train.parallel.tp > 1:
+                apply_tp(part, own, world.tp_mesh, train.parallel.tp)
+            if train.parallel.sharding == "fsdp":
+                _fsdp2(part, own, train, world, target)
         return model
     if train.parallel.tp > 1:
         apply_tp(model, blocks, world.tp_mesh, train.parallel.tp)
@@ -187,6 +210,13 @@ def parallelize(
         return _ddp(model, world)
     if train.parallel.sharding == "fsdp1":
         return fsdp1_wrap(model, blocks, train, world, target)
+    return _fsdp2(model, blocks, train, world, target)
+
+
+def _fsdp2(
+    model: nn.Module, blocks: list[nn.Module], train: TrainSpec, world: World, target: str
+) -> nn.Module:
+    """FSDP2's `fully_shard` on every block, then on `model` (module docstring)."""
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     if not blocks:
@@ -448,10 +478,12 @@ def annotate(
 
 def _stage_peaks(paths: list[dict[str, Any]]) -> dict[str, Any]:
     """{stage_peak_bytes, worst_stage, rank, rank_stages} from the per-rank paths of a
-    pipeline (`emulate.pipeline`): path k is rank k, holding stage k (or stages k, k + pp,
+    pipeline (`emulate.pipeline`): path k is pipeline rank k (global rank k x dp x tp
+    composed with fsdp / tp: `rank` is the worst's), holding stage k (or stages k, k + pp,
     ... under an interleaved schedule)."""
     peaks: dict[int, int] = {}
     held: dict[int, list[int]] = {}
+    ranks: dict[int, int] = {}
     for p in paths:
         cond = next((c for c in p["conditions"] if c.get("kind") == "pipeline_stage"), None)
         value = p.get("predicted_peak_bytes", p.get("tensor_peak_bytes"))
@@ -459,8 +491,9 @@ def _stage_peaks(paths: list[dict[str, Any]]) -> dict[str, Any]:
             return {}
         peaks[cond["stage"]] = int(value)
         held[cond["stage"]] = list(cond.get("stages", [cond["stage"]]))
+        ranks[cond["stage"]] = int(cond.get("rank", cond["stage"]))
     if not peaks:
         return {}
     worst = max(peaks, key=lambda k: (peaks[k], -k))
     return {"stage_peak_bytes": [peaks[k] for k in sorted(peaks)], "worst_stage": worst,
-            "rank": worst, "rank_stages": [held[k] for k in sorted(held)]}  # fmt: skip
+            "rank": ranks[worst], "rank_stages": [held[k] for k in sorted(held)]}  # fmt: skip

@@ -25,6 +25,13 @@ model parts (`StageParts`), one `PipelineStage` each, run by `ScheduleInterleave
 optimizer over both parts (torchtitan keeps one per part: the same state, the same
 for-loop steps; a foreach or fused step groups the tensors per part there).
 
+Composed with FSDP2 and TP (`--sharding fsdp`, `--tp`: `emulate.parallel.parallelize`),
+each model part is split and sharded before its `PipelineStage` is built, as torchtitan
+builds them; PyTorch's `PipelineStage` then runs every micro-batch's backward without
+gradient sync or reshard (`backward_maybe_with_nosync`) and reduce-scatters once after the
+last (`perform_reduce_grad`): what the rank holds meanwhile (the unsharded gradients and
+parameters of its stage) is recorded with the rest.
+
 Under the fake process group (one rank in one process, `emulate.parallel.fake_world`) the
 tensor sends and receives run as c10d ops that move no data, into the buffers the stage
 allocated (the same as in a real job). Two exchanges carry values the rank needs, and the
@@ -288,7 +295,23 @@ def peer_metadata(boundary: torch.Tensor, gloo: bool) -> Iterator[None]:
 def pp_note(spec: Any) -> dict[str, Any]:
     """What `--pp` ran (`emulate.pipeline`): the stages, schedule and micro-batches."""
     p = spec.parallel
-    return {
+    fsdp = (
+        {
+            "dp": p.dp,
+            "pp_fsdp": f"each stage sharded by FSDP2 over its {p.dp} data-parallel ranks "
+            "(torchtitan's (pp, dp_shard) mesh: stage k on global ranks k x dp ...; each "
+            "stage's first one answered, it holds the largest padded shards): fully_shard "
+            "per block, then on the stage (each model part its own root), "
+            f"reshard_after_forward {str(p.reshard_after_forward).lower()} "
+            "(--fsdp-reshard-after-forward; torchtitan's default policy under PP is false, "
+            "its 'always' true); PyTorch's PipelineStage runs every micro-batch's backward "
+            "without gradient sync or reshard, so the stage's unsharded parameters and "
+            "gradients stay until the step's last backward reduce-scatters them",
+        }
+        if p.sharding == "fsdp"
+        else {}
+    )
+    return fsdp | {
         "pp": p.pp,
         "pp_schedule": p.pp_schedule,
         "microbatches": p.pp_microbatches,

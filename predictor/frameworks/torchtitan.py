@@ -30,13 +30,15 @@ Key (default) -> memgnn:
 - model.converters ["float8"] / ["quantize.linear.float8"] with [float8] / [quantize.linear.
   float8] recipe_name (None: tensorwise) and filter_fqns ([]; torchtitan's names mapped to
   transformers' q_proj ... ; `output` the head) -> --float8 RECIPE --float8-filter-fqns
-- parallelism.pipeline_parallel_degree alone (no data, tensor, context or expert
-  parallelism) -> --pp N --gpus N; pipeline_parallel_schedule (1F1B) -> --pp-schedule
+- parallelism.pipeline_parallel_degree alone (no tensor, context or expert parallelism, no
+  replicas) -> --pp N --gpus N; with data_parallel_shard_degree D > 1 -> --pp N --sharding
+  fsdp --gpus N x D (each stage sharded by FSDP2; fsdp_reshard_after_forward "default" ->
+  false under PP, as apply_fsdp); pipeline_parallel_schedule (1F1B) -> --pp-schedule
   (GPipe, 1F1B, Interleaved1F1B with 2 stages per rank; the others are refused by name);
   pipeline_parallel_microbatch_size (1) -> --batch, local_batch_size / it -> --microbatches
   (`predictor.emulate.pipeline`; an uneven layer split is a warning: memgnn splits L/pp)
 Not modelled (warnings): tensor / context / expert parallel degrees > 1, pipeline with
-data or other parallelism,
+replicas (HSDP) or other parallelism,
 memory-budget activation checkpointing (the answer checkpoints nothing), compile with
 sharding or op-level selective checkpointing (the answer is the eager step's), MX
 converters, float8's FSDP float8 all-gather, CPU offload, the optimizer in backward.
@@ -230,19 +232,21 @@ def _parallel(b: Builder) -> bool:
         found["data_parallel_replicate_degree"][1],
     )
     others = {n: v for n, (_, v) in found.items() if n not in _DEGREES[:2] and v > 1}
-    # pipeline parallel alone (no data, tensor, context or expert parallelism): --pp
-    alone = set(others) == {"pipeline_parallel_degree"} and replicate == 1 and shard in (1, -1)
+    # pipeline parallel alone (no tensor, context or expert parallelism, no replicas): --pp,
+    # each stage whole on its rank, or sharded by FSDP2 over data_parallel_shard_degree ranks
+    pipeline = set(others) == {"pipeline_parallel_degree"} and replicate == 1
+    alone = pipeline and shard in (1, -1)
     if alone and shard == -1:
         b.warn(
             "data_parallel_shard_degree -1 with pipeline_parallel_degree "
             f"{others['pipeline_parallel_degree']}: the answer takes every rank as a pipeline "
-            "stage (--gpus = the degree); with more ranks, FSDP2 over the rest is not "
-            "modelled yet",
+            "stage (--gpus = the degree); with more ranks (FSDP2 over the rest), give "
+            "data_parallel_shard_degree, or --gpus N --sharding fsdp",
             key=found["data_parallel_shard_degree"][0],
         )
         shard = 1
     for n, (key, value) in found.items():
-        if key is None or (alone and n == "pipeline_parallel_degree"):
+        if key is None or (pipeline and n == "pipeline_parallel_degree"):
             continue
         if n in others:
             b.warn(
@@ -280,10 +284,13 @@ def _parallel(b: Builder) -> bool:
     if not b.has("parallelism.data_parallel_shard_degree") and sharded:
         b.default("parallelism.data_parallel_shard_degree", -1, f"{became} (torchtitan's default)")
     _accumulation(b, shard, replicate)
-    if alone:
-        _pipeline(b, found["pipeline_parallel_degree"])
+    if pipeline:
+        _pipeline(b, found["pipeline_parallel_degree"], sharded)
     key = "parallelism.fsdp_reshard_after_forward"
-    if b.has(key):
+    if pipeline and sharded and not b.has(key):
+        flag = b.option("fsdp_reshard_after_forward", False, "torchtitan's default under PP")
+        b.default(key, "default", f"{flag} (torchtitan's default policy: not pp_enabled)")
+    elif b.has(key):
         value = str(b.get(key))
         pp = found["pipeline_parallel_degree"][1] > 1
         reshard = value == "always" or (value == "default" and not pp)
@@ -306,13 +313,15 @@ _PP_SPLIT = (  # torchtitan's ways of choosing each stage's layers
 )
 
 
-def _pipeline(b: Builder, degree: tuple[str | None, int]) -> None:
-    """pipeline_parallel_degree alone -> --pp N --gpus N; pipeline_parallel_schedule
-    (1F1B) -> --pp-schedule; pipeline_parallel_microbatch_size (1) -> --batch, with
-    local_batch_size / it -> --microbatches (torchtitan's n_microbatches)."""
+def _pipeline(b: Builder, degree: tuple[str | None, int], sharded: bool) -> None:
+    """pipeline_parallel_degree -> --pp N (--gpus N alone; `sharded`: --gpus was set from
+    the degrees); pipeline_parallel_schedule (1F1B) -> --pp-schedule;
+    pipeline_parallel_microbatch_size (1) -> --batch, with local_batch_size / it ->
+    --microbatches (torchtitan's n_microbatches)."""
     key, pp = degree
     source = f"{key}: {pp}"
-    b.read(str(key), b.option("pp", pp, source) + " " + b.option("gpus", pp, source))
+    flags = b.option("pp", pp, source)
+    b.read(str(key), flags if sharded else flags + " " + b.option("gpus", pp, source))
     skey = next((f"{s}.pipeline_parallel_schedule" for s in _SECTIONS
                  if b.has(f"{s}.pipeline_parallel_schedule")), None)  # fmt: skip
     schedule = str(b.get(skey)) if skey else "1F1B"

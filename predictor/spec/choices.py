@@ -36,6 +36,7 @@ __all__ = [
     "PP_MULTI_STAGE",
     "PP_SCHEDULES",
     "PP_SCHEDULES_MODELLED",
+    "PP_SHARDINGS",
     "TP_SHARDINGS",
     "TORCH_OPTIMIZERS",
     "bnb_version_tuple",
@@ -156,3 +157,6 @@ PP_SCHEDULES = (
 PP_SCHEDULES_MODELLED = ("gpipe", "1f1b", "interleaved1f1b")
 # schedules that run several stages per rank: torchtitan's default, 2 per rank
 PP_MULTI_STAGE = ("interleaved1f1b",)
+# --sharding values --pp > 1 runs under: none (every stage whole on its rank), fsdp (each
+# stage sharded by FSDP2 over its data-parallel ranks: torchtitan's (pp, dp_shard) mesh)
+PP_SHARDINGS = ("none", "fsdp")

@@ -56,6 +56,7 @@ from memgnn.predictor.spec.choices import (
     PP_MULTI_STAGE,
     PP_SCHEDULES,
     PP_SCHEDULES_MODELLED,
+    PP_SHARDINGS,
     PRECISIONS,
     QUANT_STORAGES,
     QUANTIZE_BASES,
@@ -540,7 +541,8 @@ class ParallelSpec:
     sharding: str = opt("none", name="sharding", choices=SHARDINGS, help="how ranks split")
     reshard_after_forward: bool = opt(
         True, name="fsdp_reshard_after_forward", cli="bool",
-        help="fsdp/hsdp: free all-gathered parameters after forward (default true)",
+        help="fsdp/hsdp: free all-gathered parameters after forward (default true; with "
+        "--pp, torchtitan's default policy is false)",
     )  # fmt: skip
     fsdp_cpu_offload: bool = opt(
         False, name="fsdp_cpu_offload", cli="bool",
@@ -557,16 +559,21 @@ class ParallelSpec:
         help="tensor-parallel degree: each block's linears split over this many ranks "
         "(PyTorch's ColwiseParallel/RowwiseParallel, the model's tp plan); --gpus is "
         "data-parallel ranks x --tp (--sharding none: --gpus = --tp; fsdp: 2-D, FSDP2 "
-        "over --gpus/--tp ranks)",
+        "over --gpus/--tp ranks; x --pp with pipeline stages)",
     )  # fmt: skip
     # pipeline parallelism (predictor/emulate/pipeline.py): torch.distributed.pipelining's
-    # PipelineStage + schedule, each stage (L/pp blocks) on one rank; --gpus = --pp
+    # PipelineStage + schedule, each stage (L/pp blocks) on one rank (--gpus = --pp), or
+    # split by --tp and/or sharded by FSDP2 over dp ranks (--sharding fsdp, --gpus = --pp x
+    # dp x tp: torchtitan's (pp, dp_shard, tp) mesh)
     pp: int = opt(
         1, name="pp", lo=1, hi=4_096,
         help="pipeline-parallel degree (torchtitan's pipeline_parallel_degree): the blocks "
-        "split evenly into this many stages, one per rank (the first with the embeddings, "
-        "the last with the final norm, lm_head and loss); the answer is the worst stage's "
-        "peak, every stage's listed; --gpus = --pp",
+        "split evenly into this many stages (the first with the embeddings, the last with "
+        "the final norm, lm_head and loss); the answer is the worst stage's peak, every "
+        "stage's listed; --sharding none: one stage per rank, --gpus = --pp; --sharding "
+        "fsdp: each stage sharded by FSDP2 over dp >= 2 ranks, --gpus = --pp x dp "
+        "(torchtitan's PP x FSDP); with --tp T each stage's linears split over T ranks "
+        "too (--gpus = --pp x dp x T)",
     )  # fmt: skip
     pp_schedule: str = opt(
         "1f1b", name="pp_schedule", choices=PP_SCHEDULES,
@@ -646,7 +653,7 @@ class ParallelSpec:
         _choice(self.sharding, SHARDINGS, "--sharding")
         self._check_tp()
         self._check_pp()
-        if self.sharding == "none" and self.dp > 1 and self.tp > 1:
+        if self.sharding == "none" and self.dp > 1 and self.tp > 1 and self.pp == 1:
             raise ValueError(
                 f"--gpus {self.gpus} with --tp {self.tp} leaves {self.dp} data-parallel "
                 f"ranks: add --sharding fsdp (2-D, as torchtitan), or --tp {self.gpus}"
@@ -711,7 +718,10 @@ class ParallelSpec:
             )
 
     def _check_pp(self) -> None:
-        """--pp: one stage per rank, alone (--gpus = --pp); its schedule and micro-batches."""
+        """--pp: one stage per rank, alone (--gpus = --pp) or each stage sharded by FSDP2
+        over its data-parallel ranks (--sharding fsdp, --gpus = --pp x dp, dp >= 2), each
+        split over --tp ranks too where --tp > 1 (--gpus = --pp x dp x --tp); its schedule
+        and micro-batches."""
         for name, value, lo in (("pp", self.pp, 1), ("microbatches", self.microbatches, 0)):
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise ValueError(f"--{name} must be an integer >= {lo}, got {value!r}")
@@ -720,14 +730,39 @@ class ParallelSpec:
             if self.microbatches:
                 raise ValueError("--microbatches applies to --pp N (pipeline parallel)")
             return
-        if self.tp > 1 or self.sharding != "none":
-            with_ = f"--tp {self.tp}" if self.tp > 1 else f"--sharding {self.sharding}"
+        if self.sharding not in PP_SHARDINGS:
             raise ValueError(
-                f"--pp {self.pp} with {with_} is not modelled yet: pipeline parallelism runs "
-                f"alone (--gpus {self.pp} --sharding none)"
+                f"--pp {self.pp} with --sharding {self.sharding} is not modelled yet: each "
+                "stage runs whole (--sharding none) or sharded by FSDP2 over its "
+                "data-parallel ranks (--sharding fsdp, torchtitan's PP x FSDP)"
             )
-        if self.gpus != self.pp:
-            raise ValueError(f"--pp {self.pp} needs --gpus {self.pp} (one stage per rank)")
+        # ranks per stage: --tp x data-parallel ranks (torchtitan's (pp, dp_shard, tp) mesh)
+        tp, per = self.tp, self.pp * self.tp
+        with_tp = f" x --tp {tp}" if tp > 1 else ""
+        if self.sharding == "fsdp" and (self.gpus % per or self.gpus < 2 * per):
+            raise ValueError(
+                f"--pp {self.pp}{with_tp} with --sharding fsdp needs --gpus a multiple of "
+                f"{per} (--pp{' x --tp' if tp > 1 else ''}) >= {2 * per} (>= 2 data-parallel "
+                f"ranks per stage), got {self.gpus}"
+            )
+        if self.sharding == "none" and self.gpus % per:
+            raise ValueError(
+                f"--pp {self.pp}{with_tp} needs --gpus {per} (one stage per "
+                f"{'--tp ranks' if tp > 1 else 'rank'})"
+            )
+        if self.sharding == "none" and self.gpus != per:
+            raise ValueError(
+                f"--pp {self.pp}{with_tp} --gpus {self.gpus} leaves {self.dp} data-parallel "
+                "ranks per stage: add --sharding fsdp (each stage sharded by FSDP2 over them, "
+                f"as torchtitan's PP x FSDP), or --gpus {per}"
+            )
+        if self.fsdp_cpu_offload:
+            raise ValueError(f"--pp {self.pp} with --fsdp-cpu-offload is not modelled yet")
+        if self.grad_sync != "every":
+            raise ValueError(
+                f"--grad-sync {self.grad_sync} with --pp {self.pp}: PyTorch's PipelineStage "
+                "itself defers every micro-batch's gradient sync to the step's end"
+            )
         if self.pp_schedule not in PP_SCHEDULES_MODELLED:
             raise ValueError(
                 f"--pp-schedule {self.pp_schedule} is not modelled yet (memgnn runs "

@@ -46,7 +46,7 @@ RNG_STATE = 5056  # torch.get_rng_state().numel(): the CPU generator's state, by
         ({"gpus": 2, "pp": 2}, None),
         ({"gpus": 4, "pp": 4, "pp_schedule": "gpipe", "microbatches": 1}, None),
         ({"gpus": 2, "pp": 0}, "--pp must be an integer >= 1"),
-        ({"gpus": 4, "pp": 2}, "--pp 2 needs --gpus 2"),
+        ({"gpus": 4, "pp": 2}, "--pp 2 --gpus 4 leaves 2 data-parallel ranks per stage"),
         ({"gpus": 2, "pp": 2, "microbatches": 1}, "1f1b needs --microbatches >= --pp 2"),
         ({"gpus": 2, "pp": 2, "pp_schedule": "loopedbfs"}, "loopedbfs is not modelled"),
         (
@@ -55,8 +55,8 @@ RNG_STATE = 5056  # torch.get_rng_state().numel(): the CPU generator's state, by
         ),
         ({"gpus": 2, "pp": 2, "pp_schedule": "zbvzerobubble"}, "zbvzerobubble is not modelled"),
         ({"gpus": 2, "pp": 2, "pp_schedule": "bogus"}, "unknown --pp-schedule 'bogus'"),
-        ({"gpus": 4, "pp": 2, "tp": 2}, "--pp 2 with --tp 2 is not modelled yet"),
-        ({"gpus": 4, "pp": 2, "sharding": "fsdp"}, "--pp 2 with --sharding fsdp is not"),
+        ({"gpus": 4, "pp": 2, "tp": 2}, None),  # PP x TP (test_pipeline_composed.py)
+        ({"gpus": 4, "pp": 2, "sharding": "hsdp"}, "--pp 2 with --sharding hsdp is not"),
         ({"microbatches": 2}, "--microbatches applies to --pp N"),
         ({"gpus": 2, "pp": 2, "grad_accum": 2}, "--pp 2 with --grad-accum 2 is not modelled"),
         ({"gpus": 2, "pp": 2, "checkpointing": "blocks:1"}, "with --checkpointing blocks:1"),

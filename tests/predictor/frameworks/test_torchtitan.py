@@ -444,6 +444,38 @@ mode = "none"
     assert not any("pipeline" in w for w in r.warnings), r.warnings
 
 
+def test_pipeline_with_fsdp_maps_to_pp_sharding_fsdp(write, valid_spec, became):
+    """pipeline_parallel_degree 2 x data_parallel_shard_degree 4 -> --pp 2 --sharding fsdp
+    --gpus 8; fsdp_reshard_after_forward left at torchtitan's "default" -> false under PP
+    (apply_fsdp: not pp_enabled), "always" -> true."""
+    text = """\
+[model]
+name = "llama3"
+flavor = "8B"
+[training]
+local_batch_size = 8
+seq_len = 2048
+[parallelism]
+data_parallel_shard_degree = 4
+pipeline_parallel_degree = 2
+[activation_checkpoint]
+mode = "none"
+"""
+    r = read_config(write("ppfsdp.toml", text))
+    opts = {k: r.options[k] for k in ("pp", "gpus", "sharding", "fsdp_reshard_after_forward")}
+    assert opts == {"pp": 2, "gpus": 8, "sharding": "fsdp", "fsdp_reshard_after_forward": False}
+    spec = valid_spec(r)
+    assert (spec.parallel.pp, spec.parallel.dp, spec.parallel.pp_microbatches) == (2, 4, 8)
+    read = next(k for k in r.keys if k.key == "parallelism.fsdp_reshard_after_forward")
+    assert read.default and "not pp_enabled" in read.became
+    assert not any("pipeline" in w for w in r.warnings), r.warnings
+    line = "pipeline_parallel_degree = 2\n"
+    always = text.replace(line, line + 'fsdp_reshard_after_forward = "always"\n')
+    r = read_config(write("always.toml", always))
+    assert valid_spec(r).parallel.reshard_after_forward is True
+    assert became(r)["parallelism.fsdp_reshard_after_forward"].endswith("true")
+
+
 def test_pipeline_defaults_and_what_is_not_modelled(write):
     """torchtitan's defaults (1F1B, micro-batch 1); with data parallelism (shard degree
     -1: every rank left) a warning says the answer takes every rank as a stage; an
