@@ -206,7 +206,7 @@ def _layouts(base: TrainSpec, space: SearchSpace) -> list[dict[str, Any]]:
     product dividing the GPU count), the pipeline schedule and micro-batches, and the
     sharding of the data-parallel ranks left: none where there is one (one GPU, or all of
     them --tp x --pp ranks), each other sharding where there are several. Layouts the
-    spec refuses (e.g. --pp with --tp, not modelled) are left out by `variants`."""
+    spec refuses (e.g. --pp with hsdp, not modelled) are left out by `variants`."""
     p = base.parallel
     out = []
     for n in sorted(set(space.gpus or [p.gpus])):

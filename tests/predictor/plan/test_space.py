@@ -205,9 +205,9 @@ def test_layout_costs_bubble_and_tp_traffic_and_work_share():
 
 def test_the_layouts_the_spec_refuses_are_named_once_per_reason():
     refused: dict[str, str] = {}
-    space = SearchSpace(checkpointing=["none", "full"], gpus=[4], sharding=["fsdp"], pp=[1, 2])
-    trains = variants(TrainSpec.of(gpus=4, sharding="fsdp"), space, refused)
+    space = SearchSpace(checkpointing=["none", "full"], gpus=[4], sharding=["hsdp"], pp=[1, 2])
+    trains = variants(TrainSpec.of(gpus=4, sharding="hsdp"), space, refused)
     assert {t.parallel.pp for t in trains} == {1}
     ((why, where),) = refused.items()  # two checkpointing choices, one reason
-    assert why.startswith("--pp 2 with --sharding fsdp is not modelled yet")
-    assert where.startswith("gpus=4 tp=1 pp=2 sharding=fsdp")
+    assert why.startswith("--pp 2 with --sharding hsdp is not modelled yet")
+    assert where.startswith("gpus=4 tp=1 pp=2 sharding=hsdp")
