@@ -14,7 +14,7 @@ from typing import Any
 
 from memgnn.serving.client import free_port
 
-__all__ = ["spawn_ranks"]
+__all__ = ["set_aside_staged", "spawn_ranks"]
 
 
 def spawn_ranks(
@@ -33,3 +33,25 @@ def spawn_ranks(
             p.kill()
         assert p.exitcode == 0, f"rank {r} exited with {p.exitcode} (timeout {timeout} s)"
     return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def set_aside_staged(rec: Any, registered: int) -> list[int]:
+    """gloo's reduce-scatter stages a clone of its input on gloo's worker thread, which no
+    dispatch mode there sees (capture counts it as the collective's scratch, `comm_hooks`):
+    the recorder meets it first when the main thread splits it into the shards it copies
+    back, as if alive from the start. The worker thread may free it after the main thread
+    has moved on (a loaded CI run: the free landed on a later node than the copy), so a
+    clone is known by being met first as an input, not by the node that freed it. Those
+    storages of `rec` (a StepRecorder; past the `registered` state) are zeroed here and
+    their bytes returned. (AdamW's step counters, `torch.tensor(0.0)`, are met first too,
+    as lifted constants: real, kept.)"""
+    first_use: dict[int, str] = {}
+    for node in rec.nodes:
+        for uid in node.inputs:
+            first_use.setdefault(uid, node.op)
+    staged = []
+    for s in rec.storages[registered:]:
+        if s.alloc_node == -1 and first_use.get(s.uid) not in (None, "lift_fresh.default"):
+            staged.append(s.nbytes)
+            s.nbytes = 0
+    return staged

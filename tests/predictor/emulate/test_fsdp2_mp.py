@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_ranks import spawn_ranks
+from gloo_ranks import set_aside_staged, spawn_ranks
 from memgnn.dataset.cpu_backend import profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.ir.vocab import CATEGORIES
@@ -147,23 +147,7 @@ def _rank(rank: int, port: int, out: str, options: dict[str, str]) -> None:
             with rec, unrecorded_propagation():
                 step.run(SIZES, ShardedObserver(rec, step.model), steps=step_plan(train)[1])
         rec.close()
-    # gloo's reduce-scatter stages a clone of its input on gloo's worker thread, which no
-    # dispatch mode there sees (capture counts it as the collective's scratch, `comm_hooks`):
-    # the recorder meets it first when the main thread splits it into the shards it copies
-    # back, as if alive from the start. The worker thread may free it after the main thread
-    # has moved on (a loaded CI run: the free landed on a later node than the copy), so a
-    # clone is known by being met first as an input, not by the node that freed it. Those
-    # storages are set aside here, their bytes reported. (AdamW's step counters,
-    # `torch.tensor(0.0)`, are met first too, as lifted constants: real, kept.)
-    first_use: dict[int, str] = {}
-    for node in rec.nodes:
-        for uid in node.inputs:
-            first_use.setdefault(uid, node.op)
-    staged = []
-    for s in rec.storages[registered:]:
-        if s.alloc_node == -1 and first_use.get(s.uid) not in (None, "lift_fresh.default"):
-            staged.append(s.nbytes)
-            s.nbytes = 0
+    staged = set_aside_staged(rec, registered)  # gloo's staging clones
     params = {str(p.dtype) for p in step.model.parameters()}
     interner = ExprInterner()
     path = path_from_recorder(rec, [], interner, {}, None)

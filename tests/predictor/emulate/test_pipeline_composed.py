@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_ranks import spawn_ranks
+from gloo_ranks import set_aside_staged, spawn_ranks
 from memgnn.dataset.cpu_backend import profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.emulate.pipeline import stage_bundle
@@ -185,19 +185,7 @@ def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
             with rec, unrecorded_propagation():
                 step.run(SIZES, ShardedObserver(rec, step.model), steps=step_plan(train)[1])
         rec.close()
-    # gloo's reduce-scatter stages a clone of its input on its worker thread, unseen by any
-    # dispatch mode there (capture counts it as the collective's scratch, `comm_hooks`): the
-    # recorder meets it first as an input; set aside, its bytes reported (as
-    # tests/predictor/emulate/test_fsdp2_mp.py does)
-    first_use: dict[int, str] = {}
-    for node in rec.nodes:
-        for uid in node.inputs:
-            first_use.setdefault(uid, node.op)
-    staged = []
-    for s in rec.storages[registered:]:
-        if s.alloc_node == -1 and first_use.get(s.uid) not in (None, "lift_fresh.default"):
-            staged.append(s.nbytes)
-            s.nbytes = 0
+    staged = set_aside_staged(rec, registered)  # gloo's staging clones
     interner = ExprInterner()
     path = path_from_recorder(rec, [], interner, {}, None)
     graph = StepGraph(
