@@ -253,7 +253,9 @@ def assumption(mode: str, sharding: str = "none") -> str | None:
         f"compile: torch.compile (inductor) of {where}; modelled: what AOTAutograd's min-cut "
         "partitioner saves for backward and recomputes (run on the capture); approximate: "
         "inductor's buffers (fused pointwise intermediates not allocated; its buffer reuse "
-        "and in-kernel scratch not modelled; CUDA and CPU code generation assumed alike); "
+        "and in-kernel scratch not modelled; CUDA and CPU code generation assumed alike; "
+        "where the peak falls inside a compiled backward this under-counts: 5.7% on a tiny "
+        "Llama with checkpointed blocks at S=40, benchmarks/results/compile.md); "
         "a region AOTAutograd cannot trace compiles its child modules (a graph break); "
         "a checkpointed block compiled recomputes its whole forward in backward but for "
         "random ops (dropout), whose values it saves" + wrapped
