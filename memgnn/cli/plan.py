@@ -212,11 +212,6 @@ def _layout(c: dict[str, Any]) -> str:
     return ", ".join(p for p in parts if p) + f" over {c['gpus']} GPUs"
 
 
-def _split(out: dict[str, Any]) -> str:
-    """How the chosen configuration splits over its GPUs (sharding, --tp, --pp)."""
-    return _layout(out["best"])
-
-
 def _stage_line(out: dict[str, Any]) -> str | None:
     """Every pipeline stage's peak and the worst, where the choice is a pipeline."""
     peaks = (out.get("best") or {}).get("stage_peaks") or []
@@ -232,7 +227,7 @@ def decision_lines(out: dict[str, Any], limit: int) -> list[str]:
     then the choice."""
     d = out["decision"]
     cats = d.get("state_by_category") or {}
-    where = f" per rank ({_split(out)})" if out["gpus"] > 1 else ""
+    where = f" per rank ({_layout(out['best'])})" if out["gpus"] > 1 else ""
     share = f"{out['threshold'] * 100:g}% of {fmt_bytes(out['budget_bytes'])}"
     lines = [f"limit {fmt_bytes(limit)} ({share})"]
     if d.get("state_bytes") is not None:
@@ -258,7 +253,7 @@ def decision_lines(out: dict[str, Any], limit: int) -> list[str]:
         f"chosen B={out['batch_size']}, G={out['grad_accum']}, "
         f"{_ckpt_text(out['checkpointing'], out['model'].get('blocks'))}, "
         f"{out['precision']}, optimizer {out['optimizer_impl']}"
-        + (f", {_split(out)}" if out["gpus"] > 1 else "")
+        + (f", {_layout(out['best'])}" if out["gpus"] > 1 else "")
         + f" (global batch {out['global_batch']}): bound {fmt_bytes(p['upper_bound_bytes'])} "
         f"{p['metric']} ({p['method']})"
     )

@@ -28,7 +28,7 @@ from memgnn.predictor.ir.vocab import METHOD_CHOICES
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.plan.search import Candidate, PlanConfig
 from memgnn.predictor.plan.search import plan as search
-from memgnn.predictor.plan.space import SearchSpace, capture_spec, variants
+from memgnn.predictor.plan.space import SearchSpace, capture_key, capture_spec, variants
 from memgnn.predictor.spec.devices import get_profile
 from memgnn.predictor.spec.limits import resolve_limit
 from memgnn.predictor.spec.train import TrainSpec
@@ -159,7 +159,7 @@ def plan(req: PlanRequest, backend: Backend) -> PlanAnswer:
     fields = dict(req.space)
     entries: dict[int, GraphEntry] = {}
     variant_ids: dict[tuple[str, str, bool], str] = {}
-    capture_ids: dict[str, str] = {}  # a capture spec's graph, by repr(spec.flat())
+    capture_ids: dict[str, str] = {}  # each captured graph's id, by `capture_key`
     seconds: dict[str, float] = {}
     bundle = None
     if req.model is not None:
@@ -177,7 +177,7 @@ def plan(req: PlanRequest, backend: Backend) -> PlanAnswer:
             trains = variants(base, SearchSpace(**fields))
         except ValueError as exc:
             raise UserError(str(exc), loc=("space",)) from None
-        captures = len({repr(capture_spec(t).flat()) for t in trains})
+        captures = len({capture_key(t) for t in trains})
         limit = getattr(backend, "max_captures", None)
         if limit is not None and captures > limit:  # each a graph to capture: refuse first
             raise LimitExceeded(
@@ -196,7 +196,7 @@ def plan(req: PlanRequest, backend: Backend) -> PlanAnswer:
             seconds.setdefault(entry.graph_id, round(time.perf_counter() - t0, 3))
             entries[id(entry.graph)] = entry
             variant_ids.setdefault(_variant(train), entry.graph_id)
-            capture_ids[repr(train.flat())] = entry.graph_id
+            capture_ids[capture_key(train)] = entry.graph_id
             return entry.graph
     else:
         base, graph_for = _uploaded(req, backend, fields, entries, variant_ids)
@@ -228,7 +228,7 @@ def plan(req: PlanRequest, backend: Backend) -> PlanAnswer:
         return c.to_dict() | {
             "limit_bytes": cfg.limit,
             "under_threshold": c.bound_bytes <= cfg.limit,
-            "graph_id": (c.train and capture_ids.get(repr(capture_spec(c.train).flat())))
+            "graph_id": (c.train and capture_ids.get(capture_key(c.train)))
             or variant_ids.get(variant, ""),
         }
 

@@ -33,6 +33,7 @@ from memgnn.predictor.memory.places import place_peaks
 from memgnn.predictor.plan.decision import decide
 from memgnn.predictor.plan.space import (
     SearchSpace,
+    capture_key,
     capture_spec,
     cost,
     offload_cost,
@@ -267,16 +268,17 @@ def plan(
     trains = variants(base, space, spec_refused)
     refusals: dict[str, tuple[str, UserError]] = {}  # by capture: (its options, why)
     for train in trains:
-        key = repr(capture_spec(train).flat())
+        key = capture_key(train)
         if key in refusals:
             continue
         if key not in graphs:
+            spec = capture_spec(train)
             try:
-                graphs[key] = graph_for(capture_spec(train))
+                graphs[key] = graph_for(spec)
             except UserError as exc:  # e.g. --pp stages that do not split the blocks evenly
                 if isinstance(exc, LimitExceeded) or getattr(exc, "status", None) == 503:
                     raise
-                refusals[key] = (_layout_text(capture_spec(train)), exc)
+                refusals[key] = (_layout_text(spec), exc)
                 continue
         prober = _Prober(model, graphs[key], space, cfg, exact)
         b = largest_batch(prober, space.max_batch, space.mode, space.power_of_two)

@@ -19,6 +19,7 @@ from memgnn.predictor.spec.train import TrainSpec
 
 __all__ = [
     "SearchSpace",
+    "capture_key",
     "capture_spec",
     "cost",
     "layouts",
@@ -199,6 +200,12 @@ def offload_cost(kind: str, host_bytes: int, parameters: int, tokens: int) -> fl
 def capture_spec(train: TrainSpec) -> TrainSpec:
     """The spec whose captured graph answers `train`: G >= 2 as G = 2 (the same graph)."""
     return train.with_options(grad_accum=min(train.loop.grad_accum, 2))
+
+
+def capture_key(train: TrainSpec) -> str:
+    """The key of the captured graph that answers `train` (its `capture_spec`'s options):
+    configurations with the same key share one capture."""
+    return repr(capture_spec(train).flat())
 
 
 def _layouts(base: TrainSpec, space: SearchSpace) -> list[dict[str, Any]]:
