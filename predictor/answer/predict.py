@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "MAX_BYTES",
     "answer_entry",
+    "autocast_gather",
     "autocast_gather_warnings",
     "model_info",
     "precision_warning",
@@ -219,6 +220,19 @@ def precision_warning(
     )
 
 
+def autocast_gather(train: TrainSpec) -> tuple[str | None, str]:
+    """(the low precision autocast casts FSDP2's all-gathered float32 weights to, or None;
+    why none): autocast over FSDP2 without a MixedPrecisionPolicy (see
+    `autocast_gather_warnings`)."""
+    if train.parallel.sharding not in ("fsdp", "hsdp"):
+        return None, f"not FSDP2 (--sharding {train.parallel.sharding})"
+    if not train.numerics.precision.startswith("amp-"):
+        return None, f"--precision {train.numerics.precision} gathers its weights as they are"
+    if train.parallel.fsdp_param_dtype != "none":
+        return None, f"FSDP2 gathers {train.parallel.fsdp_param_dtype} already"
+    return train.numerics.precision.removeprefix("amp-"), ""
+
+
 def autocast_gather_warnings(train: TrainSpec | None, info: dict[str, Any] | None) -> list[str]:
     """Autocast over FSDP2 without a MixedPrecisionPolicy: the gathered float32 weights are
     cast per use, and autocast's weight-cast cache (leaf parameters that require grad)
@@ -227,10 +241,8 @@ def autocast_gather_warnings(train: TrainSpec | None, info: dict[str, Any] | Non
     (without checkpointing autograd saves them too; tests/predictor/answer/test_predict.py
     checks it on a real CPU FSDP2 step). The capture runs PyTorch's autocast, so the
     figure includes them; this says why and what avoids it."""
-    if train is None or train.parallel.sharding not in ("fsdp", "hsdp"):
-        return []
-    low = train.numerics.precision.removeprefix("amp-")
-    if low == train.numerics.precision or train.parallel.fsdp_param_dtype != "none":
+    low = autocast_gather(train)[0] if train is not None else None
+    if low is None:
         return []
     params = int((info or {}).get("parameters") or 0)
     size = f" (up to 2 B x {params:,} parameters = {2 * params:,} B)" if params else ""

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from memgnn.predictor.answer.predict import autocast_gather
 from memgnn.predictor.answer.types import Answer, PredictRequest, QueryConfig
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.plan.space import cost, offload_cost
@@ -126,13 +127,10 @@ def _candidates(
 def _fsdp_mixed_precision(train: TrainSpec) -> tuple:
     """FSDP2's MixedPrecisionPolicy (bf16/fp16 gathers, fp32 reduce: torchtitan's) in place
     of autocast alone, whose weight-cast cache holds every gathered weight's cast."""
-    name, low = "fsdp_mixed_precision", train.numerics.precision.removeprefix("amp-")
-    if train.parallel.sharding not in ("fsdp", "hsdp"):
-        return name, f"not FSDP2 (--sharding {train.parallel.sharding})"
-    if not train.numerics.precision.startswith("amp-"):
-        return name, f"--precision {train.numerics.precision} gathers its weights as they are"
-    if train.parallel.fsdp_param_dtype != "none":
-        return name, f"FSDP2 gathers {train.parallel.fsdp_param_dtype} already"
+    name = "fsdp_mixed_precision"
+    low, why = autocast_gather(train)
+    if low is None:
+        return name, why
     return (name, f"FSDP2 MixedPrecisionPolicy(param_dtype={low}, reduce_dtype=fp32)",
             {"fsdp_param_dtype": low, "fsdp_reduce_dtype": "fp32"}, None, None)  # fmt: skip
 
