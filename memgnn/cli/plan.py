@@ -34,6 +34,7 @@ from memgnn.cli.options import (
 from memgnn.cli.render import compile_lines, config_lines, fmt_bytes, loop_line, model_line
 from memgnn.predictor.answer.backend import LocalBackend
 from memgnn.predictor.answer.plan import PlanRequest, plan
+from memgnn.predictor.emulate.parallel import worst_stage
 from memgnn.predictor.errors import UserError
 from memgnn.predictor.ir.vocab import METRICS, SEARCH_MODES
 from memgnn.predictor.plan.space import layouts
@@ -217,9 +218,8 @@ def _stage_line(out: dict[str, Any]) -> str | None:
     peaks = (out.get("best") or {}).get("stage_peaks") or []
     if len(peaks) < 2:
         return None
-    worst = max(range(len(peaks)), key=lambda k: (peaks[k], -k))
     each = ", ".join(f"{k}: {fmt_bytes(v)}" for k, v in enumerate(peaks))
-    return f"stages {each} (worst: stage {worst})"
+    return f"stages {each} (worst: stage {worst_stage(peaks)})"
 
 
 def decision_lines(out: dict[str, Any], limit: int) -> list[str]:

@@ -107,6 +107,7 @@ __all__ = [
     "parallelize",
     "resident_tensors",
     "ShardedObserver",
+    "worst_stage",
     "zero_optimizer",
 ]
 
@@ -476,6 +477,11 @@ def annotate(
     return breakdown
 
 
+def worst_stage(peaks: list[int]) -> int:
+    """The stage with the largest peak (the first of equals), of peaks by stage."""
+    return max(range(len(peaks)), key=lambda k: (peaks[k], -k))
+
+
 def _stage_peaks(paths: list[dict[str, Any]]) -> dict[str, Any]:
     """{stage_peak_bytes, worst_stage, rank, rank_stages} from the per-rank paths of a
     pipeline (`emulate.pipeline`): path k is pipeline rank k (global rank k x dp x tp
@@ -494,6 +500,8 @@ def _stage_peaks(paths: list[dict[str, Any]]) -> dict[str, Any]:
         ranks[cond["stage"]] = int(cond.get("rank", cond["stage"]))
     if not peaks:
         return {}
-    worst = max(peaks, key=lambda k: (peaks[k], -k))
-    return {"stage_peak_bytes": [peaks[k] for k in sorted(peaks)], "worst_stage": worst,
+    stages = sorted(peaks)
+    by_stage = [peaks[k] for k in stages]
+    worst = stages[worst_stage(by_stage)]
+    return {"stage_peak_bytes": by_stage, "worst_stage": worst,
             "rank": ranks[worst], "rank_stages": [held[k] for k in sorted(held)]}  # fmt: skip
