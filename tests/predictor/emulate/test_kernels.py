@@ -249,6 +249,17 @@ class _ChunkedSolve(torch.nn.Module):
         return u.sum()
 
 
+def _sequence_bundle(name: str, build: type[torch.nn.Module]) -> ModelBundle:
+    """A test model over one (B, S, 16) input `x`, its output the loss (B=3, S=10 traced)."""
+    return ModelBundle(
+        name=name, family="test", build=build,
+        make_inputs=lambda s, device, float_dtype=torch.float32: {
+            "x": torch.randn(s["B"], s["S"], 16, device=device, dtype=float_dtype)
+        },
+        loss=lambda m, i: m(i["x"]), dims={"B": 3, "S": 10},
+    )  # fmt: skip
+
+
 @pytest.mark.slow  # real and simulated steps at three sizes, ~10 s
 def test_symbolic_pads_and_triangular_solves_capture_as_the_cpu_runs_them():
     """Both ops' fake rules need concrete sizes (the pad `(C - S % C) % C`, the solve's
@@ -256,13 +267,7 @@ def test_symbolic_pads_and_triangular_solves_capture_as_the_cpu_runs_them():
     equals a real CPU step, to the byte, at sizes the capture did not see."""
     from memgnn.dataset.profile import ProfileConfig, profile
 
-    bundle = ModelBundle(
-        name="chunked-solve", family="test", build=_ChunkedSolve,
-        make_inputs=lambda s, device, float_dtype=torch.float32: {
-            "x": torch.randn(s["B"], s["S"], 16, device=device, dtype=float_dtype)
-        },
-        loss=lambda m, i: m(i["x"]), dims={"B": 3, "S": 10},
-    )  # fmt: skip
+    bundle = _sequence_bundle("chunked-solve", _ChunkedSolve)
     train = TrainSpec.of(optimizer="sgd", steps="first")
     graph = capture(bundle, train, CaptureConfig(target="cpu"))
     ops = list(graph.paths[0].nodes["op"])
@@ -298,13 +303,7 @@ def test_negative_and_constant_pads_keep_sizes_symbolic_and_equal_a_real_cpu_ste
     equals a real CPU step to the byte."""
     from memgnn.dataset.profile import ProfileConfig, profile
 
-    bundle = ModelBundle(
-        name="time-shift", family="test", build=_TimeShift,
-        make_inputs=lambda s, device, float_dtype=torch.float32: {
-            "x": torch.randn(s["B"], s["S"], 16, device=device, dtype=float_dtype)
-        },
-        loss=lambda m, i: m(i["x"]), dims={"B": 3, "S": 10},
-    )  # fmt: skip
+    bundle = _sequence_bundle("time-shift", _TimeShift)
     train = TrainSpec.of(optimizer="sgd", steps="first")
     graph = capture(bundle, train, CaptureConfig(target="cpu"))
     assert graph.guards == []  # neither B nor S pinned
