@@ -31,6 +31,7 @@ from memgnn.predictor.capture.progress import StepProgress
 from memgnn.predictor.capture.replicate import replicate
 from memgnn.predictor.capture.step import TrainingStep, step_plan
 from memgnn.predictor.emulate.attention import check_attention, unpacked_positions
+from memgnn.predictor.emulate.compile import region_aliases
 from memgnn.predictor.emulate.cuda_kernels import cuda_dropout, cuda_kernel_hooks
 from memgnn.predictor.emulate.flash_attn import flash_scratch, hf_flash_kernels
 from memgnn.predictor.emulate.float8 import check_float8
@@ -419,8 +420,9 @@ def _assemble(bundle: ModelBundle, train: TrainSpec, cfg: CaptureConfig, sizes, 
                 if src not in guards:
                     guards.append(src)
         if env is not None:
+            aliases = region_aliases(env)
             for g in env.guards:
-                src = sympy_to_source(env.replace(g.expr), names)
+                src = sympy_to_source(env.replace(g.expr).xreplace(aliases), names)
                 if src not in guards:
                     guards.append(src)
             for src in _specialized(env, names, sizes):

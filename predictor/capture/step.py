@@ -142,6 +142,7 @@ def _apply_checkpointing(blocks: list[nn.Module], train: TrainSpec) -> list[nn.M
             return checkpoint(_inner, *args, use_reentrant=False, **extra, **kwargs)
 
         forward.checkpointed = inner  # what a compiled region traces (emulate.compile)
+        forward.context_fn = extra.get("context_fn")
         block.forward = forward
     return chosen
 

@@ -2,16 +2,21 @@
 blocks`, the regional compilation torchtune and torchtitan apply), run under capture.
 
 What a compiled region holds for backward is decided by AOTAutograd: it traces the joint
-forward + backward graph (with inductor's decompositions) and splits it with the min-cut
-partitioner (`min_cut_rematerialization_partition`, as inductor calls it), which saves some
-activations and recomputes cheap (pointwise) ones in backward. Capture runs exactly that:
-`aot_function` with the same decompositions and partitioner on the capture's fake
-tensors, so the forward really saves only the partitioner's choice and the backward really
-recomputes the rest (`Region`).
+forward + backward graph (with inductor's decompositions) and splits it with inductor's
+partition function (its joint-graph passes, then the min-cut partitioner), which saves
+some activations and recomputes cheap (pointwise) ones in backward. Capture runs exactly
+that: `aot_function` with the same decompositions and `compile_fx.partition_fn` on the
+capture's fake tensors, so the forward really saves only the partitioner's choice and the
+backward really recomputes the rest (`Region`). A checkpointed block is traced as
+AOTAutograd traces dynamo's `tag_activation_checkpoint`: under non-reentrant `checkpoint`
+whose selective-checkpoint dispatch mode tags each forward op for the partitioner (plain
+checkpointing: prefer recomputing every op; `--checkpointing selective-op`: torchtitan's
+policy, `emulate.selective`).
 
-What inductor then allocates is approximated (`predictor.emulate.inductor.run_fused`:
-fused intermediates are no allocations). The real step (not fake) runs `torch.compile`
-itself.
+What inductor then allocates is inductor's own: each partitioned graph is lowered and
+scheduled by inductor and its generated wrapper (buffers, reuse, frees) is run on the
+capture's tensors (`predictor.emulate.inductor`). The real step (not fake) runs
+`torch.compile` itself.
 
 Under `--sharding fsdp` (FSDP2) or `ddp` each block is compiled first and wrapped after, as
 torchtitan applies compile before `fully_shard`: the wrapper's hooks (FSDP2's all-gather
@@ -27,68 +32,89 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 
 import torch
-from memgnn.predictor.emulate.inductor import materialised, run_fused, run_graph
+from memgnn.predictor.emulate.inductor import lower, run_graph
+from memgnn.predictor.ir.recorder import recorded
 from torch import fx, nn
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 log = logging.getLogger(__name__)
 
 
-# random ops (dropout's draws); attention kernels with a dropout_p argument are not here
-_RANDOM = {
-    "rand", "rand_like", "randn", "randn_like", "bernoulli", "native_dropout", "randint",
-    "randint_like", "normal", "uniform", "exponential", "multinomial",
-}  # fmt: skip
+def _checkpointed(inner: Callable[..., Any], context_fn: Callable[..., Any] | None):
+    """`inner` under non-reentrant `checkpoint`, as AOTAutograd traces dynamo's
+    `tag_activation_checkpoint` (torch/_higher_order_ops/wrap.py): the region's forward
+    ops tagged for the partitioner by PyTorch's selective-checkpoint dispatch mode, with
+    `context_fn`'s policy (torchtitan's op-level SAC) or, for plain checkpointing, one that
+    prefers recomputing every op; RNG state not stashed (inductor handles random ops)."""
+    import torch.fx.traceback as fx_traceback
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    make = context_fn or functools.partial(
+        create_selective_checkpoint_contexts, _always_prefer_recompute
+    )
+
+    def context() -> Any:
+        forward, recompute = make()
+        forward.ac_graph_id = next(_AC_GRAPH_IDS)  # one region, one id (as dynamo numbers)
+        return forward, recompute
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with fx_traceback.preserve_node_meta():
+            return checkpoint(
+                inner, *args, use_reentrant=False, preserve_rng_state=False,
+                context_fn=context, early_stop=False, **kwargs,
+            )  # fmt: skip
+
+    return run
 
 
-def _random(node: fx.Node) -> bool:
-    """A random op (dropout's mask): without functionalized RNG, inductor does not
-    recompute it, even in a checkpointed region; its output is saved."""
-    packet = getattr(node.target, "overloadpacket", None)
-    return getattr(packet, "__name__", "") in _RANDOM
+_AC_GRAPH_IDS = itertools.count(1)
 
 
-def _partition(checkpointed: bool) -> Callable[..., Any]:
-    """Inductor's partitioner; for a checkpointed region, with every forward node of the
-    joint graph tagged must-recompute, as dynamo tags the ops of a `checkpoint` region
-    for it: the forward then saves only what recomputing needs (the region's inputs)."""
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
+def _inductor_partition(joint: fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
+    """Inductor's own partition function: its joint-graph passes (among them
+    `replace_random_passes`: a random op becomes a seeded `inductor_random`, recomputed in
+    backward from the saved seed where checkpointing asks) and then the min-cut
+    partitioner, under the trace's fake mode as `compile_fx` runs it."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.compile_fx import partition_fn
+    from torch._inductor.virtualized import V
 
-    base = functools.partial(min_cut_rematerialization_partition, compiler="inductor")
-    if not checkpointed:
-        return base
+    vals = [n.meta.get("val") for n in joint.graph.nodes if n.op == "placeholder"]
+    with V.set_fake_mode(detect_fake_mode(vals)):
+        return partition_fn(joint, inputs, **kwargs)
 
-    def partition(joint: fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
-        from torch.utils.checkpoint import CheckpointPolicy
 
-        backward: set[fx.Node] = set()
-        for node in joint.graph.nodes:
-            tangent = node.op == "placeholder" and node.name.startswith("tangents")
-            if tangent or any(a in backward for a in node.all_input_nodes):
-                backward.add(node)
-        for node in joint.graph.nodes:
-            if node.op == "call_function" and node not in backward and not _random(node):
-                node.meta["recompute"] = CheckpointPolicy.MUST_RECOMPUTE
-                node.meta["ac_graph_id"] = 0
-        return base(joint, inputs, **kwargs)
+def _always_prefer_recompute(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
 
-    return partition
+    return CheckpointPolicy.PREFER_RECOMPUTE
 
 
 class Region:
     """One compiled region: `module`'s forward (`inner`) through AOTAutograd with
     inductor's decompositions and min-cut partitioner, compiled once per input signature
-    (as dynamo would, with dynamic sizes) and run with `run_fused`."""
+    (as dynamo would, with dynamic sizes) and run as inductor's generated wrapper."""
 
-    def __init__(self, module: nn.Module, inner: Callable[..., Any], *, checkpointed: bool = False):
-        self.module, self.inner = module, inner
-        self.checkpointed = checkpointed  # its forward wrapped in activation checkpointing
+    def __init__(
+        self,
+        module: nn.Module,
+        inner: Callable[..., Any],
+        *,
+        checkpointed: bool = False,
+        context_fn: Callable[..., Any] | None = None,
+        eager: Callable[..., Any] | None = None,
+    ):
+        self.module, self.inner = module, eager or inner  # `inner` run eagerly
+        # its forward wrapped in activation checkpointing (`context_fn`: selective)
+        self.traced = _checkpointed(inner, context_fn) if checkpointed else inner
         self.cache: dict[Any, Any] = {}
         self.broken = False  # a graph break: run eagerly, children compiled
         self.tracing = False
@@ -96,7 +122,7 @@ class Region:
     def _fn(self, spec: Any, leaves: list[Any], where: list[int], names: list[str]):
         from torch.nn.utils.stateless import _reparametrize_module
 
-        module, inner, n = self.module, self.inner, len(names)
+        module, inner, n = self.module, self.traced, len(names)
         # the first call's tensors are the trace's inputs, not held by the compiled region
         leaves = [None if isinstance(x, torch.Tensor) else x for x in leaves]
 
@@ -132,9 +158,9 @@ class Region:
         if compiled is None:
             compiled = aot_function(
                 self._fn(spec, leaves, where, list(state)),
-                fw_compiler=self._compiler,
-                bw_compiler=self._compiler,
-                partition_fn=_partition(self.checkpointed),
+                fw_compiler=functools.partial(self._compiler, backward=False),
+                bw_compiler=functools.partial(self._compiler, backward=True),
+                partition_fn=_inductor_partition,
                 decompositions=select_decomp_table(),
                 num_params_buffers=len(state),
                 dynamic=True,
@@ -148,7 +174,7 @@ class Region:
                     raise
                 self._graph_break(exc)
                 return self.inner(*args, **kwargs)
-        with unrecorded():  # AOTAutograd's runtime; `run_fused` records the kernels
+        with unrecorded():  # AOTAutograd's runtime; the wrapper's run records the kernels
             return compiled(*state.values(), *tensors)
 
     def _trace(self, compiled: Any, state: list[torch.Tensor], tensors: list[Any]) -> None:
@@ -164,13 +190,18 @@ class Region:
         finally:
             self.tracing = False
 
-    def _compiler(self, gm: fx.GraphModule, example_inputs: Any) -> Callable[..., Any]:
-        kept = materialised(gm)
+    def _compiler(
+        self, gm: fx.GraphModule, example_inputs: Any, *, backward: bool
+    ) -> Callable[..., Any]:
+        """Inductor's generated wrapper for the graph (`emulate.inductor.lower`), run on the
+        capture's tensors; the tracing call runs the graph itself, unrecorded."""
+        code = lower(gm, list(example_inputs), backward=backward)
 
         def call(args: list[Any]) -> Any:
             if self.tracing:  # the tracing call's own run: not the step's
-                return run_graph(gm, kept, args, None)
-            return run_fused(gm, kept, args)
+                return run_graph(gm, args)
+            with recorded():
+                return code.run(args)
 
         call._boxed_call = True  # type: ignore[attr-defined]
         return call
@@ -212,8 +243,43 @@ def _data_dependent(exc: BaseException | None) -> bool:
 
 
 def _like(t: torch.Tensor) -> torch.Tensor:
-    fresh = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    """A fresh tensor like `t`. A size that is an expression of the capture's symbols (a
+    chunk of the sequence: `B*((S+7)//8)`) gets a symbol of its own, as dynamo gives each
+    dynamic input dimension one: inductor's wrapper reads its symbols from its inputs'
+    sizes, and this one it could not read back."""
+    sizes = [_own_symbol(d) for d in t.shape]
+    if all(a is b for a, b in zip(sizes, t.shape, strict=True)):
+        fresh = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    else:
+        fresh = torch.empty(sizes, dtype=t.dtype, device=t.device)
     return fresh.requires_grad_(t.requires_grad)
+
+
+def _own_symbol(size: Any) -> Any:
+    import sympy
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    if not isinstance(size, torch.SymInt) or isinstance(size.node.expr, sympy.Symbol):
+        return size
+    env, hint = size.node.shape_env, size.node.hint
+    if hint is None:  # unbacked: nothing to give a fresh symbol
+        return size
+    name = f"memgnn_region_dim{next(_DIM_IDS)}"
+    sym = env.create_symbol(hint, ConstantSource(name), dynamic_dim=DimDynamic.DYNAMIC)
+    _ALIASES.setdefault(id(env), {})[sym] = size.node.expr
+    return env.create_symintnode(sym, hint=hint)
+
+
+_DIM_IDS = itertools.count()
+_ALIASES: dict[int, dict[Any, Any]] = {}  # id(shape env) -> {region symbol: expression}
+
+
+def region_aliases(env: Any) -> dict[Any, Any]:
+    """The symbols compiled regions gave their inputs' compound sizes in `env`, each with
+    the expression of the capture's symbols it stands for (a guard inductor's lowering
+    records on one is a guard on that expression)."""
+    return _ALIASES.get(id(env), {})
 
 
 @contextlib.contextmanager
@@ -251,14 +317,14 @@ def assumption(mode: str, sharding: str = "none") -> str | None:
     )
     return (
         f"compile: torch.compile (inductor) of {where}; modelled: what AOTAutograd's min-cut "
-        "partitioner saves for backward and recomputes (run on the capture); approximate: "
-        "inductor's buffers (fused pointwise intermediates not allocated; its buffer reuse "
-        "and in-kernel scratch not modelled; CUDA and CPU code generation assumed alike; "
-        "where the peak falls inside a compiled backward this under-counts: 5.7% on a tiny "
-        "Llama with checkpointed blocks at S=40, benchmarks/results/compile.md); "
+        "partitioner saves for backward and recomputes, and the buffers inductor's "
+        "generated wrapper allocates, reuses and frees (both run on the capture); "
+        "approximate: inductor's CPU code generation stands in for its CUDA (Triton) code, "
+        "and kernels' in-kernel scratch is not counted; "
         "a region AOTAutograd cannot trace compiles its child modules (a graph break); "
-        "a checkpointed block compiled recomputes its whole forward in backward but for "
-        "random ops (dropout), whose values it saves" + wrapped
+        "a checkpointed block compiled recomputes in backward what the partitioner "
+        "chooses under the checkpoint's policy (all its forward, or what torchtitan's "
+        "op-level policy does not save)" + wrapped
     )
 
 
@@ -292,10 +358,13 @@ def apply_compile(
     wrapped = {id(b) for b in checkpointed}
     for module in regions:
         inner = module.forward
-        if fake:  # a checkpointed block: its own forward, recomputed by the partitioner
-            ckpt = id(module) in wrapped
-            traced = getattr(inner, "checkpointed", inner) if ckpt else inner
-            module.forward = Region(module, traced, checkpointed=ckpt)
+        if fake and id(module) in wrapped:  # its own forward, under checkpoint when traced
+            module.forward = Region(
+                module, inner.checkpointed, checkpointed=True, eager=inner,
+                context_fn=inner.context_fn,
+            )  # fmt: skip
+        elif fake:
+            module.forward = Region(module, inner)
         else:
             module.forward = torch.compile(inner, dynamic=False)
     return len(regions)

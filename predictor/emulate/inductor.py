@@ -1,111 +1,196 @@
-"""What inductor allocates for a partitioned graph, approximated (`predictor.emulate.compile`
-runs AOTAutograd's partition; this module runs its graphs as inductor's kernels allocate).
+"""What inductor allocates for a partitioned graph, from inductor's own code.
 
-Each graph runs op by op, but the output of a fused op (pointwise, view, an op inductor
-generates inline) is not materialised unless it leaves the graph (a saved tensor, an
-output) or an extern kernel (matmul, convolution, attention, any op inductor falls back
-to) reads it; extern kernels, reductions, concatenations and scatters write buffers.
-Not modelled: inductor's buffer reuse (`reuse` / `inplace` of dead buffers, which only
-lowers the peak), its in-kernel scratch, the joint-graph pattern passes, and differences
-between its CUDA and CPU code generation.
+`lower` runs inductor on one graph of a compiled region as `compile_fx` does (its post-grad
+passes, `GraphLowering` on the capture's fake inputs, the scheduler's fusion, the wrapper's
+memory planning with buffer reuse) up to the generated Python wrapper, and stops before
+any kernel is compiled. `WrapperCode.run` then executes that wrapper on the capture's
+tensors: every `empty_strided_cpu` is a real allocation the recorder sees, every `del` and
+`# reuse` is inductor's, extern kernels (matmul, attention, any fallback op) run as ops,
+and each generated C++ kernel is recorded as one op reading and writing the buffers it is
+passed (its arithmetic is not run: the capture's tensors hold no values).
+
+Inductor generates CPU code here (the capture's tensors are CPU tensors); for a CUDA
+target its Triton code's buffers are assumed to be the same, which the scheduler's fusion
+decides for both.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._pytree import tree_flatten
 
-# ops inductor generates code for and fuses into their consumers (besides `Tag.pointwise`
-# and views); their outputs are not buffers unless something outside the kernel reads them
-_FUSIBLE_NAMES = {
-    "clone", "_to_copy", "expand", "where", "full", "full_like", "zeros", "zeros_like",
-    "ones", "ones_like", "empty", "empty_like", "scalar_tensor", "arange", "iota",
-    "embedding", "index", "gather", "index_select", "rand", "rand_like", "randn_like",
-    "convert_element_type", "lift_fresh_copy", "alias", "copy", "slice_scatter",
-    "select_scatter", "constant_pad_nd", "repeat", "masked_fill", "fill", "tril", "triu",
-}  # fmt: skip
-# ops that write a buffer of their own but whose inputs inductor computes inside the same
-# kernel: reductions (small outputs, the reduced dims), concatenation (producers write into
-# the slices), scatter / index_put (a buffer filled, then written at indices)
-_BUFFERED = {
-    "sum", "mean", "amax", "amin", "max", "min", "var", "var_mean", "prod", "argmax",
-    "argmin", "any", "all", "logsumexp", "std", "cumsum", "cat", "scatter", "scatter_add",
-    "index_put", "_unsafe_index_put", "_unsafe_masked_index_put_accumulate",
-    "index_add", "scatter_reduce",
-}  # fmt: skip
-# metadata: no kernel at all
-_NEUTRAL = {"sym_size", "sym_stride", "sym_numel", "sym_storage_offset"}
+log = logging.getLogger(__name__)
+
+__all__ = ["WrapperCode", "lower", "run_graph"]
+
+_RNG_HOPS = ("run_and_save_rng_state", "run_with_rng_state")
+_KERNEL = re.compile(r"^(\w+) = async_compile\.\w+\(", re.MULTILINE)
+
+
+class WrapperCode:
+    """Inductor's generated wrapper for one graph, runnable on the capture's tensors."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.kernels = _KERNEL.findall(source)
+
+    @functools.cached_property
+    def _call(self) -> Callable[[list[Any]], Any]:
+        from unittest import mock
+
+        namespace: dict[str, Any] = {"__name__": "memgnn_inductor_wrapper"}
+        source = self.source
+        for hop in _RNG_HOPS:  # the RNG-state wrappers: the op, its state a host tensor
+            source = source.replace(f"torch.ops.higher_order.{hop}(", f"_{hop}(")
+            namespace[f"_{hop}"] = _rng_op(getattr(torch.ops.higher_order, hop))
+        with mock.patch("torch._inductor.async_compile.AsyncCompile", _NoCompile):
+            exec(compile(source, "<inductor wrapper>", "exec"), namespace)
+        namespace.update(
+            empty_strided_cpu=_empty_strided,
+            empty_strided_cpu_pinned=_empty_strided,
+            empty_strided_cuda=_empty_strided,
+            empty_strided=_empty_strided,
+            reinterpret_tensor=_reinterpret,
+            assert_size_stride=_nothing,
+            assert_alignment=_nothing,
+            run_intermediate_hooks=_nothing,
+        )
+        for name in self.kernels:
+            namespace[name] = functools.partial(_kernel, name)
+        return namespace["call"]
+
+    def run(self, args: list[Any]) -> Any:
+        """Run the wrapper (boxed: it clears `args` and frees each input after its last
+        use, as inductor's generated code does)."""
+        return self._call(args)
+
+
+class _NoCompile:
+    """`AsyncCompile` for a wrapper that is run, not compiled: kernel sources are kept as
+    names only."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+    def wait(self, scope: dict[str, Any]) -> None:
+        pass
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _empty_strided(size: Any, stride: Any, dtype: torch.dtype, device: Any = None) -> Any:
+    return torch.empty_strided(tuple(size), tuple(stride), dtype=dtype, device="cpu")
+
+
+def _reinterpret(base: torch.Tensor, size: Any, stride: Any, offset: Any = 0) -> torch.Tensor:
+    return base.as_strided(tuple(size), tuple(stride), base.storage_offset() + offset)
+
+
+def _kernel(name: str, *args: Any) -> None:
+    """One generated kernel: recorded as an op over the buffers it reads and writes."""
+    rec = _recorder()
+    if rec is not None:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        rec.record_op(f"inductor.{name}", tensors, None)
+
+
+def lower(gm: fx.GraphModule, example_inputs: list[Any], *, backward: bool) -> WrapperCode:
+    """Inductor's wrapper code for `gm` (a partitioned forward or backward graph) on
+    `example_inputs` (the trace's fake tensors), cached by the graph's code and inputs:
+    every repeated block compiles to the same wrapper."""
+    key = (gm.code, backward, tuple(_meta(x) for x in example_inputs))
+    found = _CACHE.get(key)
+    if found is None:
+        found = _CACHE[key] = WrapperCode(_generate(gm, example_inputs, backward))
+    return found
+
+
+_CACHE: dict[Any, WrapperCode] = {}
+
+
+def _meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return (str(x.shape), str(x.stride()), x.dtype, str(x.device))
+    return repr(x)
+
+
+def _generate(gm: fx.GraphModule, example_inputs: list[Any], backward: bool) -> str:
+    from torch._guards import detect_fake_mode
+    from torch._inductor.compile_fx import _recursive_post_grad_passes
+    from torch._inductor.debug import DebugContext
+    from torch._inductor.graph import GraphLowering
+    from torch._inductor.virtualized import V
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    gm = copy.deepcopy(gm)  # the passes rewrite it; the tracing run keeps the original
+    fake = detect_fake_mode(example_inputs)
+    shape_env = fake.shape_env if fake is not None else None
+    # out of every dispatch mode (the capture's recorder), as dynamo compiles
+    with _disable_current_modes(), DebugContext(), V.set_fake_mode(fake):
+        _recursive_post_grad_passes(gm, is_inference=False)
+        graph = GraphLowering(
+            gm, example_inputs=example_inputs, shape_env=shape_env,
+            is_inference=False, is_backward=backward,
+        )  # fmt: skip
+        graph.freeze_runtime_asserts()
+        with V.set_graph_handler(graph), V.set_extern_kernel_nodes([]):
+            graph.run(*example_inputs)
+            wrapper, _kernels = graph.codegen()
+    log.debug(
+        "inductor wrapper (%s): %d lines", "bw" if backward else "fw", wrapper.value.count("\n")
+    )
+    return wrapper.value
+
+
+def run_graph(gm: fx.GraphModule, args: list[Any]) -> Any:
+    """Run a partitioned graph node by node, unrecorded (the tracing call's own run, on
+    fresh inputs); the partitioner's RNG-state wrappers run their op (`_rng_op`). Boxed:
+    `args` is cleared and each value dropped after its last use."""
+    nodes = list(gm.graph.nodes)
+    last: dict[fx.Node, fx.Node] = {}
+    for node in nodes:
+        for a in node.all_input_nodes:
+            last[a] = node
+    dying: dict[fx.Node, list[fx.Node]] = {}
+    for value, user in last.items():
+        dying.setdefault(user, []).append(value)
+    env: dict[fx.Node, Any] = {}
+    inputs = list(args)
+    args.clear()
+    inputs.reverse()
+    result = None
+    for node in nodes:
+        if node.op == "placeholder":
+            value = inputs.pop()
+            if node.users:
+                env[node] = value
+            del value
+        elif node.op == "output":
+            result = fx.node.map_arg(node.args[0], env.__getitem__)
+        elif node.op == "get_attr":
+            env[node] = getattr(gm, node.target)
+        else:
+            a, kw = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
+            rng = _rng_op(node.target)
+            env[node] = (rng or node.target)(*a, **kw)
+            del a, kw
+        for dead in dying.get(node, ()):
+            env.pop(dead, None)
+    return result
 
 
 def _name(target: Any) -> str:
     packet = getattr(target, "overloadpacket", None)
     return getattr(packet, "__name__", "") or getattr(target, "__name__", "")
-
-
-def kind(target: Any) -> str:
-    """How inductor runs an op of a partitioned graph: ``neutral`` (no kernel: Python
-    arithmetic on sizes, `getitem`, size queries), ``fused`` (generated into its
-    consumers' kernel; its output is a buffer only if something outside reads it),
-    ``buffered`` (generated code writing a buffer of its own, its inputs fused into it),
-    ``extern`` (a library kernel, e.g. matmul or attention: inputs and output are buffers;
-    also any op inductor falls back to, and every mutating op)."""
-    if not isinstance(target, torch._ops.OpOverload) or _name(target) in _NEUTRAL:
-        return "neutral"
-    if target._schema.is_mutable:
-        return "extern"
-    name = _name(target)
-    if target.is_view or torch.Tag.pointwise in target.tags or name in _FUSIBLE_NAMES:
-        return "fused"
-    return "buffered" if name in _BUFFERED else "extern"
-
-
-def materialised(gm: fx.GraphModule) -> set[fx.Node]:
-    """The nodes of a partitioned graph whose outputs inductor writes to a buffer: graph
-    outputs (saved tensors, gradients), buffered and extern ops, and what extern ops read
-    (through views, the viewed buffer)."""
-    import operator
-
-    out: set[fx.Node] = set()
-
-    def root(n: Any) -> Any:
-        while (
-            isinstance(n, fx.Node)
-            and isinstance(n.target, torch._ops.OpOverload)
-            and n.target.is_view
-            and n.args
-            and isinstance(n.args[0], fx.Node)
-        ):
-            n = n.args[0]
-        return n
-
-    for node in gm.graph.nodes:
-        if node.op == "output":
-            for a in node.all_input_nodes:
-                r = root(a)
-                if r.op == "call_function":
-                    out.add(r)
-            continue
-        if node.op != "call_function":
-            continue
-        if node.target is operator.getitem:
-            if root(node.args[0]) in out:
-                out.add(node)
-            continue
-        k = kind(node.target)
-        if k in ("buffered", "extern"):
-            out.add(node)
-        # the partitioner's RNG-state wrapper runs a random op (flash attention's dropout,
-        # even at p=0) as a library kernel: what it reads is a buffer too
-        if k == "extern" or _rng_op(node.target) is not None:
-            for a in node.all_input_nodes:
-                r = root(a)
-                if isinstance(r, fx.Node) and r.op == "call_function":
-                    out.add(r)
-    return out
 
 
 def _rng_op(target: Any) -> Callable[..., Any] | None:
@@ -138,67 +223,3 @@ def _recorder() -> Any:
         if isinstance(mode, StepRecorder):
             return mode
     return None
-
-
-def run_fused(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any]) -> Any:
-    """Run a partitioned graph as its fused kernels allocate: nodes in `kept` are recorded
-    (their outputs are buffers), the others run unrecorded (their outputs are values
-    inside a fused kernel and never reach the allocator). Each value is dropped after its
-    last use and the argument list is cleared (inductor's boxed calling convention), so
-    saved activations die inside the backward as soon as it has read them."""
-    from memgnn.predictor.ir.recorder import recorded
-
-    with recorded():
-        return run_graph(gm, kept, args, _recorder())
-
-
-def run_graph(gm: fx.GraphModule, kept: set[fx.Node], args: list[Any], rec: Any) -> Any:
-    """`run_fused` with the recorder given (None: record nothing, e.g. a tracing run)."""
-    from memgnn.predictor.ir.recorder import unrecorded
-
-    nodes = list(gm.graph.nodes)
-    last: dict[fx.Node, fx.Node] = {}
-    for node in nodes:
-        for a in node.all_input_nodes:
-            last[a] = node
-    dying: dict[fx.Node, list[fx.Node]] = {}
-    for value, user in last.items():
-        dying.setdefault(user, []).append(value)
-    env: dict[fx.Node, Any] = {}
-    inputs = list(args)
-    args.clear()  # the graph owns its inputs now: each dies after its last use
-    inputs.reverse()
-    result = None
-    for node in nodes:
-        if node.op == "placeholder":
-            value = inputs.pop()
-            if node.users:
-                env[node] = value
-            del value
-        elif node.op == "output":
-            result = fx.node.map_arg(node.args[0], env.__getitem__)
-        elif node.op == "get_attr":
-            env[node] = getattr(gm, node.target)
-        else:
-            a, kw = fx.node.map_arg((node.args, node.kwargs), env.__getitem__)
-            k = kind(node.target)
-            rng = _rng_op(node.target)
-            if rng is not None:  # the partitioner's RNG-state wrappers of a recomputed op
-                env[node] = rng(*a, **kw)
-            elif rec is None or k == "neutral" or (node in kept and k == "extern"):
-                env[node] = node.target(*a, **kw)
-            else:
-                with unrecorded():
-                    env[node] = node.target(*a, **kw)
-                if node in kept:  # a fused kernel's output buffer, read from what it reads
-                    reads = [
-                        t
-                        for t in tree_flatten((a, kw))[0]
-                        if isinstance(t, torch.Tensor) and rec.uid_of(t) is not None
-                    ]
-                    rec.record_op(f"inductor.fused.{_name(node.target)}", reads, env[node])
-                    del reads
-            del a, kw
-        for dead in dying.get(node, ()):
-            env.pop(dead, None)
-    return result

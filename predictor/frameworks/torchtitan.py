@@ -40,7 +40,7 @@ Key (default) -> memgnn:
 Not modelled (warnings): tensor / context / expert parallel degrees > 1, pipeline with
 replicas (HSDP) or other parallelism,
 memory-budget activation checkpointing (the answer checkpoints nothing), compile with
-sharding or op-level selective checkpointing (the answer is the eager step's), MX
+what memgnn does not model it with (float8; the answer is the eager step's), MX
 converters, float8's FSDP float8 all-gather, CPU offload, the optimizer in backward.
 torchtitan's own model code is captured as transformers' class of the same shapes; newer
 torchtitan shards tok_embeddings and [norm, output] as FSDP groups of their own (memgnn:

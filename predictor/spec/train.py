@@ -1129,7 +1129,7 @@ def _check_compile(train: TrainSpec) -> None:
     if mode == "none":
         return
     why = []
-    if train.activations.checkpointing in ("hf", "selective-op"):
+    if train.activations.checkpointing == "hf":
         why.append(f"--checkpointing {train.activations.checkpointing}")
     elif mode == "full" and train.activations.checkpointing != "none":
         why.append(f"--checkpointing {train.activations.checkpointing} (use --compile blocks)")
@@ -1138,8 +1138,6 @@ def _check_compile(train: TrainSpec) -> None:
         if mode == "full" or sharding not in ("ddp", "fsdp"):
             why.append(f"--sharding {sharding} (--compile blocks runs with ddp and fsdp)")
         else:
-            if train.activations.checkpointing != "none":
-                why.append(f"--checkpointing {train.activations.checkpointing} and --sharding")
             if train.adapter.method != "none":
                 why.append(f"--peft {train.adapter.method} and --sharding")
             if train.parallel.grad_sync != "every":

@@ -4,6 +4,7 @@ allocator, and a captured compiled step is what a real `torch.compile`d CPU step
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -174,18 +175,26 @@ class DropoutMlp(Mlp):
         return x + self.down(F.dropout(torch.tanh(self.up(x)), 0.1, training=True))
 
 
-def test_a_checkpointed_region_still_saves_its_random_values():
-    """Without functionalized RNG inductor does not recompute a random op: a compiled
-    checkpointed block saves what its dropout drew (one B x H tensor), nothing else."""
-    mlp = DropoutMlp()
+def test_a_selectively_checkpointed_region_saves_what_the_policy_saves():
+    """Under torchtitan's op-level policy a compiled checkpointed block keeps the output
+    of every second `aten.mm` (the first of the block's two here: B x H; no biases, as in
+    Llama, so that Linear runs `mm`, not `addmm`), as PyTorch's own selective-checkpoint
+    mode tags it for the partitioner; plain checkpointing keeps nothing but the output."""
+    from memgnn.predictor.emulate.selective import op_sac_context_fn
+
+    torch.manual_seed(0)
+    mlp = Mlp()
+    mlp.up.bias = mlp.down.bias = None
     x = torch.randn(B, D, requires_grad=True)
-    region = Region(mlp, mlp.forward, checkpointed=True)
-    rec = StepRecorder()
-    with rec:
-        out = region(x)
-    new = [u for u in rec._live.values() if rec.storages[u].alloc_node >= 0]
-    saved = [rec.storages[u].nbytes for u in new if u != rec.uid_of(out)]
-    assert len(saved) == 1 and saved[0] in (B * H, B * H * 4)
+    kept = {}
+    for name, context_fn in (("full", None), ("op", op_sac_context_fn)):
+        region = Region(mlp, mlp.forward, checkpointed=True, context_fn=context_fn)
+        rec = StepRecorder()
+        with rec:
+            out = region(x)
+        new = [u for u in rec._live.values() if rec.storages[u].alloc_node >= 0]
+        kept[name] = sorted(rec.storages[u].nbytes for u in new if u != rec.uid_of(out))
+    assert kept == {"full": [], "op": [B * H * 4]}
 
 
 def test_compile_options_are_checked():
@@ -230,24 +239,40 @@ def test_a_graph_break_compiles_the_children():
     assert model.a.up.weight.grad is not None
 
 
+class DropoutStack(Stack):
+    def __init__(self, depth: int = 3):
+        super().__init__(depth)
+        self.layers = nn.ModuleList(DropoutMlp() for _ in range(depth))
+
+
 @pytest.mark.slow
-def test_compiled_blocks_step_equals_a_real_compiled_cpu_step():
+@pytest.mark.parametrize(
+    ("checkpointing", "build", "batch"),
+    [("none", Stack, B), ("full", DropoutStack, 512), ("selective-op", Stack, 512)],
+    ids=["blocks", "blocks-checkpointed-dropout", "blocks-selective-op"],
+)
+def test_compiled_blocks_step_equals_a_real_compiled_cpu_step(checkpointing, build, batch):
     """A real `torch.compile` (inductor, CPU) steady step: torch.profiler's allocator peak
-    plus the state alive before it, against the capture's peak."""
+    plus the state alive before it, against the capture's peak. Checkpointed with dropout,
+    the peak is inside a compiled backward that recomputes the draws from a saved seed:
+    the buffers are inductor's own wrapper's, to the byte."""
     from memgnn.dataset.cpu_backend import profiler_peak
     from memgnn.predictor.capture.step import TrainingStep
     from torch.profiler import ProfilerActivity, profile
 
-    train = TrainSpec.of(compile="blocks", steps="steady")
+    bundle = dataclasses.replace(_stack(), build=build)
+    train = TrainSpec.of(compile="blocks", checkpointing=checkpointing, steps="steady")
     torch._dynamo.reset()
     torch.manual_seed(0)
-    step = TrainingStep(_stack(), train, device=torch.device("cpu"), target="cpu")
-    step.run({"B": B}, steps=(0,))
+    step = TrainingStep(bundle, train, device=torch.device("cpu"), target="cpu")
+    step.run({"B": batch}, steps=(0,))
     before = sum(t.untyped_storage().nbytes() for ts in step.state_tensors().values() for t in ts)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step.run({"B": B}, steps=(1,))
+        step.run({"B": batch}, steps=(1,))
     real = before + profiler_peak(prof)
-    assert _sweep(train).peak_bytes == pytest.approx(real, rel=0.02)
+    graph = capture(bundle, train, CaptureConfig(target="cpu", mode="full"))
+    # unattributed: 12 B more in the real uncheckpointed step at B=16; none checkpointed
+    assert 0 <= real - sweep(graph, {"B": batch}).peak_bytes <= 64
 
 
 class Failing(nn.Module):

@@ -30,6 +30,9 @@ SIZES = {"B": 3, "S": 40}  # an odd batch, not the trace sizes (B=4, S=64)
 # too (`--compile blocks` alone: 3,647,356 real, 3,646,076 predicted): its in-kernel
 # scratch, which `predictor.emulate.inductor` does not model
 SLACK = 2048
+# checkpointed: the partitioner's `run_and_save_rng_state` around attention keeps the
+# generator's state for backward: the CPU generator's 5,056 B here, a host tensor on CUDA
+RNG_STATE = 5056
 
 
 @functools.cache
@@ -56,7 +59,6 @@ def _peak(**kwargs: Any) -> tuple[int, dict[str, int]]:
         ({"sharding": "zero3"}, "--sharding zero3"),
         ({"sharding": "fsdp1"}, "--sharding fsdp1"),
         ({"sharding": "fsdp", "compile": "full"}, "--compile full with --sharding fsdp"),
-        ({"sharding": "fsdp", "checkpointing": "full"}, "--checkpointing full and --sharding"),
         ({"sharding": "ddp", "peft": "lora"}, "--peft lora and --sharding"),
         ({"sharding": "fsdp", "grad_sync": "last"}, "--grad-sync last"),
         ({"sharding": "fsdp", "float8": "rowwise"}, "--float8 rowwise"),
@@ -126,8 +128,11 @@ def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
         {"sharding": "fsdp"},
         {"sharding": "fsdp", "fsdp_reshard_after_forward": False},
         {"sharding": "ddp"},
+        {"sharding": "fsdp", "checkpointing": "selective-op"},
+        {"sharding": "fsdp", "checkpointing": "full"},
+        {"sharding": "ddp", "checkpointing": "full"},
     ],
-    ids=["fsdp", "fsdp-no-reshard", "ddp"],
+    ids=["fsdp", "fsdp-no-reshard", "ddp", "fsdp-selective-op", "fsdp-full-ac", "ddp-full-ac"],
 )
 def test_compiled_blocks_rank_peak_matches_a_real_gloo_run(tmp_path, options):
     """Rank 0's predicted steady-step peak against the real job's ranks, within SLACK (the
@@ -139,12 +144,17 @@ def test_compiled_blocks_rank_peak_matches_a_real_gloo_run(tmp_path, options):
     options = {"gpus": 2, "compile": "blocks", **options}
     ours = _peak(**options)[0]
     eager = _peak(**{**options, "compile": "none"})[0]
-    assert ours < eager - 100_000  # compiling the blocks matters at this size
+    slack = SLACK
+    if "checkpointing" in options:
+        slack += RNG_STATE
+        assert ours != eager  # what the compiled region saves and recomputes is its own
+    else:
+        assert ours < eager - 100_000  # compiling the blocks matters at this size
     real: list[int] = []
     for _attempt in range(3):
         real += spawn_ranks(_rank, tmp_path, options, timeout=900)
-        if 0 <= min(real) - ours <= SLACK:
+        if 0 <= min(real) - ours <= slack:
             break
     log.info("%s: predicted %d, eager %d, real ranks %s", options, ours, eager, real)
-    assert 0 <= min(real) - ours <= SLACK, (ours, real)
+    assert 0 <= min(real) - ours <= slack, (ours, real)
     assert not dist.is_initialized()

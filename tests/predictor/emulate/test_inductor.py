@@ -1,44 +1,53 @@
-"""Inductor's buffers for a partitioned graph (`predictor.emulate.inductor`): which ops
-fuse into their consumers' kernels, and which outputs are buffers."""
+"""Inductor's own wrapper for a partitioned graph (`predictor.emulate.inductor`): lowered,
+scheduled and planned by inductor, then run on the capture's fake tensors."""
 
 from __future__ import annotations
 
 import torch
-from memgnn.predictor.emulate.inductor import kind, materialised, run_fused
+from memgnn.predictor.emulate.inductor import lower
 from memgnn.predictor.ir.recorder import StepRecorder
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+
+def f(a, w):
+    """tanh(a * 2 + 1) @ w, summed after a relu."""
+    return (torch.mm(torch.tanh(a * 2 + 1), w).relu().sum(),)
 
 
 def _graph() -> torch.fx.GraphModule:
-    """tanh(a * 2 + 1) @ w, summed after a relu."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    def f(a, w):
-        return torch.mm(torch.tanh(a * 2 + 1), w).relu().sum()
-
     return make_fx(f)(torch.randn(4, 4), torch.randn(4, 4))
 
 
-def test_fused_intermediates_are_not_buffers():
-    gm = _graph()
-    kinds = {str(n.target): kind(n.target) for n in gm.graph.nodes if n.op == "call_function"}
-    assert kinds["aten.mm.default"] == "extern"
-    assert kinds["aten.tanh.default"] == kinds["aten.mul.Tensor"] == "fused"
-    assert kinds["aten.sum.default"] == "buffered"
-    kept = {str(n.target) for n in materialised(gm)}
-    # the matmul's input (tanh) and output are buffers, the sum's fused relu and the
-    # affine before tanh are not
-    assert kept == {"aten.tanh.default", "aten.mm.default", "aten.sum.default"}
-
-
-def test_only_buffers_reach_the_allocator():
-    """Two buffers (tanh's, the matmul's) and the scalar sum; the affine and relu
-    intermediates are never allocated."""
-    gm = _graph()
-    a, w = torch.randn(64, 32), torch.randn(32, 16)
+def test_only_inductors_buffers_reach_the_allocator():
+    """Inductor fuses the affine into tanh's kernel and the relu into the sum's: three
+    buffers (tanh's, the matmul's output, the scalar), each recorded as it is made; each
+    generated kernel is one op over the buffers it is passed."""
+    mode = FakeTensorMode()
+    with mode:
+        a, w = torch.empty(64, 32), torch.empty(32, 16)
+    code = lower(_graph(), [a, w], backward=False)
+    assert code.source.count("empty_strided_cpu(") >= 3 and len(code.kernels) == 2
     rec = StepRecorder()
-    rec.register([a, w], "input")
-    with rec:
-        out = run_fused(gm, materialised(gm), [a, w])
-    made = sorted(int(rec.storages[u].nbytes) for n in rec.nodes for u in n.new)
-    assert made == [4, 64 * 16 * 4, 64 * 32 * 4]
-    assert out.item() == torch.mm(torch.tanh(a * 2 + 1), w).relu().sum().item()
+    with mode:
+        rec.register([a, w], "input")
+        args = [a, w]
+        with rec:
+            out = code.run(args)
+    assert args == []  # boxed: the wrapper owns its inputs
+    made = [int(rec.storages[u].nbytes) for n in rec.nodes for u in n.new]
+    assert made == [64 * 32 * 4, 64 * 16 * 4, 4]
+    kernels = [n for n in rec.nodes if n.op.startswith("inductor.cpp_fused")]
+    assert len(kernels) == 2 and all(n.inputs for n in kernels)
+    assert out[0].shape == ()
+
+
+def test_repeated_blocks_share_one_wrapper():
+    mode = FakeTensorMode()
+    with mode:
+        a, w = torch.empty(8, 8), torch.empty(8, 8)
+    first = lower(_graph(), [a, w], backward=False)
+    assert lower(_graph(), [a, w], backward=False) is first
+    with mode:
+        other = torch.empty(16, 8)
+    assert lower(_graph(), [other, w], backward=False) is not first

@@ -45,9 +45,11 @@ def test_bad_checkpointing_values_are_refused(value):
         TrainSpec.of(checkpointing=value)
 
 
-def test_compile_with_op_level_selective_checkpointing_is_refused():
-    with pytest.raises(ValueError, match="--compile blocks with --checkpointing selective-op"):
-        TrainSpec.of(compile="blocks", checkpointing="selective-op")
+def test_compile_with_op_level_selective_checkpointing_is_modelled():
+    """Checked against real compiled CPU steps, on one process (tests/predictor/emulate/
+    test_compile.py) and over 2 gloo ranks with FSDP2 (test_compile_sharded.py)."""
+    TrainSpec.of(compile="blocks", checkpointing="selective-op")
+    TrainSpec.of(compile="blocks", checkpointing="selective-op", sharding="fsdp", gpus=2)
 
 
 def test_the_save_list_is_torchtitans():
