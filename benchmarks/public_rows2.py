@@ -28,7 +28,7 @@ from public_rows import (
 REASONS = {
     "contradicts": "the source contradicts itself (reported, not fitted)",
     "compile": "torch.compile with this row's other techniques not modelled (--compile "
-    "blocks is, alone and with ddp/fsdp; not with checkpointing under sharding, float8, "
+    "blocks is, alone and with ddp/fsdp, checkpointing and adapters; not with float8, "
     "offloading or a quantised base)",
     "float8": "float8 training not modelled",
     "tp": "tensor parallel",
@@ -45,6 +45,7 @@ REASONS = {
     "deepspeed": "DeepSpeed ZeRO-Offload not modelled",
     "varlen": "data-dependent length: unpacked alpaca batches, the longest not stated",
     "catalog": "model not in the catalog",
+    "rocm": "an AMD MI300X (ROCm's allocator, not in the device catalog)",
 }
 
 
@@ -176,10 +177,28 @@ TITAN_CONFIGS = "benchmarks/configs/torchtitan/"
 
 def _aof8(k: int, *more: str) -> Row:
     """torchao's float8 table: FSDP2 with MixedPrecisionPolicy(bf16, fp32) and op-level
-    selective checkpointing (both modelled), compiled: not expressible until torch.compile
-    with FSDP is (the config reads with a warning for it)."""
+    selective checkpointing, compiled: not expressible with float8 or MX (torch.compile of
+    float8 is not modelled; the config reads with a warning for it)."""
     return not_row(f"aof8{k}", "compile", *more, extra=AOF8_NOTE,
                    config=f"{TITAN_CONFIGS}aof8{k}.toml")  # fmt: skip
+
+
+AOF8_SRC = "pytorch/ao docs/source/workflows/training.md (float8 / MX training table)"
+
+
+def _aof8_bf16(k: int, device: str, versions: str) -> Row:
+    """The table's bf16 rows (no float8): torchtitan's Llama 3 8B, FSDP2 over 8 GPUs with
+    MixedPrecisionPolicy(bf16, fp32), op-level selective checkpointing, each block compiled,
+    read from the config file."""
+    return row(
+        id=f"aof8{k}", model="hf:meta-llama/Llama-3.1-8B", batch=1, seq=8192,
+        config=f"{TITAN_CONFIGS}aof8{k}.toml", device=device, metric="reserved", unit="GiB",
+        method="replay", source=AOF8_SRC,
+        notes=f"torchtitan's 'memory: X GiB' (max_memory_reserved, max over 100 steps); "
+        f"{versions}; {AOF8_NOTE}; torchtitan's own model code (memgnn captures "
+        "transformers' class of the same shapes); the loss is eager, as torchtitan 0.0.2 "
+        "compiled only the blocks",
+    )  # fmt: skip
 
 
 # fmt: off
@@ -197,7 +216,12 @@ ROWS_2: list[Row] = [
     not_row("ttune5", "compile", "torchao_nf4"),
     not_row("ttune6", "compile",
             extra="its fsdp_cpu_offload alone is expressible (--fsdp-cpu-offload true)"),
-    not_row("ttune7", "compile"),
+    row(id="ttune7", model="hf:meta-llama/Llama-3.1-70B", batch=2, seq=2048,
+        config=CONFIGS + "llama3_1_70B_lora_distributed_sep2024.yaml", gpus=8, sharding="fsdp",
+        device="a100-80gb", metric="allocated", unit="GiB", approximate=True,
+        method="replay", source=TT_SEP + " + recipes/configs/llama3_1/70B_lora.yaml",
+        notes=TORCHTUNE_NOTE + TT_SEP_NOTE + "; lora_finetune_distributed on 8 GPUs (FSDP2 "
+        "on every layer), each layer compiled over its checkpoint"),
     not_row("ttune8", "contradicts", "compile", "torchao_nf4",
             extra="README batch 2 vs the config's batch 1 x accumulation 16"),
     not_row("ttune9", "varlen"),
@@ -275,7 +299,12 @@ ROWS_2: list[Row] = [
     not_row("aoopt16", "compile", "timm"),
     not_row("aoopt17", "compile", "timm"),
     _dino("aoopt18", precision="amp-bf16", offload_optimizer="torchao"),
-    *[_aof8(k, *AOF8_MORE.get(k, ())) for k in range(1, 13)],
+    _aof8_bf16(1, "h100-80gb", "torch 2.7.0a0, torchtitan 0.0.2"),
+    *[_aof8(k, *AOF8_MORE.get(k, ())) for k in range(2, 4)],
+    not_row("aof84", "rocm", extra=AOF8_NOTE, config=f"{TITAN_CONFIGS}aof84.toml"),
+    *[_aof8(k, *AOF8_MORE.get(k, ())) for k in range(5, 8)],
+    _aof8_bf16(8, "b200-180gb", "torch 2.9.0.dev20250815+cu128, power-limited B200"),
+    *[_aof8(k, *AOF8_MORE.get(k, ())) for k in range(9, 13)],
     not_row("ttitan1", *TITAN, config=TITAN_CONFIGS + "ttitan1.toml"),
     not_row("ttitan2", *TITAN, config=TITAN_CONFIGS + "ttitan2.toml"),
     *[not_row(f"ttitan{k}", *TITAN, "cp") for k in (3, 4, 5)],

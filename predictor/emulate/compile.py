@@ -78,11 +78,16 @@ def _checkpointed(inner: Callable[..., Any], context_fn: Callable[..., Any] | No
 _AC_GRAPH_IDS = itertools.count(1)
 
 
-def _inductor_partition(joint: fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
+def _inductor_partition(joint: fx.GraphModule, inputs: Any, *, static: int, **kwargs: Any) -> Any:
     """Inductor's own partition function: its joint-graph passes (among them
     `replace_random_passes`: a random op becomes a seeded `inductor_random`, recomputed in
     backward from the saved seed where checkpointing asks) and then the min-cut
-    partitioner, under the trace's fake mode as `compile_fx` runs it."""
+    partitioner, under the trace's fake mode as `compile_fx` runs it. The first `static`
+    inputs (the region's parameters and buffers) are static-lifetime, as dynamo marks a
+    module's parameters: free to save, so that what is derived from a weight (a float8
+    cast) is recomputed from it rather than saved."""
+    if not kwargs.get("static_lifetime_input_indices"):
+        kwargs["static_lifetime_input_indices"] = list(range(static))
     from torch._guards import detect_fake_mode
     from torch._inductor.compile_fx import partition_fn
     from torch._inductor.virtualized import V
@@ -160,7 +165,7 @@ class Region:
                 self._fn(spec, leaves, where, list(state)),
                 fw_compiler=functools.partial(self._compiler, backward=False),
                 bw_compiler=functools.partial(self._compiler, backward=True),
-                partition_fn=_inductor_partition,
+                partition_fn=functools.partial(_inductor_partition, static=len(state)),
                 decompositions=select_decomp_table(),
                 num_params_buffers=len(state),
                 dynamic=True,

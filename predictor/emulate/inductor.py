@@ -61,6 +61,7 @@ class WrapperCode:
             assert_size_stride=_nothing,
             assert_alignment=_nothing,
             run_intermediate_hooks=_nothing,
+            extern_kernels=_Externs(),
         )
         for name in self.kernels:
             namespace[name] = functools.partial(_kernel, name)
@@ -81,6 +82,28 @@ class _NoCompile:
 
     def wait(self, scope: dict[str, Any]) -> None:
         pass
+
+
+class _Externs:
+    """The wrapper's `extern_kernels`: a call that writes into a buffer the wrapper made
+    (`out=`) allocates nothing and is recorded as one op over its tensors (some, such as
+    `_scaled_mm.out`, have no fake kernel); any other call runs as the op it is."""
+
+    def __getattr__(self, name: str) -> Any:
+        from torch._inductor.select_algorithm import extern_kernels
+
+        real = getattr(extern_kernels, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if "out" not in kwargs:
+                return real(*args, **kwargs)
+            rec = _recorder()
+            if rec is not None:
+                tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+                rec.record_op(f"inductor.extern.{name}", tensors, None)
+            return kwargs["out"]
+
+        return call
 
 
 def _nothing(*args: Any, **kwargs: Any) -> None:

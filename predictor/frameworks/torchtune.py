@@ -33,8 +33,8 @@ Key (default) -> memgnn:
   --nproc_per_node); fsdp_cpu_offload -> --fsdp-cpu-offload (CPUOffloadPolicy)
 - compile -> --compile blocks (training.compile_model compiles each layer, over its
   activation checkpoint where enabled; the loss's own compile is not modelled: it runs
-  eager), unless read with an option --compile is not modelled with (sharding, activation
-  offloading): then a warning, the eager step
+  eager), unless read with an option --compile is not modelled with (activation
+  offloading, float8, a quantised base): then a warning, the eager step
 - loss._component_: torchtune.modules.loss.CEWithChunkedOutputLoss, loss.num_output_chunks
   (8) -> --loss chunked-ce:N (the recipe's model.set_num_output_chunks(N))
 Not modelled (warnings): ac_mode/ac_option (selective), LinearCrossEntropyLoss, the compile

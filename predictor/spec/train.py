@@ -1138,8 +1138,6 @@ def _check_compile(train: TrainSpec) -> None:
         if mode == "full" or sharding not in ("ddp", "fsdp"):
             why.append(f"--sharding {sharding} (--compile blocks runs with ddp and fsdp)")
         else:
-            if train.adapter.method != "none":
-                why.append(f"--peft {train.adapter.method} and --sharding")
             if train.parallel.grad_sync != "every":
                 why.append(f"--grad-sync {train.parallel.grad_sync}")
     if train.quant.base != "none":
@@ -1148,7 +1146,7 @@ def _check_compile(train: TrainSpec) -> None:
         why.append(f"--offload-activations {train.offload.activations}")
     if mode == "full" and train.kernels.loss != "model":
         why.append(f"--loss {train.kernels.loss} (use --compile blocks)")
-    if train.numerics.float8 != "none":  # inductor realises the casts' inputs (docs/how-to)
+    if train.numerics.float8 != "none":  # symbolic lowering fuses its amaxes otherwise
         why.append(f"--float8 {train.numerics.float8}")
     if train.parallel.tp > 1:
         why.append(f"--tp {train.parallel.tp}")
@@ -1159,13 +1157,16 @@ def _check_compile(train: TrainSpec) -> None:
 
 
 def _check_loss(train: TrainSpec) -> None:
-    """--loss chunked-ce:N is modelled on one GPU (the head's weight a plain tensor)."""
+    """--loss chunked-ce:N is modelled on one GPU and with ddp or fsdp (the head's weight a
+    plain tensor, or FSDP2's unsharded one while the root group runs; checked against real
+    2-rank gloo jobs, tests/predictor/emulate/test_compile_sharded.py)."""
     if train.kernels.loss == "model":
         return
-    if train.parallel.sharding != "none" or train.parallel.tp > 1:
+    if train.parallel.sharding not in ("none", "ddp", "fsdp") or train.parallel.tp > 1:
         raise ValueError(
             f"--loss {train.kernels.loss} with --sharding {train.parallel.sharding} --tp "
-            f"{train.parallel.tp} is not modelled yet: the chunked loss is modelled on one GPU"
+            f"{train.parallel.tp} is not modelled yet: the chunked loss is modelled on one "
+            "GPU and with ddp or fsdp"
         )
 
 

@@ -146,8 +146,9 @@ def test_the_loss_option_is_checked():
     for bad in ("chunked-ce", "chunked-ce:0", "chunked", "ce:8"):
         with pytest.raises(ValueError, match="--loss"):
             TrainSpec.of(loss=bad)
-    with pytest.raises(ValueError, match="one GPU"):
-        TrainSpec.of(loss="chunked-ce:8", sharding="fsdp", gpus=2)
+    with pytest.raises(ValueError, match="one GPU and with ddp or fsdp"):
+        TrainSpec.of(loss="chunked-ce:8", sharding="zero2", gpus=2)
+    TrainSpec.of(loss="chunked-ce:8", sharding="fsdp", gpus=2)
     with pytest.raises(ValueError, match="--compile full with --loss"):
         TrainSpec.of(loss="chunked-ce:8", compile="full")
     assert TrainSpec.of(loss="chunked-ce:8").kernels.loss_chunks == 8
