@@ -45,6 +45,7 @@ MODES = (
     ("blocks", "full"),
     ("none", "selective-op"),
     ("blocks", "selective-op"),
+    ("blocks+loss", "none"),  # --compile blocks --compile-loss true
 )
 
 
@@ -78,7 +79,11 @@ def run() -> dict:
     for name, hp, sizes in MODELS:
         bundle = make_bundle(name, hp)
         for mode, ckpt in MODES:
-            train = TrainSpec.of(compile=mode, checkpointing=ckpt, steps="steady")
+            compile_loss = mode.endswith("+loss")
+            train = TrainSpec.of(
+                compile=mode.removesuffix("+loss"), compile_loss=compile_loss,
+                checkpointing=ckpt, steps="steady",
+            )  # fmt: skip
             t0 = time.perf_counter()
             try:
                 pred = predicted_peak(bundle, train, sizes)
@@ -146,6 +151,8 @@ def markdown(result: dict) -> str:
         )
     lines += [
         "",
+        "`blocks+loss`: `--compile blocks --compile-loss true` (the model's own loss "
+        "function a compiled region too). "
         "What inductor allocates is its own generated wrapper's, run on the capture's "
         "tensors (each graph lowered, scheduled and memory-planned by inductor; "
         "predictor/emulate/inductor.py), and the saved set is its own partition "

@@ -57,7 +57,7 @@ def args_of(row: Row) -> list[str]:
     for k, v in row.model_args.items():
         args += ["--model-arg", f"{k}={v}"]
     args += ["--device", row.device, "--metric", row.metric, "--method", row.method]
-    return args + option_flags(row.train)
+    return args + option_flags(row.train, defaults=True)
 
 
 def run_row(row: Row, csv_row: dict[str, str], timeout: float, dry: bool = False) -> dict:

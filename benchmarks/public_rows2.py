@@ -12,6 +12,8 @@ benchmarks/configs/) or `why_not`, the named reasons it is not expressible yet, 
 
 from __future__ import annotations
 
+from typing import Any
+
 from public_rows import (
     AAI,
     AAI_CPU_OFFLOAD,
@@ -162,8 +164,8 @@ def _tt_nov(id: str, config: str, step: str) -> Row:
         id=id, model="hf:meta-llama/Llama-3.2-3B", batch=2, seq=4096, config=CONFIGS + config,
         device="a100-80gb", metric="allocated", unit="GiB", approximate=True, method="replay",
         source=TT_NOV, notes=TORCHTUNE_NOTE + TT_NOV_NOTE + f"; the cumulative table's "
-        f"'{step}' step (see the config file); compile: each decoder layer compiled, the "
-        "loss's compile modelled only for the chunked cross entropy (per chunk)",
+        f"'{step}' step (see the config file); compile: each decoder layer compiled, and the "
+        "loss (training.compile_loss: the unchunked loss whole, the chunked one per chunk)",
     )  # fmt: skip
 
 
@@ -186,7 +188,7 @@ def _aof8(k: int, *more: str) -> Row:
 AOF8_SRC = "pytorch/ao docs/source/workflows/training.md (float8 / MX training table)"
 
 
-def _aof8_bf16(k: int, device: str, versions: str) -> Row:
+def _aof8_bf16(k: int, device: str, versions: str, loss: str, **kw: Any) -> Row:
     """The table's bf16 rows (no float8): torchtitan's Llama 3 8B, FSDP2 over 8 GPUs with
     MixedPrecisionPolicy(bf16, fp32), op-level selective checkpointing, each block compiled,
     read from the config file."""
@@ -196,8 +198,7 @@ def _aof8_bf16(k: int, device: str, versions: str) -> Row:
         method="replay", source=AOF8_SRC,
         notes=f"torchtitan's 'memory: X GiB' (max_memory_reserved, max over 100 steps); "
         f"{versions}; {AOF8_NOTE}; torchtitan's own model code (memgnn captures "
-        "transformers' class of the same shapes); the loss is eager, as torchtitan 0.0.2 "
-        "compiled only the blocks",
+        f"transformers' class of the same shapes); {loss}", **kw,
     )  # fmt: skip
 
 
@@ -299,11 +300,15 @@ ROWS_2: list[Row] = [
     not_row("aoopt16", "compile", "timm"),
     not_row("aoopt17", "compile", "timm"),
     _dino("aoopt18", precision="amp-bf16", offload_optimizer="torchao"),
-    _aof8_bf16(1, "h100-80gb", "torch 2.7.0a0, torchtitan 0.0.2"),
+    _aof8_bf16(1, "h100-80gb", "torch 2.7.0a0, torchtitan 0.0.2",
+               "the loss eager (--compile-loss false): torchtitan 0.0.2's training.compile "
+               "compiled the blocks only", compile_loss=False),
     *[_aof8(k, *AOF8_MORE.get(k, ())) for k in range(2, 4)],
     not_row("aof84", "rocm", extra=AOF8_NOTE, config=f"{TITAN_CONFIGS}aof84.toml"),
     *[_aof8(k, *AOF8_MORE.get(k, ())) for k in range(5, 8)],
-    _aof8_bf16(8, "b200-180gb", "torch 2.9.0.dev20250815+cu128, power-limited B200"),
+    _aof8_bf16(8, "b200-180gb", "torch 2.9.0.dev20250815+cu128, power-limited B200",
+               "the loss compiled as the config's compile.components ['model', 'loss'] say "
+               "(assumed of the torchtitan of Aug 2025)"),
     *[_aof8(k, *AOF8_MORE.get(k, ())) for k in range(9, 13)],
     not_row("ttitan1", *TITAN, config=TITAN_CONFIGS + "ttitan1.toml"),
     not_row("ttitan2", *TITAN, config=TITAN_CONFIGS + "ttitan2.toml"),

@@ -130,13 +130,14 @@ def explicit_train_options(args: argparse.Namespace) -> dict:
     return out
 
 
-def option_flags(options: dict) -> list[str]:
+def option_flags(options: dict, *, defaults: bool = False) -> list[str]:
     """The command-line flags that set `options` ({option name: value}), skipping values
-    at their default: the inverse of `explicit_train_options`."""
+    at their default: the inverse of `explicit_train_options`. `defaults`: state those too
+    where a flag can (over a config file, whose reading may differ from the default)."""
     out: list[str] = []
     for name, value in options.items():
         o = BY_NAME[name]
-        if value == o.default:
+        if value == o.default and (not defaults or o.cli in ("switch", "append")):
             continue
         if o.cli == "none":
             raise ValueError(f"training option {name} has no command-line flag")

@@ -120,7 +120,9 @@ def compile_lines(train: TrainSpec) -> list[str]:
 
     texts = [
         assumption(train.kernels.compile, train.parallel.sharding),
-        loss.assumption(train.kernels.loss, train.kernels.compile != "none"),
+        loss.assumption(
+            train.kernels.loss, train.kernels.compile != "none", train.kernels.compile_loss
+        ),
     ]
     return [t for t in texts if t is not None]
 

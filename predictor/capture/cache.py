@@ -40,7 +40,7 @@ __all__ = ["CAPTURE_VERSION", "cache_dir", "cache_enabled", "capture_cached", "c
 log = logging.getLogger(__name__)
 
 # bumped whenever capture records a step differently, so cached graphs are captured anew
-CAPTURE_VERSION = 15  # 3: model_info in meta; key on model structure and sources
+CAPTURE_VERSION = 16  # 3: model_info in meta; key on model structure and sources
 # 4: position-table bounds recorded as guards (predictor.capture.bounds)
 # 5: HF models without a KV cache: no packed-sequence mask (predictor.emulate.attention)
 # 6: DTensor's shape propagation is not recorded (predictor.ir.recorder.unrecorded)
@@ -56,6 +56,8 @@ CAPTURE_VERSION = 15  # 3: model_info in meta; key on model structure and source
 #     symbolic pads and triangular solves (linear-attention reference kernels)
 # 15: every pad of a symbolic-size input made by the hook (negative pads narrowed: RWKV's
 #     time shift; a constant pad no longer pins B and S to their hints: Mamba2's chunk scan)
+# 16: a compiled region runs inductor's own partition function and generated wrapper
+#     (predictor.emulate.inductor); a checkpointed one is traced under SAC's dispatch mode
 _OFF = ("off", "none", "0", "false", "no")
 
 

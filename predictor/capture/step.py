@@ -22,7 +22,7 @@ from memgnn.predictor.emulate.attention import apply_attention, check_attention
 from memgnn.predictor.emulate.compile import apply_compile
 from memgnn.predictor.emulate.float8 import apply_float8, check_float8
 from memgnn.predictor.emulate.fsdp_offload import HostOptimizer, offloads_params
-from memgnn.predictor.emulate.loss import apply_chunked_loss
+from memgnn.predictor.emulate.loss import apply_chunked_loss, compile_model_loss
 from memgnn.predictor.emulate.offload import apply_activation_offload
 from memgnn.predictor.emulate.offload_optim import CPUOffloadOptimizer
 from memgnn.predictor.emulate.optim8bit import AdamW8bit
@@ -303,6 +303,8 @@ class TrainingStep:
         )
         if self.compiled:
             _no_kv_cache(model)
+        if train.kernels.compile_loss:  # the model's own loss, a region of its own
+            compile_model_loss(model, fake=fake)
         # --loss chunked-ce:N: the head per chunk, cross entropy per chunk (emulate.loss)
         self.loss_fn = bundle.loss
         n_chunks = train.kernels.loss_chunks

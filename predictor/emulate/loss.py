@@ -36,7 +36,10 @@ from memgnn.predictor.errors import UserError
 from memgnn.predictor.zoo.layers import IGNORE_INDEX
 from torch import nn
 
-__all__ = ["ChunkedCrossEntropy", "apply_chunked_loss", "assumption", "split_sequence"]
+__all__ = [
+    "ChunkedCrossEntropy", "apply_chunked_loss", "assumption", "compile_model_loss",
+    "split_sequence",
+]  # fmt: skip
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 # config fields that post-process the head's logits in the model's forward (a list of
@@ -131,9 +134,44 @@ def apply_chunked_loss(model: nn.Module, n: int, *, compiled: bool, fake: bool) 
     return step
 
 
-def assumption(loss: str, compiled: bool) -> str | None:
-    """What an answer under `--loss` assumed (None: the model's own loss)."""
+class _ModelLoss(nn.Module):
+    """A transformers model's `loss_function` (ForCausalLMLoss: upcast, shift, cross
+    entropy) as a module, so that it compiles as a region of its own."""
+
+    def __init__(self, fn: Callable[..., torch.Tensor]):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.fn(*args, **kwargs)
+
+
+def compile_model_loss(model: nn.Module, *, fake: bool) -> None:
+    """`--compile-loss`: the model's own loss compiled, as torchtune's `compile_loss` and
+    torchtitan's `compile.components = ["loss"]` compile theirs: transformers' forward calls
+    `self.loss_function(logits=..., labels=..., vocab_size=...)`, here one compiled region
+    (a `Region` under capture, `torch.compile` in a real step)."""
+    base = _base(model)
+    if not callable(getattr(base, "loss_function", None)):
+        raise UserError(
+            f"--compile-loss: {type(base).__name__} has no loss_function (a transformers "
+            "model computes its loss with one); the option applies to those"
+        )
+    loss = _ModelLoss(base.loss_function)
+    call = Region(loss, loss.forward) if fake else torch.compile(loss.forward, dynamic=False)
+    base.loss_function = call
+
+
+def assumption(loss: str, compiled: bool, compile_loss: bool = False) -> str | None:
+    """What an answer under `--loss` or `--compile-loss` assumed (None: the model's own
+    loss, eager)."""
     if loss == "model":
+        if compile_loss:
+            return (
+                "loss: the model's own loss function (transformers' upcast, shift and cross "
+                "entropy) compiled as one region (torchtune's compile_loss, torchtitan's "
+                "compile.components 'loss')"
+            )
         return None
     n = loss.split(":", 1)[1]
     how = "compiled per chunk (torchtune's compile_loss)" if compiled else "eager"

@@ -125,7 +125,7 @@ _NO_EFFECT = {
         ),
         "data, schedule or hyperparameters",
     ),
-    **dict.fromkeys(("compile.components", "compile.backend"), "used with compile.enable"),
+    "compile.backend": "used with compile.enable",
     **dict.fromkeys(
         (
             "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns",
@@ -165,10 +165,33 @@ def read_torchtitan(
     for key in ("compile.enable", "training.compile"):  # apply_compile: each block
         if b.has(key):
             b.compile_switch(key, "blocks", "each TransformerBlock, as torchtitan's apply_compile")
+    _compile_loss(b)
     for key in [k for k in b.unhandled() if k.startswith(("parallelism.", "fault_tolerance."))]:
         if key not in _FEATURES:
             b.no_effect(key, "a detail of the parallelism above")
     return b.finish(_NO_EFFECT, _FEATURES)
+
+
+def _compile_loss(b: Builder) -> None:
+    """`compile.components` (["model", "loss"] by default since the [compile] section
+    came): "loss" -> --compile-loss (build_loss_fn compiles the cross entropy) where the
+    blocks are compiled; the older `training.compile` compiled the blocks only."""
+    key = "compile.components"
+    if b.reading.options.get("compile") != "blocks" or not b.has("compile.enable"):
+        if b.has(key):
+            b.no_effect(key, "used with compile.enable")
+        return
+    components = b.get(key) if b.given(key) else ["model", "loss"]
+    if not isinstance(components, list | tuple):
+        b.warn(f"{key}: {components!r}: not a list of components (e.g. ['model', 'loss']); "
+               "the loss is left eager", key=key)  # fmt: skip
+        return
+    if "loss" in components:
+        became = b.option("compile_loss", True, f"{key}: {components}")
+        if b.has(key):
+            b.read(key, became + " (the loss compiled too)")
+    elif b.has(key):
+        b.read(key, "the model only")
 
 
 def _model(b: Builder, catalog: Catalog | None) -> int | None:

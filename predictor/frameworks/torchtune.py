@@ -32,13 +32,12 @@ Key (default) -> memgnn:
   ...) -> --sharding fsdp (FSDP2 on every layer; the GPU count is tune run's
   --nproc_per_node); fsdp_cpu_offload -> --fsdp-cpu-offload (CPUOffloadPolicy)
 - compile -> --compile blocks (training.compile_model compiles each layer, over its
-  activation checkpoint where enabled; the loss's own compile is not modelled: it runs
-  eager), unless read with an option --compile is not modelled with (activation
-  offloading, float8, a quantised base): then a warning, the eager step
+  activation checkpoint where enabled) and, for an unchunked loss, --compile-loss
+  (training.compile_loss), unless read with an option --compile is not modelled with
+  (activation offloading, float8, a quantised base): then a warning, the eager step
 - loss._component_: torchtune.modules.loss.CEWithChunkedOutputLoss, loss.num_output_chunks
   (8) -> --loss chunked-ce:N (the recipe's model.set_num_output_chunks(N))
-Not modelled (warnings): ac_mode/ac_option (selective), LinearCrossEntropyLoss, the compile
-of an unchunked loss (it runs eager), tensor/context
+Not modelled (warnings): ac_mode/ac_option (selective), LinearCrossEntropyLoss, tensor/context
 parallel dims. torchtune runs its own model code (TransformerDecoder): the answer captures
 transformers' class of the same shapes.
 """
@@ -249,6 +248,10 @@ def read_torchtune(
     _fp8(b)
     if b.has("compile"):  # training.compile_model: torch.compile on each decoder layer
         b.compile_switch("compile", "blocks", "each transformer layer, as training.compile_model")
+        # training.compile_loss: the chunked loss compiles per chunk under --compile blocks;
+        # an unchunked loss is compiled whole
+        if b.reading.options.get("compile") == "blocks" and "loss" not in b.reading.options:
+            b.option("compile_loss", True, "compile: true (training.compile_loss)")
     return b.finish(_NO_EFFECT, _FEATURES)
 
 

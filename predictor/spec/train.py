@@ -258,6 +258,12 @@ class KernelSpec:
         help="torch.compile (inductor): none | full (the whole model) | blocks (each repeated "
         "block, regional compilation as torchtune/torchtitan apply it)",
     )  # fmt: skip
+    compile_loss: bool = opt(
+        False, name="compile_loss", cli="bool",
+        help="with --compile blocks: the model's loss compiled too (torchtune's compile_loss, "
+        "torchtitan's compile.components 'loss'): transformers' loss_function (upcast, shift, "
+        "cross entropy) as one compiled region",
+    )  # fmt: skip
 
     # how the loss is computed from the model's last hidden states (`emulate.loss`)
     loss: str = opt(
@@ -1126,6 +1132,16 @@ def _check_compile(train: TrainSpec) -> None:
     against real compiled CPU steps (tests/predictor/emulate/test_compile.py, and for DDP
     and FSDP2 over 2 gloo ranks, test_compile_sharded.py)."""
     mode = train.kernels.compile
+    if train.kernels.compile_loss and mode != "blocks":
+        raise ValueError(
+            f"--compile-loss with --compile {mode}: the loss is compiled with the blocks "
+            "(--compile blocks); --compile full compiles the model's loss with the model"
+        )
+    if train.kernels.compile_loss and train.kernels.loss != "model":
+        raise ValueError(
+            f"--compile-loss with --loss {train.kernels.loss}: the chunked loss is compiled "
+            "per chunk under --compile blocks already"
+        )
     if mode == "none":
         return
     why = []

@@ -370,6 +370,10 @@ def test_compile_with_fsdp_is_each_block_compiled_and_float8_keeps_it_eager(writ
     r = read_config(write("compiled.toml", text))
     assert (r.options["compile"], r.options["sharding"]) == ("blocks", "fsdp")
     assert not any("torch.compile" in w for w in r.warnings)
+    # compile.components ["model", "loss"] (its default): the loss compiled too
+    assert r.options["compile_loss"] is True
+    model_only = text.replace('components = ["model", "loss"]', 'components = ["model"]')
+    assert "compile_loss" not in read_config(write("model_only.toml", model_only)).options
     text = text.replace("[model]\n", '[model]\nconverters = ["float8"]\n')
     r = read_config(write("float8.toml", text))
     assert "compile" not in r.options and r.options["float8"] == "tensorwise"
