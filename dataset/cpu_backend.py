@@ -10,6 +10,7 @@ Two numbers, both bytes on the CPU:
 
 from __future__ import annotations
 
+import bisect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -32,19 +33,40 @@ from memgnn.predictor.spec.train import TrainSpec
 log = logging.getLogger(__name__)
 
 
-def profiler_peak(prof: Any, region: str | None = None) -> int:
+def profiler_peak(prof: Any, region: str | None = None, settled: tuple[str, ...] = ()) -> int:
     """Peak of the cumulated CPU allocator events of a `torch.profiler.profile(
     profile_memory=True)` run (each allocation and free in time order, frees first at equal
     times). `region`: count the peak only from the start of the `record_function` of that
-    name on (what was allocated before it counts as live); None: over the whole run."""
+    name on (what was allocated before it counts as live); None: over the whole run.
+    `settled`: ops (profiler names, e.g. "aten::_scaled_mm") whose allocator events inside
+    their own span count as one net event at its end: a CPU kernel's own temporaries that
+    the CUDA kernel does not make (the CPU `_scaled_mm` upcasts its float8 operands)."""
     events = prof.profiler.kineto_results.events()
     start = None if region is None else min(e.start_ns() for e in events if e.name() == region)
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    if settled:
+        memory = _settle(memory, [e for e in events if e.name() in settled])
     live = peak = 0
-    for at, delta in sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]"):
+    for at, delta in memory:
         live += delta
         if start is None or at >= start:
             peak = max(peak, live)
     return peak
+
+
+def _settle(memory: list[tuple[int, int]], spans: list[Any]) -> list[tuple[int, int]]:
+    """`memory` with the events inside each span replaced by their sum at the span's end."""
+    bounds = sorted((e.start_ns(), e.start_ns() + e.duration_ns()) for e in spans)
+    starts = [b[0] for b in bounds]
+    out, net = [], [0] * len(bounds)
+    for at, delta in memory:
+        k = bisect.bisect_right(starts, at) - 1
+        if k >= 0 and at <= bounds[k][1]:
+            net[k] += delta
+        else:
+            out.append((at, delta))
+    out += [(bounds[k][1], n) for k, n in enumerate(net) if n]
+    return sorted(out)
 
 
 def record_cpu_step(

@@ -119,7 +119,7 @@ def compile_lines(train: TrainSpec) -> list[str]:
     from memgnn.predictor.emulate.compile import assumption
 
     texts = [
-        assumption(train.kernels.compile, train.parallel.sharding),
+        assumption(train.kernels.compile, train.parallel.sharding, train.kernels.compile_dynamic),
         loss.assumption(
             train.kernels.loss, train.kernels.compile != "none", train.kernels.compile_loss
         ),

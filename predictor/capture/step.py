@@ -299,18 +299,22 @@ class TrainingStep:
         # torch.compile: the whole model or each block (emulate.compile); a compiled
         # transformers model runs without its KV cache (training does not read it)
         self.compiled = apply_compile(
-            model, blocks, train.kernels.compile, fake=fake, checkpointed=wrapped
-        )
+            model, blocks, train.kernels.compile, fake=fake, checkpointed=wrapped,
+            dynamic=train.kernels.compile_dynamic,
+        )  # fmt: skip
         if self.compiled:
             _no_kv_cache(model)
         if train.kernels.compile_loss:  # the model's own loss, a region of its own
-            compile_model_loss(model, fake=fake)
+            compile_model_loss(model, fake=fake, dynamic=train.kernels.compile_dynamic)
         # --loss chunked-ce:N: the head per chunk, cross entropy per chunk (emulate.loss)
         self.loss_fn = bundle.loss
         n_chunks = train.kernels.loss_chunks
         if n_chunks is not None:
             compiled_loss = train.kernels.compile != "none"
-            self.loss_fn = apply_chunked_loss(model, n_chunks, compiled=compiled_loss, fake=fake)
+            self.loss_fn = apply_chunked_loss(
+                model, n_chunks, compiled=compiled_loss, fake=fake,
+                dynamic=train.kernels.compile_dynamic,
+            )  # fmt: skip
         if world is not None:
             hold_quant_state(model)  # bitsandbytes' quant state is no module state
             model = self.model = parallelize(model, blocks, train, world, target)

@@ -116,8 +116,10 @@ class Region:
         checkpointed: bool = False,
         context_fn: Callable[..., Any] | None = None,
         eager: Callable[..., Any] | None = None,
+        dynamic: bool = True,
     ):
         self.module, self.inner = module, eager or inner  # `inner` run eagerly
+        self.dynamic = dynamic  # False: sizes fixed (guarded) as a static compile sees them
         # its forward wrapped in activation checkpointing (`context_fn`: selective)
         self.traced = _checkpointed(inner, context_fn) if checkpointed else inner
         self.cache: dict[Any, Any] = {}
@@ -150,6 +152,8 @@ class Region:
         leaves, spec = tree_flatten((args, kwargs))
         where = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
         tensors = [leaves[i] for i in where]
+        if not self.dynamic:  # a static compile: the capture holds at these sizes only
+            _specialize(tensors)
         key = (
             spec,
             tuple((str(t.shape), t.dtype, t.requires_grad) for t in (*state.values(), *tensors)),
@@ -260,6 +264,17 @@ def _like(t: torch.Tensor) -> torch.Tensor:
     return fresh.requires_grad_(t.requires_grad)
 
 
+def _specialize(tensors: list[Any]) -> None:
+    """Fix every symbolic size of `tensors` to its value (a guard the capture keeps, so that
+    another size captures anew), as a static-shape compile sees constants."""
+    from torch.fx.experimental.symbolic_shapes import guard_int
+
+    for t in tensors:
+        for size in (*t.shape, *t.stride()):
+            if isinstance(size, torch.SymInt):
+                guard_int(size)
+
+
 def _own_symbol(size: Any) -> Any:
     import sympy
     from torch._dynamo.source import ConstantSource
@@ -309,7 +324,7 @@ def _torch_before(major: int, minor: int) -> bool:
     return (int(parts[0]), int(parts[1])) < (major, minor)
 
 
-def assumption(mode: str, sharding: str = "none") -> str | None:
+def assumption(mode: str, sharding: str = "none", dynamic: bool = True) -> str | None:
     """What an answer under `--compile` assumed (None: eager)."""
     if mode == "none":
         return None
@@ -324,11 +339,8 @@ def assumption(mode: str, sharding: str = "none") -> str | None:
         f"compile: torch.compile (inductor) of {where}; modelled: what AOTAutograd's min-cut "
         "partitioner saves for backward and recomputes, and the buffers inductor's "
         "generated wrapper allocates, reuses and frees (both run on the capture); "
-        "approximate: inductor lowers with symbolic batch and sequence sizes, as "
-        "torch.compile(dynamic=True) or a recompile under automatic dynamic shapes (a first "
-        "static-shape compile can save and fuse otherwise: a compiled bf16 loss saved its "
-        "bf16 logits rather than their fp32 upcast), inductor's CPU code generation stands "
-        "in for its CUDA (Triton) code, and kernels' in-kernel scratch is not counted; "
+        f"{_SHAPES[dynamic]}; approximate: inductor's CPU code generation stands in for its "
+        "CUDA (Triton) code, and kernels' in-kernel scratch is not counted; "
         "a region AOTAutograd cannot trace compiles its child modules (a graph break); "
         "a checkpointed block compiled recomputes in backward what the partitioner "
         "chooses under the checkpoint's policy (all its forward, or what torchtitan's "
@@ -336,6 +348,12 @@ def assumption(mode: str, sharding: str = "none") -> str | None:
     )
 
 
+_SHAPES = {
+    True: "lowered with symbolic batch and sequence sizes, as torch.compile(dynamic=True) or "
+    "a recompile under automatic dynamic shapes (a first static-shape compile can save and "
+    "fuse otherwise: --compile-dynamic false)",
+    False: "lowered at the capture's sizes, as a static-shape compile (another size captures anew)",
+}
 _WRAPPERS = {
     "fsdp": "FSDP2 fully_shard per block, then the root, as torchtitan",
     "ddp": "DistributedDataParallel",
@@ -349,6 +367,7 @@ def apply_compile(
     *,
     fake: bool,
     checkpointed: list[nn.Module] = (),  # type: ignore[assignment]
+    dynamic: bool = True,
 ) -> int:
     """Compile the model (`full`) or each block (`blocks`, over the checkpoint wrapper of
     those in `checkpointed`, as torchtitan applies AC then compile); returns the regions
@@ -369,10 +388,10 @@ def apply_compile(
         if fake and id(module) in wrapped:  # its own forward, under checkpoint when traced
             module.forward = Region(
                 module, inner.checkpointed, checkpointed=True, eager=inner,
-                context_fn=inner.context_fn,
+                context_fn=inner.context_fn, dynamic=dynamic,
             )  # fmt: skip
         elif fake:
-            module.forward = Region(module, inner)
+            module.forward = Region(module, inner, dynamic=dynamic)
         else:
-            module.forward = torch.compile(inner, dynamic=False)
+            module.forward = torch.compile(inner, dynamic=dynamic)
     return len(regions)

@@ -94,7 +94,9 @@ def _check_model(model: nn.Module, loss: str) -> nn.Module:
     return head
 
 
-def apply_chunked_loss(model: nn.Module, n: int, *, compiled: bool, fake: bool) -> LossFn:
+def apply_chunked_loss(
+    model: nn.Module, n: int, *, compiled: bool, fake: bool, dynamic: bool = True
+) -> LossFn:
     """Make `model`'s head return N chunks of logits; returns the step's loss function
     (torchtune's recipe: `logits = model(**batch)`, then the chunked loss, then `del
     logits`). `compiled`: each chunk's cross entropy through torch.compile (a `Region`
@@ -110,7 +112,11 @@ def apply_chunked_loss(model: nn.Module, n: int, *, compiled: bool, fake: bool) 
     ce = ChunkedCrossEntropy()
     compute: Callable[..., torch.Tensor] = ce
     if compiled:
-        compute = Region(ce, ce.forward) if fake else torch.compile(ce.forward, dynamic=False)
+        compute = (
+            Region(ce, ce.forward, dynamic=dynamic)
+            if fake
+            else torch.compile(ce.forward, dynamic=dynamic)
+        )
 
     def step(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if "shift_labels" not in inputs:
@@ -146,7 +152,7 @@ class _ModelLoss(nn.Module):
         return self.fn(*args, **kwargs)
 
 
-def compile_model_loss(model: nn.Module, *, fake: bool) -> None:
+def compile_model_loss(model: nn.Module, *, fake: bool, dynamic: bool = True) -> None:
     """`--compile-loss`: the model's own loss compiled, as torchtune's `compile_loss` and
     torchtitan's `compile.components = ["loss"]` compile theirs: transformers' forward calls
     `self.loss_function(logits=..., labels=..., vocab_size=...)`, here one compiled region
@@ -158,7 +164,11 @@ def compile_model_loss(model: nn.Module, *, fake: bool) -> None:
             "model computes its loss with one); the option applies to those"
         )
     loss = _ModelLoss(base.loss_function)
-    call = Region(loss, loss.forward) if fake else torch.compile(loss.forward, dynamic=False)
+    call = (
+        Region(loss, loss.forward, dynamic=dynamic)
+        if fake
+        else torch.compile(loss.forward, dynamic=dynamic)
+    )
     base.loss_function = call
 
 

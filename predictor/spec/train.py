@@ -258,6 +258,14 @@ class KernelSpec:
         help="torch.compile (inductor): none | full (the whole model) | blocks (each repeated "
         "block, regional compilation as torchtune/torchtitan apply it)",
     )  # fmt: skip
+    compile_dynamic: bool = opt(
+        True, name="compile_dynamic", cli="bool",
+        help="with --compile: true: inductor lowers with symbolic batch and sequence sizes "
+        "(torch.compile(dynamic=True), or after a recompile under automatic dynamic shapes): "
+        "one capture answers every size; false: a static-shape compile (torch.compile's "
+        "first compile of fixed shapes): the capture is fixed to its sizes, another size "
+        "captures anew",
+    )  # fmt: skip
     compile_loss: bool = opt(
         False, name="compile_loss", cli="bool",
         help="with --compile blocks: the model's loss compiled too (torchtune's compile_loss, "
@@ -1162,8 +1170,9 @@ def _check_compile(train: TrainSpec) -> None:
         why.append(f"--offload-activations {train.offload.activations}")
     if mode == "full" and train.kernels.loss != "model":
         why.append(f"--loss {train.kernels.loss} (use --compile blocks)")
-    if train.numerics.float8 != "none":  # symbolic lowering fuses its amaxes otherwise
-        why.append(f"--float8 {train.numerics.float8}")
+    if train.numerics.float8 != "none" and train.kernels.compile_dynamic:
+        # symbolic lowering schedules float8's amaxes otherwise (docs/how-to/compile.md)
+        why.append(f"--float8 {train.numerics.float8} and --compile-dynamic true")
     if train.parallel.tp > 1:
         why.append(f"--tp {train.parallel.tp}")
     if train.parallel.fsdp_cpu_offload or train.parallel.fsdp1_cpu_offload:

@@ -25,6 +25,8 @@ def test_a_compiled_step_says_what_was_modelled_and_what_approximated():
     assert "the buffers inductor's generated wrapper allocates" in line
     assert "inductor's CPU code generation stands in" in line
     assert "symbolic batch and sequence sizes, as torch.compile(dynamic=True)" in line
+    (static,) = compile_lines(TrainSpec.of(compile="blocks", compile_dynamic=False))
+    assert "lowered at the capture's sizes, as a static-shape compile" in static
     compiled, chunked = compile_lines(TrainSpec.of(compile="blocks", loss="chunked-ce:8"))
     assert "num_output_chunks=8" in chunked and "compiled per chunk" in chunked
     (eager,) = compile_lines(TrainSpec.of(loss="chunked-ce:4"))

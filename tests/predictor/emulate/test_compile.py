@@ -201,6 +201,7 @@ def test_compile_options_are_checked():
     with pytest.raises(ValueError, match="--compile"):
         TrainSpec.of(compile="max-autotune")
     for options in (
+        {"compile": "blocks", "float8": "tensorwise"},  # dynamic shapes: refused
         {"compile": "full", "checkpointing": "full"},
         {"compile": "blocks", "checkpointing": "hf"},
         {"compile": "blocks", "sharding": "hsdp", "gpus": 4},
@@ -245,23 +246,35 @@ class DropoutStack(Stack):
         self.layers = nn.ModuleList(DropoutMlp() for _ in range(depth))
 
 
+FLOAT8_STATIC = {"float8": "tensorwise", "precision": "bf16", "compile_dynamic": False}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("checkpointing", "build", "batch"),
-    [("none", Stack, B), ("full", DropoutStack, 512), ("selective-op", Stack, 512)],
-    ids=["blocks", "blocks-checkpointed-dropout", "blocks-selective-op"],
+    ("options", "build", "batch"),
+    [
+        ({}, Stack, B),
+        ({"checkpointing": "full"}, DropoutStack, 512),
+        ({"checkpointing": "selective-op"}, Stack, 512),
+        (FLOAT8_STATIC, Stack, 512),
+    ],
+    ids=["blocks", "blocks-checkpointed-dropout", "blocks-selective-op", "float8-static"],
 )
-def test_compiled_blocks_step_equals_a_real_compiled_cpu_step(checkpointing, build, batch):
+def test_compiled_blocks_step_equals_a_real_compiled_cpu_step(options, build, batch):
     """A real `torch.compile` (inductor, CPU) steady step: torch.profiler's allocator peak
-    plus the state alive before it, against the capture's peak. Checkpointed with dropout,
-    the peak is inside a compiled backward that recomputes the draws from a saved seed:
-    the buffers are inductor's own wrapper's, to the byte."""
+    plus the state alive before it, against the capture's peak (traced at the step's
+    sizes). Checkpointed with dropout, the peak is inside a compiled backward that
+    recomputes the draws from a saved seed: the buffers are inductor's own wrapper's, to
+    the byte. float8 (torchao's tensorwise Float8Linear) compiled with static shapes:
+    1,070,912 B both, the CPU `_scaled_mm`'s own temporaries (fp32 copies of its operands,
+    which the CUDA kernel does not make) settled out of the real figure; with dynamic
+    shapes inductor schedules the backward otherwise (1,210,188 B), refused."""
     from memgnn.dataset.cpu_backend import profiler_peak
     from memgnn.predictor.capture.step import TrainingStep
     from torch.profiler import ProfilerActivity, profile
 
     bundle = dataclasses.replace(_stack(), build=build)
-    train = TrainSpec.of(compile="blocks", checkpointing=checkpointing, steps="steady")
+    train = TrainSpec.of(compile="blocks", steps="steady", **options)
     torch._dynamo.reset()
     torch.manual_seed(0)
     step = TrainingStep(bundle, train, device=torch.device("cpu"), target="cpu")
@@ -269,10 +282,11 @@ def test_compiled_blocks_step_equals_a_real_compiled_cpu_step(checkpointing, bui
     before = sum(t.untyped_storage().nbytes() for ts in step.state_tensors().values() for t in ts)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step.run({"B": batch}, steps=(1,))
-    real = before + profiler_peak(prof)
-    graph = capture(bundle, train, CaptureConfig(target="cpu", mode="full"))
+    real = before + profiler_peak(prof, settled=("aten::_scaled_mm",))
+    config = CaptureConfig(target="cpu", mode="full", sizes={"B": batch})
+    predicted = sweep(capture(bundle, train, config), {"B": batch}).peak_bytes
     # unattributed: 12 B more in the real uncheckpointed step at B=16; none checkpointed
-    assert 0 <= real - sweep(graph, {"B": batch}).peak_bytes <= 64
+    assert 0 <= real - predicted <= 64
 
 
 class Failing(nn.Module):

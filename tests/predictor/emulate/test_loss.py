@@ -5,9 +5,6 @@ per chunk (torchtune's compile_loss), against a real `torch.compile`d CPU step."
 
 from __future__ import annotations
 
-import contextlib
-from unittest import mock
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -83,61 +80,50 @@ def test_the_compiled_chunk_keeps_no_fp32_logits():
 @pytest.mark.parametrize(
     "options",
     [
-        {"loss": "chunked-ce:8", "precision": "bf16", "optimizer": "sgd"},
-        {"compile_loss": True, "precision": "bf16", "optimizer": "sgd"},
+        {"loss": "chunked-ce:8"},
+        {"compile_loss": True},
+        {"compile_loss": True, "compile_dynamic": False},
     ],
-    ids=["chunked-ce", "compile-loss"],
+    ids=["chunked-ce", "compile-loss", "compile-loss-static"],
 )
 def test_compiled_loss_step_equals_a_real_compiled_cpu_step(options):
     """A real `torch.compile` (inductor, CPU) steady step: torch.profiler's allocator peak
-    plus the state alive before it, against the capture's peak (as test_compile), with the
-    chunked loss compiled per chunk (3,560,364 B both; before the capture ran inductor's
-    own wrapper it was high by 261,952 B, one bf16 chunk of logits less 192 B that
-    inductor's buffer reuse saves in backward) and with the model's own loss compiled
-    (`--compile-loss`: less than the same step with the loss eager)."""
+    plus the state alive before it, against the capture's peak (as test_compile), bf16,
+    SGD. The chunked loss compiled per chunk: 3,560,364 B both (before the capture ran
+    inductor's own wrapper it was high by 261,952 B, one bf16 chunk of logits less 192 B
+    that inductor's buffer reuse saves in backward). The model's own loss compiled
+    (`--compile-loss`): 7,491,948 B both with dynamic shapes, 5,394,796 B both static (a
+    static compile saves the bf16 logits where the dynamic one saves their fp32 upcast);
+    the same step with the loss eager holds more than either."""
     from memgnn.dataset.cpu_backend import profiler_peak
     from memgnn.predictor.capture.step import TrainingStep
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    train = TrainSpec.of(compile="blocks", steps="steady", **options)
-
-    def real(dynamic: bool) -> int:
-        torch._dynamo.reset()
-        torch.manual_seed(0)
-        compile_ = torch.compile
-        dynamic_compile = mock.patch.object(
-            torch, "compile", lambda fn, **kw: compile_(fn, **{**kw, "dynamic": True})
-        )
-        with dynamic_compile if dynamic else contextlib.nullcontext():
-            step = TrainingStep(_llama(), train, device=torch.device("cpu"), target="cpu")
-            step.run(SIZES, steps=(0,))
-        state = step.state_tensors().values()
-        before = sum(t.untyped_storage().nbytes() for ts in state for t in ts)
-        # oneDNN's bf16 GEMMs (CPUs with AVX512-BF16 or AMX) allocate packing scratchpads
-        # inside the kernel, which a CPU-target capture does not model (a weight-sized one
-        # per lm_head chunk here: +1,050,684 B on such a CPU); the reference GEMM, which
-        # CPUs without bf16 run anyway, allocates none
-        with (
-            torch.backends.mkldnn.flags(enabled=False),
-            torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
-        ):
-            step.run(SIZES, steps=(1,))
-        return before + profiler_peak(prof)
-
-    graph = capture(_llama(), train, CaptureConfig(target="cpu", mode="full"))
-    predicted = sweep(graph, SIZES).peak_bytes
-    if not options.get("compile_loss"):
-        assert predicted == real(dynamic=False)
-        return
-    # the capture lowers with symbolic sizes, as torch.compile(dynamic=True): to the byte
-    # (7,491,948 B); a static-shape compile saves the bf16 logits rather than their fp32
-    # upcast (5,394,796 B); the loss eager holds more than either
-    assert predicted == real(dynamic=True)
-    assert real(dynamic=False) < predicted
-    eager_loss = TrainSpec.of(**{**train.flat(), "compile_loss": False})
-    graph = capture(_llama(), eager_loss, CaptureConfig(target="cpu", mode="full"))
-    assert sweep(graph, SIZES).peak_bytes > predicted
+    train = TrainSpec.of(
+        compile="blocks", precision="bf16", optimizer="sgd", steps="steady", **options
+    )
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    step = TrainingStep(_llama(), train, device=torch.device("cpu"), target="cpu")
+    step.run(SIZES, steps=(0,))
+    before = sum(t.untyped_storage().nbytes() for ts in step.state_tensors().values() for t in ts)
+    # oneDNN's bf16 GEMMs (CPUs with AVX512-BF16 or AMX) allocate packing scratchpads inside
+    # the kernel, which a CPU-target capture does not model (a weight-sized one per lm_head
+    # chunk here: +1,050,684 B on such a CPU); the reference GEMM, which CPUs without bf16
+    # run anyway, allocates none
+    with (
+        torch.backends.mkldnn.flags(enabled=False),
+        torch_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof,
+    ):
+        step.run(SIZES, steps=(1,))
+    real = before + profiler_peak(prof)
+    config = CaptureConfig(target="cpu", mode="full", sizes=SIZES)
+    predicted = sweep(capture(_llama(), train, config), SIZES).peak_bytes
+    assert predicted == real
+    if options.get("compile_loss"):
+        eager_loss = TrainSpec.of(**{**train.flat(), "compile_loss": False})
+        assert sweep(capture(_llama(), eager_loss, config), SIZES).peak_bytes > predicted
 
 
 def test_compile_loss_is_checked():
