@@ -173,15 +173,15 @@ AOF8_NOTE = (
     "the same nominal config logs 47.65 / 39.09 / 33.71 GiB on H100 / MI300X / B200 (versions)"
 )
 AOF8_MORE = {2: ("fp8_allgather",), 10: ("mx",), 11: ("mx",)}  # beyond compile
-TITAN = ("compile", "fp8_allgather")
+TITAN = ("fp8_allgather",)
 TITAN_CONFIGS = "benchmarks/configs/torchtitan/"
 
 
 def _aof8(k: int, *more: str) -> Row:
     """torchao's float8 table: FSDP2 with MixedPrecisionPolicy(bf16, fp32) and op-level
-    selective checkpointing, compiled: not expressible with float8 or MX (torch.compile of
-    float8 is not modelled; the config reads with a warning for it)."""
-    return not_row(f"aof8{k}", "compile", *more, extra=AOF8_NOTE,
+    selective checkpointing, compiled: not expressible with FSDP's float8 all-gather or MX
+    (the config reads with a warning for them)."""
+    return not_row(f"aof8{k}", *more, extra=AOF8_NOTE,
                    config=f"{TITAN_CONFIGS}aof8{k}.toml")  # fmt: skip
 
 

@@ -32,9 +32,10 @@ Key (default) -> memgnn:
   ...) -> --sharding fsdp (FSDP2 on every layer; the GPU count is tune run's
   --nproc_per_node); fsdp_cpu_offload -> --fsdp-cpu-offload (CPUOffloadPolicy)
 - compile -> --compile blocks (training.compile_model compiles each layer, over its
-  activation checkpoint where enabled) and, for an unchunked loss, --compile-loss
-  (training.compile_loss), unless read with an option --compile is not modelled with
-  (activation offloading, float8, a quantised base): then a warning, the eager step
+  activation checkpoint where enabled; an unchunked loss stays eager: torchtune's model
+  upcasts the logits before its compiled loss), unless read with an option --compile is
+  not modelled with (activation offloading, float8, a quantised base): then a warning,
+  the eager step
 - loss._component_: torchtune.modules.loss.CEWithChunkedOutputLoss, loss.num_output_chunks
   (8) -> --loss chunked-ce:N (the recipe's model.set_num_output_chunks(N))
 Not modelled (warnings): ac_mode/ac_option (selective), LinearCrossEntropyLoss, tensor/context
@@ -248,10 +249,10 @@ def read_torchtune(
     _fp8(b)
     if b.has("compile"):  # training.compile_model: torch.compile on each decoder layer
         b.compile_switch("compile", "blocks", "each transformer layer, as training.compile_model")
-        # training.compile_loss: the chunked loss compiles per chunk under --compile blocks;
-        # an unchunked loss is compiled whole
-        if b.reading.options.get("compile") == "blocks" and "loss" not in b.reading.options:
-            b.option("compile_loss", True, "compile: true (training.compile_loss)")
+        # training.compile_loss compiles the chunked loss per chunk (modelled under --compile
+        # blocks); an unchunked loss it compiles whole, but torchtune's model upcasts its
+        # logits to fp32 in forward, outside that loss, where transformers' loss_function
+        # upcasts inside it: --compile-loss would fuse away fp32 logits torchtune keeps
     return b.finish(_NO_EFFECT, _FEATURES)
 
 

@@ -165,8 +165,10 @@ selective_ac_option = "op"
     # the float8 converter is torchao's default config (tensorwise), nothing filtered
     assert r.options["float8"] == "tensorwise" and r.options["float8_filter_fqns"] == ""
     assert not any(w.startswith("model.converters") for w in r.warnings)
+    # training.compile: each block, static shapes (float8 with compile is modelled so)
+    assert (r.options["compile"], r.options["compile_dynamic"]) == ("blocks", False)
+    assert "compile_loss" not in r.options  # the older training.compile: blocks only
     starts = (
-        "training.compile: true: torch.compile",
         "training.tensor_parallel_degree: 2",
         "experimental.context_parallel_degree: 2",
         "float8.enable_fsdp_float8_all_gather: true: FSDP's float8 all-gather",
@@ -363,8 +365,7 @@ filter_fqns = ["output"]
 
 def test_compile_with_fsdp_is_each_block_compiled_and_float8_keeps_it_eager(write):
     """torchtitan's apply_compile then apply_fsdp: `--compile blocks --sharding fsdp`
-    (tests/predictor/emulate/test_compile_sharded.py); with the float8 converter the
-    answer is the eager step's, as `--compile` with `--float8` is not modelled."""
+    with static shapes (tests/predictor/emulate/test_compile_sharded.py), float8 too."""
     text = LLAMA3_8B.replace("[compile]\nenable = false", "[compile]\nenable = true")
     text = text.replace('mode = "selective"', 'mode = "none"')
     r = read_config(write("compiled.toml", text))
@@ -376,11 +377,9 @@ def test_compile_with_fsdp_is_each_block_compiled_and_float8_keeps_it_eager(writ
     assert "compile_loss" not in read_config(write("model_only.toml", model_only)).options
     text = text.replace("[model]\n", '[model]\nconverters = ["float8"]\n')
     r = read_config(write("float8.toml", text))
-    assert "compile" not in r.options and r.options["float8"] == "tensorwise"
-    assert any(
-        w.startswith("compile.enable: true: torch.compile with --float8 tensorwise is not")
-        for w in r.warnings
-    ), r.warnings
+    assert (r.options["compile"], r.options["float8"]) == ("blocks", "tensorwise")
+    assert r.options["compile_dynamic"] is False
+    assert not any("torch.compile" in w for w in r.warnings), r.warnings
 
 
 TITAN_CONFIGS = Path(__file__).parents[3] / "benchmarks" / "configs" / "torchtitan"
@@ -390,9 +389,9 @@ def test_the_benchmark_configs_read_as_their_rows(write, catalog, became, valid_
     """benchmarks/configs/torchtitan (public-gpu-measurements-2 rows aof81..aof812, ttitan1,
     2, 6): FSDP2 with MixedPrecisionPolicy(bf16, fp32) over fp32 shards and op-level
     selective (ttitan2: full) checkpointing, every one read; torch.compile reads as
-    `--compile blocks` but with float8, where it is the warning the row is not expressible
-    for (with float8 all-gather, MX where set). The same config with compile off reads
-    without a warning into a valid spec."""
+    `--compile blocks` with static shapes, float8 too (the float8 all-gather and MX are
+    what the rows still warn about). The same config with compile off reads without a
+    warning into a valid spec."""
     files = sorted(TITAN_CONFIGS.glob("*.toml"))
     assert len(files) == 15
     for f in files:
@@ -403,10 +402,8 @@ def test_the_benchmark_configs_read_as_their_rows(write, catalog, became, valid_
         ck = "full" if f.stem == "ttitan2" else "selective-op"
         assert (r.options["sharding"], r.options["checkpointing"]) == ("fsdp", ck), f.name
         compile_warnings = [w for w in r.warnings if w.startswith("compile.enable: true")]
-        if "float8" in r.options:
-            assert len(compile_warnings) == 1 and "is not modelled yet" in compile_warnings[0]
-        else:
-            assert not compile_warnings and r.options["compile"] == "blocks", f.name
+        assert not compile_warnings and r.options["compile"] == "blocks", f.name
+        assert r.options["compile_dynamic"] is False, f.name  # seq_len fixed: static
         other = [w for w in r.warnings if w not in compile_warnings]
         assert all("float8 all-gather" in w or "scales" in w or "MX" in w for w in other), other
     eager = (TITAN_CONFIGS / "aof81.toml").read_text().replace("enable = true", "enable = false")
