@@ -30,9 +30,9 @@ from public_rows import (
 REASONS = {
     "contradicts": "the source contradicts itself (reported, not fitted)",
     "compile": "torch.compile with this row's other techniques not modelled (--compile "
-    "blocks is, alone and with ddp/fsdp, checkpointing and adapters; not with float8, "
-    "offloading or a quantised base)",
-    "float8": "float8 training not modelled",
+    "blocks is, alone and with ddp/fsdp, checkpointing, adapters and float8 (static "
+    "shapes); not with offloading or a quantised base)",
+    "float8": "float8 with tensor parallel (torchao's float8 TP styles) not modelled",
     "tp": "tensor parallel",
     "cp": "context parallel",
     "pp": "pipeline parallel",
