@@ -35,6 +35,10 @@ SLACK = 2048
 # llama's two (a host tensor on CUDA); measured +5,056 B with selective-op, +10,288 B with
 # LoRA, 0 with full checkpointing alone
 RNG_STATE = 2 * 5056
+# gloo's late frees put a rank above the prediction in most runs of the checkpointed fsdp
+# jobs (+180 KB to +600 KB, a block's all-gather or more; a run of three was all high
+# once on a loaded machine): the lowest rank over up to five runs
+ATTEMPTS = 5
 
 
 @functools.cache
@@ -157,7 +161,7 @@ def test_compiled_blocks_rank_peak_matches_a_real_gloo_run(tmp_path, options):
     3,152,652 / 3,151,356 fsdp, 3,334,412 / 3,333,116 fsdp without reshard, 4,273,292 /
     4,271,996 ddp; the table in docs/how-to/compile.md). gloo's worker thread sometimes frees
     a staging copy after the main thread's next allocations (a rank then reads one
-    all-gather or bucket more): the lowest rank, over up to three runs."""
+    all-gather or bucket more): the lowest rank, over up to ATTEMPTS runs."""
     options = {"gpus": 2, "compile": "blocks", **options}
     ours = _peak(**options)[0]
     eager = _peak(**{**options, "compile": "none"})[0]
@@ -168,7 +172,7 @@ def test_compiled_blocks_rank_peak_matches_a_real_gloo_run(tmp_path, options):
     else:
         assert ours < eager - 100_000  # compiling the blocks matters at this size
     real: list[int] = []
-    for _attempt in range(3):
+    for _attempt in range(ATTEMPTS):
         real += spawn_ranks(_rank, tmp_path, options, timeout=900)
         if 0 <= min(real) - ours <= slack:
             break
