@@ -211,11 +211,6 @@ def run_graph(gm: fx.GraphModule, args: list[Any]) -> Any:
     return result
 
 
-def _name(target: Any) -> str:
-    packet = getattr(target, "overloadpacket", None)
-    return getattr(packet, "__name__", "") or getattr(target, "__name__", "")
-
-
 def _rng_op(target: Any) -> Callable[..., Any] | None:
     """`run_and_save_rng_state(op, ...)` / `run_with_rng_state(state, op, ...)`, which the
     partitioner puts around a random op it recomputes: the op itself (recorded), with an
