@@ -40,7 +40,7 @@ __all__ = ["CAPTURE_VERSION", "cache_dir", "cache_enabled", "capture_cached", "c
 log = logging.getLogger(__name__)
 
 # bumped whenever capture records a step differently, so cached graphs are captured anew
-CAPTURE_VERSION = 16  # 3: model_info in meta; key on model structure and sources
+CAPTURE_VERSION = 17  # 3: model_info in meta; key on model structure and sources
 # 4: position-table bounds recorded as guards (predictor.capture.bounds)
 # 5: HF models without a KV cache: no packed-sequence mask (predictor.emulate.attention)
 # 6: DTensor's shape propagation is not recorded (predictor.ir.recorder.unrecorded)
@@ -58,6 +58,8 @@ CAPTURE_VERSION = 16  # 3: model_info in meta; key on model structure and source
 #     time shift; a constant pad no longer pins B and S to their hints: Mamba2's chunk scan)
 # 16: a compiled region runs inductor's own partition function and generated wrapper
 #     (predictor.emulate.inductor); a checkpointed one is traced under SAC's dispatch mode
+# 17: a compiled region's inputs in first-use order, its parameters static by position (as
+#     dynamo and AOTAutograd hand them to the partitioner); FSDP's float8 all-gather
 _OFF = ("off", "none", "0", "false", "no")
 
 

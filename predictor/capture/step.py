@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import torch
 from memgnn.predictor.emulate.attention import apply_attention, check_attention
 from memgnn.predictor.emulate.compile import apply_compile
-from memgnn.predictor.emulate.float8 import apply_float8, check_float8
+from memgnn.predictor.emulate.float8 import apply_float8, check_float8, precompute_scales
 from memgnn.predictor.emulate.fsdp_offload import HostOptimizer, offloads_params
 from memgnn.predictor.emulate.loss import apply_chunked_loss, compile_model_loss
 from memgnn.predictor.emulate.offload import apply_activation_offload
@@ -424,6 +424,7 @@ class TrainingStep:
                     self.scaler.update()
                 else:
                     self.optimizer.step()
+                precompute_scales(self.model, self.train)  # --float8-precompute-scale
             obs.on_optimizer_end(self.optimizer, step)
             obs.on_phase("zero_grad", step, 0)
             self.optimizer.zero_grad(set_to_none=self.train.optim.set_to_none)

@@ -42,6 +42,7 @@ import torch
 from memgnn.predictor.emulate.inductor import lower, run_graph
 from memgnn.predictor.ir.recorder import recorded
 from torch import fx, nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 log = logging.getLogger(__name__)
@@ -78,16 +79,18 @@ def _checkpointed(inner: Callable[..., Any], context_fn: Callable[..., Any] | No
 _AC_GRAPH_IDS = itertools.count(1)
 
 
-def _inductor_partition(joint: fx.GraphModule, inputs: Any, *, static: int, **kwargs: Any) -> Any:
+def _inductor_partition(
+    joint: fx.GraphModule, inputs: Any, *, static: list[int], **kwargs: Any
+) -> Any:
     """Inductor's own partition function: its joint-graph passes (among them
     `replace_random_passes`: a random op becomes a seeded `inductor_random`, recomputed in
     backward from the saved seed where checkpointing asks) and then the min-cut
-    partitioner, under the trace's fake mode as `compile_fx` runs it. The first `static`
-    inputs (the region's parameters and buffers) are static-lifetime, as dynamo marks a
-    module's parameters: free to save, so that what is derived from a weight (a float8
-    cast) is recomputed from it rather than saved."""
+    partitioner, under the trace's fake mode as `compile_fx` runs it. The `static` inputs
+    (the region's parameters and buffers, `_static_indices`) are static-lifetime, as dynamo
+    marks a module's parameters: free to save, so that what is derived from a weight (a
+    float8 cast) is recomputed from it rather than saved."""
     if not kwargs.get("static_lifetime_input_indices"):
-        kwargs["static_lifetime_input_indices"] = list(range(static))
+        kwargs["static_lifetime_input_indices"] = static
     from torch._guards import detect_fake_mode
     from torch._inductor.compile_fx import partition_fn
     from torch._inductor.virtualized import V
@@ -95,6 +98,52 @@ def _inductor_partition(joint: fx.GraphModule, inputs: Any, *, static: int, **kw
     vals = [n.meta.get("val") for n in joint.graph.nodes if n.op == "placeholder"]
     with V.set_fake_mode(detect_fake_mode(vals)):
         return partition_fn(joint, inputs, **kwargs)
+
+
+def _static_indices(n_state: int, order: list[int]) -> list[int]:
+    """The static-lifetime inputs the partitioner is told of: the positions of the region's
+    parameters and buffers (the first `n_state` inputs) in the order they are passed, as
+    dynamo marks a module's parameters. These index the region's inputs before AOTAutograd
+    flattens a tensor subclass into its inner tensors, and torch 2.13 hands them to the
+    partitioner as they are (`fw_metadata.static_input_indices`), so past a subclass input
+    (torchao's float8 weight FSDP gathers: data and scale) they name the placeholders one
+    or more to the left; the real compile partitions so, and so does this."""
+    return [k for k, i in enumerate(order) if i < n_state]
+
+
+def _first_use(fn: Callable[..., Any], args: tuple, kwargs: dict, inputs: list[Any]) -> list[int]:
+    """`inputs` (indices) in the order `fn` first uses them, as dynamo lifts a region's
+    parameters and arguments into its graph's placeholders when its trace first meets
+    them (the min-cut partitioner breaks ties by that order); unused ones last."""
+    from memgnn.predictor.ir.recorder import unrecorded
+
+    index = {id(t): i for i, t in enumerate(inputs)}
+    seen: dict[int, None] = {}
+
+    class FirstUse(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            for x in tree_flatten((args, kwargs))[0]:
+                i = index.get(id(x))
+                if i is not None:
+                    seen.setdefault(i)
+            return func(*args, **kwargs)
+
+    with unrecorded(), torch.no_grad(), FirstUse():
+        fn(*args, **kwargs)
+    return [*seen, *(i for i in range(len(inputs)) if i not in seen)]
+
+
+def _permuted(fn: Callable[..., Any], order: list[int]) -> Callable[..., Any]:
+    """`fn` taking its tensors in `order` (the k-th argument is `fn`'s `order[k]`-th)."""
+
+    def permuted(*tensors: Any) -> Any:
+        back: list[Any] = [None] * len(order)
+        for k, i in enumerate(order):
+            back[i] = tensors[k]
+        return fn(*back)
+
+    return permuted
 
 
 def _always_prefer_recompute(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
@@ -163,20 +212,24 @@ class Region:
         )
         if self.broken:
             return self.inner(*args, **kwargs)
-        compiled = self.cache.get(key)
-        if compiled is None:
+        inputs = [*state.values(), *tensors]
+        cached = self.cache.get(key)
+        if cached is None:
+            order = _first_use(self.inner, args, kwargs, inputs)
             compiled = aot_function(
-                self._fn(spec, leaves, where, list(state)),
+                _permuted(self._fn(spec, leaves, where, list(state)), order),
                 fw_compiler=functools.partial(self._compiler, backward=False),
                 bw_compiler=functools.partial(self._compiler, backward=True),
-                partition_fn=functools.partial(_inductor_partition, static=len(state)),
+                partition_fn=functools.partial(
+                    _inductor_partition, static=_static_indices(len(state), order)
+                ),
                 decompositions=select_decomp_table(),
                 num_params_buffers=len(state),
                 dynamic=True,
             )
-            self.cache[key] = compiled
+            cached = self.cache[key] = (compiled, order)
             try:  # AOTAutograd traces on a first call: on fresh inputs, unrecorded
-                self._trace(compiled, [*state.values()], tensors)
+                self._trace(compiled, order, [*state.values()], tensors)
             except Exception as exc:
                 del self.cache[key]
                 if not _data_dependent(exc):
@@ -184,9 +237,12 @@ class Region:
                 self._graph_break(exc)
                 return self.inner(*args, **kwargs)
         with unrecorded():  # AOTAutograd's runtime; the wrapper's run records the kernels
-            return compiled(*state.values(), *tensors)
+            compiled, order = cached
+            return compiled(*(inputs[i] for i in order))
 
-    def _trace(self, compiled: Any, state: list[torch.Tensor], tensors: list[Any]) -> None:
+    def _trace(
+        self, compiled: Any, order: list[int], state: list[torch.Tensor], tensors: list[Any]
+    ) -> None:
         """The first call traces; its inputs are fresh tensors like the real ones, so that
         what AOTAutograd keeps of its trace holds none of the step's tensors."""
         from memgnn.predictor.ir.recorder import unrecorded
@@ -194,8 +250,8 @@ class Region:
         self.tracing = True
         try:
             with unrecorded(), _dynamo_view(True):
-                fresh = [_like(t) for t in tensors]
-                compiled(*state, *fresh)
+                fresh = [*state, *(_like(t) for t in tensors)]
+                compiled(*(fresh[i] for i in order))
         finally:
             self.tracing = False
 

@@ -31,14 +31,19 @@ entry of `--float8-filter-fqns`. Its default `output` is torchtitan's configs' f
 `get_output_embeddings()`, else a child named `output` or `lm_head`), so BERT's
 `attention.output.dense` is not caught by the word.
 
-Assumed (the answer's model says `+ float8 <recipe>`): eager mode (under torch.compile
-the partitioner may save the float8 casts instead and fuse the temporaries); FSDP
-all-gathers the high-precision weight (no `enable_fsdp_float8_all_gather`); no
-torchtitan `auto_filter_small_kn`. On CUDA torchtitan needs compute capability >= 8.9.
+`--float8-fsdp-all-gather` (tensorwise, under FSDP2): torchao's
+`enable_fsdp_float8_all_gather`, the weight a `WeightWithDynamicFloat8CastTensor` whose FSDP
+hooks cast each shard to float8 before the all-gather (the unsharded weight one byte an
+element); `--float8-precompute-scale`: torchtitan's `precompute_float8_dynamic_scale_for_
+fsdp` after the optimizer step (`precompute_scales`). Both run as the libraries run them.
+
+Assumed (the answer's model says `+ float8 <recipe>` and whether FSDP gathers in float8):
+no torchtitan `auto_filter_small_kn`. On CUDA torchtitan needs compute capability >= 8.9.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -56,6 +61,7 @@ __all__ = [
     "float8_label",
     "float8_layers",
     "output_head",
+    "precompute_scales",
 ]
 
 OUTPUT_HEAD = "output"  # the --float8-filter-fqns entry that names the output head
@@ -128,11 +134,20 @@ def float8_layers(model: nn.Module) -> tuple[int, int]:
 
 
 def float8_label(model: nn.Module, train: TrainSpec) -> str:
-    """` + float8 rowwise (12/13 Linear)` for the answer's model class; '' without --float8."""
+    """` + float8 rowwise (12/13 Linear)` for the answer's model class (`, FSDP float8
+    all-gather`, `, precomputed scales` inside the brackets when on); '' without --float8."""
     if train.numerics.float8 == "none":
         return ""
     converted, linears = float8_layers(model)
-    return f" + float8 {train.numerics.float8} ({converted}/{linears} Linear)"
+    extra = "".join(
+        text
+        for on, text in (
+            (train.numerics.float8_fsdp_all_gather, ", FSDP float8 all-gather"),
+            (train.numerics.float8_precompute_scale, ", precomputed scales"),
+        )
+        if on
+    )
+    return f" + float8 {train.numerics.float8} ({converted}/{linears} Linear{extra})"
 
 
 def _autocast_input(device_type: str) -> Callable:
@@ -158,6 +173,8 @@ def apply_float8(model: nn.Module, train: TrainSpec, *, device: torch.device, ta
     from torchao.float8.float8_linear import Float8Linear
 
     config = Float8LinearConfig.from_recipe_name(recipe)
+    if train.numerics.float8_fsdp_all_gather:
+        config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
     keep = float8_filter(model, train.numerics.float8_filters)
     convert_to_float8_training(model, module_filter_fn=keep, config=config)
     converted = [m for m in model.modules() if isinstance(m, Float8Linear)]
@@ -171,3 +188,15 @@ def apply_float8(model: nn.Module, train: TrainSpec, *, device: torch.device, ta
             m.register_forward_pre_hook(_autocast_input(device.type))
     log.info("float8 %s: %d Linear layers converted", recipe, len(converted))
     return len(converted)
+
+
+def precompute_scales(model: nn.Module, train: TrainSpec) -> None:
+    """torchtitan's post-optimizer hook under `--float8-precompute-scale`: torchao's
+    `precompute_float8_dynamic_scale_for_fsdp` (every weight's amax by `_foreach_norm`, one
+    all-reduce of them stacked, a scale kept on each weight's local tensor for the next
+    all-gather's cast)."""
+    if not train.numerics.float8_precompute_scale:
+        return
+    from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+    precompute_float8_dynamic_scale_for_fsdp(model)

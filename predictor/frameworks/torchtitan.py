@@ -29,7 +29,9 @@ Key (default) -> memgnn:
 - optimizer.name (AdamW) / implementation (fused) -> --optimizer / --optimizer-impl
 - model.converters ["float8"] / ["quantize.linear.float8"] with [float8] / [quantize.linear.
   float8] recipe_name (None: tensorwise) and filter_fqns ([]; torchtitan's names mapped to
-  transformers' q_proj ... ; `output` the head) -> --float8 RECIPE --float8-filter-fqns
+  transformers' q_proj ... ; `output` the head) -> --float8 RECIPE --float8-filter-fqns;
+  enable_fsdp_float8_all_gather / precompute_float8_dynamic_scale_for_fsdp under FSDP ->
+  --float8-fsdp-all-gather / --float8-precompute-scale
 - parallelism.pipeline_parallel_degree alone (no tensor, context or expert parallelism, no
   replicas) -> --pp N --gpus N; with data_parallel_shard_degree D > 1 -> --pp N --sharding
   fsdp --gpus N x D (each stage sharded by FSDP2; fsdp_reshard_after_forward "default" ->
@@ -40,8 +42,8 @@ Key (default) -> memgnn:
 Not modelled (warnings): tensor / context / expert parallel degrees > 1, pipeline with
 replicas (HSDP) or other parallelism,
 memory-budget activation checkpointing (the answer checkpoints nothing), compile with
-what memgnn does not model it with (float8; the answer is the eager step's), MX
-converters, float8's FSDP float8 all-gather, CPU offload, the optimizer in backward.
+what memgnn does not model it with (the answer is the eager step's), MX
+converters, CPU offload, the optimizer in backward.
 torchtitan's own model code is captured as transformers' class of the same shapes; newer
 torchtitan shards tok_embeddings and [norm, output] as FSDP groups of their own (memgnn:
 one root group).
@@ -581,11 +583,8 @@ def _float8(b: Builder, section: str, source: str) -> str:
         b.read(filter_key, became_filter)
     else:
         b.default(filter_key, [], f"{became_filter} (none filtered)")
+    _float8_all_gather(b, section, recipe_key)
     for name, what, assumes in (
-        ("enable_fsdp_float8_all_gather", "FSDP's float8 all-gather of the weights",
-         "bf16 all-gathers"),
-        ("precompute_float8_dynamic_scale_for_fsdp", "one all-reduce of the weights' scales",
-         "no precomputed scales"),
         ("emulate", "torchao's emulated float8 gemm", "the _scaled_mm path"),
         ("force_recompute_fp8_weight_in_bwd", "recomputing the float8 weight in backward",
          "eager torchao 0.18 (high-precision weight saved, recast in backward)"),
@@ -594,6 +593,36 @@ def _float8(b: Builder, section: str, source: str) -> str:
         if b.has(key):
             b.feature(key, what, assumes)
     return became
+
+
+def _float8_all_gather(b: Builder, section: str, recipe_key: str) -> None:
+    """enable_fsdp_float8_all_gather and precompute_float8_dynamic_scale_for_fsdp as
+    torchtitan's Float8 converter takes them: the all-gather only when FSDP shards
+    (dp_shard_enabled) and no recipe_name is given (torchtitan asserts against both), the
+    precomputed scales only with the float8 all-gather."""
+    gather_key = f"{section}.enable_fsdp_float8_all_gather"
+    scale_key = f"{section}.precompute_float8_dynamic_scale_for_fsdp"
+    gather = b.has(gather_key) and not is_off(b.flat[gather_key])
+    if gather and b.has(recipe_key):
+        raise ValueError(
+            f"{gather_key}: true with {recipe_key}: {b.get(recipe_key)!r}: torchtitan refuses "
+            "the float8 all-gather with a recipe (tensorwise without recipe_name only)"
+        )
+    sharded = b.reading.options.get("sharding") in ("fsdp", "hsdp")
+    if b.has(gather_key):
+        if gather and sharded:
+            b.read(gather_key, b.option("float8_fsdp_all_gather", True, f"{gather_key}: true"))
+        else:
+            b.read(gather_key, "off" if not gather else
+                   "no float8 all-gather (FSDP does not shard: torchtitan's needs "
+                   "dp_shard_enabled)")  # fmt: skip
+    if b.has(scale_key):
+        scale = not is_off(b.flat[scale_key])
+        if scale and gather and sharded:
+            b.read(scale_key, b.option("float8_precompute_scale", True, f"{scale_key}: true"))
+        else:
+            b.read(scale_key, "off" if not scale else
+                   "no precomputed scales (torchtitan's need the float8 all-gather)")  # fmt: skip
 
 
 def _converters(b: Builder) -> None:

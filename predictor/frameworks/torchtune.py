@@ -16,13 +16,14 @@ Key (default) -> memgnn:
 - model.use_dora -> a warning (DoRA is not modelled)
 - batch_size -> --batch (B)
 - tokenizer.max_seq_len (null: each batch's longest) -> --seq (S)
-- dataset.packed -> rows of exactly max_seq_len
+- dataset.packed -> rows of exactly max_seq_len (with compile: --compile-dynamic false, one
+  static-shape compile; unpacked, lengths vary and dynamo recompiles with dynamic shapes)
 - gradient_accumulation_steps -> --grad-accum
 - dtype (bf16 / fp32) -> --precision bf16 / fp32: parameters, gradients, optimizer states
   and activations all in it; LoRA adapters too (--lora-dtype model)
 - enable_activation_checkpointing (default false) -> --checkpointing full
 - enable_fp8_training (default false) + fp8_recipe_name (null: torchao's default config,
-  tensorwise, with its FSDP float8 all-gather: not modelled, warned) -> --float8 RECIPE;
+  tensorwise, with its FSDP float8 all-gather: --float8-fsdp-all-gather) -> --float8 RECIPE;
   torchtune converts every Linear but `output` (--float8-filter-fqns output)
 - optimizer._component_, optimizer.fused / foreach -> --optimizer, --optimizer-impl
   (bitsandbytes.optim.X -> bnb.X, torchao.optim.X -> torchao.X: the library's own class)
@@ -248,7 +249,14 @@ def read_torchtune(
             b.read(key, "off")
     _fp8(b)
     if b.has("compile"):  # training.compile_model: torch.compile on each decoder layer
+        if _packed(data) and not is_off(b.flat["compile"]):
+            # every batch max_seq_len long (drop_last): dynamo's first, static-shape compile
+            # is the only one; unpacked lengths vary and recompile with dynamic shapes
+            b.option("compile_dynamic", False, "dataset.packed: true (every batch one shape)")
         b.compile_switch("compile", "blocks", "each transformer layer, as training.compile_model")
+        if b.reading.options.get("compile") != "blocks":
+            b.reading.options.pop("compile_dynamic", None)
+            b.reading.sources.pop("compile_dynamic", None)
         # training.compile_loss compiles the chunked loss per chunk (modelled under --compile
         # blocks); an unchunked loss it compiles whole, but torchtune's model upcasts its
         # logits to fp32 in forward, outside that loss, where transformers' loss_function
@@ -277,11 +285,17 @@ def _fp8(b: Builder) -> None:
     if b.given(recipe_key):
         b.read(recipe_key, became)
     else:
-        b.default(recipe_key, None, f"{became} (torchao's default Float8LinearConfig)")
-        b.warn(
-            f"{key}: true without {recipe_key}: torchtune enables FSDP's float8 all-gather, "
-            "which is not modelled; the answer all-gathers the weights in their own dtype"
-        )
+        if b.reading.options.get("sharding") in ("fsdp", "hsdp"):
+            gather = b.option("float8_fsdp_all_gather", True, f"{key}: true without {recipe_key}")
+            b.default(recipe_key, None, f"{became} {gather} (torchtune's Float8LinearConfig("
+                      "enable_fsdp_float8_all_gather=True))")  # fmt: skip
+        else:
+            b.default(recipe_key, None, f"{became} (torchao's default Float8LinearConfig)")
+            b.warn(
+                f"{key}: true without {recipe_key} in a single-device reading: torchtune's "
+                "FSDP2 float8 all-gather has no FSDP to act on here; give --gpus N --sharding "
+                "fsdp for the distributed recipe"
+            )
 
 
 def _model(b: Builder, catalog: Catalog | None) -> dict | None:
@@ -373,13 +387,18 @@ def _lora(b: Builder, kind: str, config: dict | None) -> None:
         b.read("model.use_dora", "off")
 
 
-def _seq(b: Builder, data: dict[str, Any]) -> None:
-    key = "tokenizer.max_seq_len"
+def _packed(data: dict[str, Any]) -> bool:
+    """Whether the file's dataset (or any of a list of them) is packed."""
     datasets = data.get("dataset")
-    packed = any(
+    return any(
         isinstance(d, dict) and d.get("packed")
         for d in (datasets if isinstance(datasets, list) else [datasets])
     )
+
+
+def _seq(b: Builder, data: dict[str, Any]) -> None:
+    key = "tokenizer.max_seq_len"
+    packed = _packed(data)
     if b.get(key) is not None:
         how = "every packed row" if packed else "the longest a batch can be"
         b.read(key, f"{b.size('S', b.number(key), f'{key}: {b.get(key)}')} ({how})")

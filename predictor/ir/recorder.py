@@ -21,6 +21,7 @@ import torch
 from memgnn.predictor.ir.sources import SourceFinder
 from memgnn.predictor.ir.vocab import CATEGORIES, PHASES, PLACES
 from torch.distributed.tensor import DTensor
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_leaves
 
@@ -116,10 +117,21 @@ def leaves(tensors: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
         if isinstance(t, DTensor):  # this rank's shard (itself maybe a subclass)
             yield from leaves([t._local_tensor])
         elif isinstance(t, torch.Tensor) and is_traceable_wrapper_subclass(t):
-            names, _ = t.__tensor_flatten__()
-            yield from leaves(getattr(t, n) for n in names)
+            yield from leaves(_inner_tensors(t))
         else:
             yield t
+
+
+def _inner_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """A wrapper subclass's inner tensors by its `__tensor_flatten__`; where that reads a
+    value (torchao's float8 weight asks `if self._precomputed_scale:`, which a fake scale
+    cannot answer), the tensors among its attributes, as flattening a real one gives
+    them (a precomputed scale is never zero)."""
+    try:
+        names, _ = t.__tensor_flatten__()
+    except GuardOnDataDependentSymNode:
+        return [v for v in vars(t).values() if isinstance(v, torch.Tensor)]
+    return [getattr(t, n) for n in names]
 
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,8 @@
 """How one training step runs: the training spec, nested by concern (torchtitan's style).
 
     TrainSpec
-      numerics     NumericsSpec(precision, float8, float8_filter_fqns)
+      numerics     NumericsSpec(precision, float8, float8_filter_fqns, float8_fsdp_all_gather,
+                   float8_precompute_scale)
       optim        OptimSpec(name, impl, lr, set_to_none)
       activations  ActivationSpec(checkpointing)
       kernels      KernelSpec(attention, compile, loss)
@@ -120,6 +121,23 @@ class NumericsSpec:
         help="--float8: comma-separated module-name substrings to keep out of float8 "
         "(torchtitan's filter_fqns); 'output' means the output head (lm_head / output)",
     )  # fmt: skip
+    # torchao's FSDP2 extension (`Float8LinearConfig.enable_fsdp_float8_all_gather`): the
+    # weights are cast to float8 before the all-gather (one byte an element gathered and
+    # unsharded), and torchtitan's `precompute_float8_dynamic_scale_for_fsdp` after the
+    # optimizer step (one all-reduce of every weight's amax)
+    float8_fsdp_all_gather: bool = opt(
+        False, name="float8_fsdp_all_gather", cli="bool",
+        help="--float8 tensorwise with --sharding fsdp|hsdp: FSDP2 all-gathers the weights "
+        "in float8 (torchao's enable_fsdp_float8_all_gather): the unsharded weights are "
+        "float8 with a scale, the sharded ones stay in the training dtype",
+    )  # fmt: skip
+    float8_precompute_scale: bool = opt(
+        False, name="float8_precompute_scale", cli="bool",
+        help="--float8-fsdp-all-gather: compute every weight's float8 scale after the "
+        "optimizer step in one all-reduce (torchtitan's "
+        "precompute_float8_dynamic_scale_for_fsdp) instead of one per weight in each "
+        "all-gather",
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         _choice(self.precision, PRECISIONS, "precision")
@@ -131,6 +149,17 @@ class NumericsSpec:
             )
         if self.float8 == "none" and self.float8_filter_fqns != "output":
             raise ValueError("--float8-filter-fqns applies to --float8 tensorwise|rowwise|...")
+        if self.float8_fsdp_all_gather and self.float8 != "tensorwise":
+            raise ValueError(
+                f"--float8-fsdp-all-gather applies to --float8 tensorwise, not {self.float8} "
+                "(torchao casts a weight to float8 before the all-gather with one scale per "
+                "tensor only)"
+            )
+        if self.float8_precompute_scale and not self.float8_fsdp_all_gather:
+            raise ValueError(
+                "--float8-precompute-scale applies to --float8-fsdp-all-gather true "
+                "(torchtitan precomputes the scales of the weights FSDP gathers in float8)"
+            )
         if self.float8 != "none" and self.precision in ("fp16", "amp-fp16"):
             raise ValueError(
                 f"--float8 {self.float8} with --precision {self.precision} is not modelled: "
@@ -1127,6 +1156,11 @@ def _check_float8(train: TrainSpec) -> None:
         raise ValueError(
             f"--float8 {recipe} with --sharding {train.parallel.sharding} is not modelled; "
             "float8 training is modelled on one GPU, with ddp, fsdp or hsdp"
+        )
+    if train.numerics.float8_fsdp_all_gather and train.parallel.sharding not in ("fsdp", "hsdp"):
+        raise ValueError(
+            f"--float8-fsdp-all-gather with --sharding {train.parallel.sharding}: it changes "
+            "what FSDP2 all-gathers; use --sharding fsdp or hsdp, or drop it"
         )
     if train.parallel.tp > 1:
         raise ValueError(

@@ -149,6 +149,13 @@ def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
         {"sharding": "ddp", "peft": "lora"},
         {"sharding": "fsdp", "loss": "chunked-ce:4"},
         {"sharding": "fsdp", "float8": "tensorwise", "compile_dynamic": False},
+        {
+            "sharding": "fsdp",
+            "float8": "tensorwise",
+            "compile_dynamic": False,
+            "float8_fsdp_all_gather": True,
+            "float8_precompute_scale": True,
+        },
     ],
     ids=[
         "fsdp",
@@ -161,6 +168,7 @@ def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
         "ddp-lora",
         "fsdp-chunked-ce",
         "fsdp-float8-static",
+        "fsdp-float8-all-gather",
     ],  # fmt: skip
 )
 def test_compiled_blocks_rank_peak_matches_a_real_gloo_run(tmp_path, options):

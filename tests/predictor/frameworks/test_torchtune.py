@@ -294,6 +294,16 @@ fp8_recipe_name: rowwise
     default = read_config(write("fp8d.yaml", text.replace("fp8_recipe_name: rowwise\n", "")))
     assert default.options["float8"] == "tensorwise"
     assert any("float8 all-gather" in w for w in default.warnings)
+    assert "float8_fsdp_all_gather" not in default.options
+    # the distributed recipe: FSDP2 over the ranks, the weights all-gathered in float8
+    name = "fp8_distributed.yaml"
+    shard = read_config(write(name, text.replace("fp8_recipe_name: rowwise\n", "")))
+    assert (shard.options["sharding"], shard.options["float8_fsdp_all_gather"]) == ("fsdp", True)
+    default = next(k for k in shard.keys if k.key == "fp8_recipe_name")
+    assert default.default and default.became.endswith("enable_fsdp_float8_all_gather=True))")
+    assert not any("float8 all-gather" in w for w in shard.warnings)
+    spec = valid_spec(shard, gpus=2)
+    assert spec.numerics.float8_fsdp_all_gather
     off = read_config(
         write("off.yaml", text.replace("enable_fp8_training: true", "enable_fp8_training: false"))
     )
@@ -313,6 +323,15 @@ def test_compile_reads_as_each_layer_compiled(write, catalog):
     chunked = text + "loss:\n  _component_: torchtune.modules.loss.CEWithChunkedOutputLoss\n"
     r = read_config(write("c.yaml", chunked), catalog=catalog)
     assert r.options["loss"] == "chunked-ce:8" and "compile_loss" not in r.options
+    # unpacked batches vary in length: dynamo recompiles them with dynamic shapes (the
+    # default); packed ones are all max_seq_len long: one static-shape compile
+    assert "compile_dynamic" not in r.options
+    packed = text + "dataset:\n  _component_: d.d\n  packed: True\n"
+    packed += "tokenizer:\n  _component_: t.t\n  max_seq_len: 2048\n"
+    r = read_config(write("p.yaml", packed), catalog=catalog)
+    assert (r.options["compile"], r.options["compile_dynamic"]) == ("blocks", False)
+    r = read_config(write("pe.yaml", packed.replace("compile: True", "compile: False")))
+    assert "compile_dynamic" not in r.options
 
 
 # recipes/configs/llama3_2/3B_full_single_device.yaml as torchtune's README optimization-flags
