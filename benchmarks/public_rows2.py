@@ -30,14 +30,12 @@ from public_rows import (
 REASONS = {
     "contradicts": "the source contradicts itself (reported, not fitted)",
     "compile": "torch.compile with this row's other techniques not modelled (--compile "
-    "blocks is, alone and with ddp/fsdp, checkpointing, adapters and float8 (static "
-    "shapes); not with offloading or a quantised base)",
+    "blocks is, alone and with ddp/fsdp, checkpointing, adapters, torchtune's activation "
+    "offloading and float8 (static shapes); not with FSDP CPU offload or a quantised base)",
     "float8": "float8 with tensor parallel (torchao's float8 TP styles) not modelled",
     "tp": "tensor parallel",
     "cp": "context parallel",
     "pp": "pipeline parallel",
-    "compile_offload": "torch.compile of the layers with activation offloading (torchtune's "
-    "OffloadActivations hooks around compiled layers) not modelled",
     "mx": "MX (mxfp8) training not modelled",
     "torchao_nf4": "torchao NF4Tensor base weights (memgnn models bitsandbytes' nf4)",
     "cpu_offload": "CPU offload of params (FSDP) not modelled",
@@ -257,10 +255,12 @@ ROWS_2: list[Row] = [
           ("ttune12", "chunked_ce", "+ Chunked Cross Entropy"),
           ("ttune13", "ac", "+ Activation Checkpointing"),
           ("ttune14", "opt_in_bwd", "+ Fuse optimizer step into backward"))],
-    not_row("ttune15", "compile_offload"),
-    not_row("ttune16", "compile_offload"),
-    not_row("ttune17", "compile_offload"),
-    not_row("ttune18", "compile_offload", "torchao_nf4"),
+    *[_tt_nov(id, f"llama3_2_3B_{name}.yaml", step)
+      for id, name, step in (
+          ("ttune15", "full_single_device_offload", "+ Activation Offloading"),
+          ("ttune16", "full_single_device_adamw8bit", "+ 8-bit AdamW"),
+          ("ttune17", "lora_single_device_offload", "LoRA"))],
+    not_row("ttune18", "compile", "torchao_nf4"),
     not_row("ttune19", "compile", "torchao_nf4"),
     row(id="ttune20", model="hf:meta-llama/Llama-2-7b-hf", batch=4, seq=2048,
         config=CONFIGS + "llama2_7B_lora_single_device.yaml",

@@ -31,10 +31,11 @@ a device tensor is allocated and filled.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from memgnn.predictor.ir.recorder import placed
+from memgnn.predictor.ir.recorder import placed, recorded
 from memgnn.predictor.spec.train import TrainSpec
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
@@ -75,7 +76,19 @@ def save_on_cpu_hooks(target: str) -> saved_tensors_hooks:
             return _to_device(out)
         return out
 
-    return saved_tensors_hooks(pack_to_host, unpack_from_host)
+    return saved_tensors_hooks(_recorded(pack_to_host), _recorded(unpack_from_host))
+
+
+def _recorded(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A saved-tensor hook whose copies are recorded wherever autograd calls it: also from
+    a compiled region's `save_for_backward`, which AOTAutograd's runtime makes inside the
+    capture's unrecorded call of the region (`emulate.compile.Region`)."""
+
+    def run(x: Any) -> Any:
+        with recorded():
+            return hook(x)
+
+    return run
 
 
 class OffloadActivations(saved_tensors_hooks):
@@ -96,7 +109,7 @@ class OffloadActivations(saved_tensors_hooks):
         self.bwd_tensor_stash: dict[int, torch.Tensor] = {}
         self.curr_graph_id: Any = None
         self.curr_node: Any = None
-        super().__init__(self._pack, self._unpack)
+        super().__init__(_recorded(self._pack), _recorded(self._unpack))
 
     # ---- forward --------------------------------------------------------------------
     def _pack(self, activation: torch.Tensor) -> int:

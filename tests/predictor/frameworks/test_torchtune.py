@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from memgnn.predictor.frameworks import read_config
 from memgnn.predictor.frameworks.files import flatten
@@ -381,3 +383,29 @@ def test_the_plain_cross_entropy_is_the_models_loss(write, catalog):
     )
     r = read_config(write("ce.yaml", text), catalog=catalog)
     assert "loss" not in r.options
+
+
+TUNE_CONFIGS = Path(__file__).parents[3] / "benchmarks" / "configs" / "torchtune"
+
+
+def test_the_benchmark_configs_read_into_valid_specs(catalog, valid_spec):
+    """benchmarks/configs/torchtune (the public-gpu-measurements-2 torchtune rows): each
+    reads into a valid spec; the only warnings are the bitsandbytes paged optimizers' (a
+    paged state's device share) and the distributed recipe's GPU count. The packed,
+    compiled steps compile with static shapes, the Nov 2024 '+ Activation Offloading' and
+    later steps with torchtune's offloading around the compiled layers."""
+    files = sorted(TUNE_CONFIGS.glob("*.yaml"))
+    assert len(files) == 13
+    for f in files:
+        r = read_config(f, catalog=catalog)
+        for w in r.warnings:
+            assert w.startswith(("optimizer._component_: bitsandbytes.optim.Paged",
+                                 "a distributed recipe")), (f.name, w)  # fmt: skip
+        valid_spec(r, **({"gpus": 8} if r.options.get("sharding") else {}))
+        if r.options.get("compile") == "blocks":
+            assert r.options["compile_dynamic"] is False, f.name  # every one packed
+    offload = read_config(TUNE_CONFIGS / "llama3_2_3B_lora_single_device_offload.yaml")
+    assert (offload.options["offload_activations"], offload.options["compile"]) == (
+        "torchtune",
+        "blocks",
+    )
