@@ -20,6 +20,7 @@ import copy
 import functools
 import logging
 import re
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -128,16 +129,32 @@ def _kernel(name: str, *args: Any) -> None:
 
 def lower(gm: fx.GraphModule, example_inputs: list[Any], *, backward: bool) -> WrapperCode:
     """Inductor's wrapper code for `gm` (a partitioned forward or backward graph) on
-    `example_inputs` (the trace's fake tensors), cached by the graph's code and inputs:
-    every repeated block compiles to the same wrapper."""
+    `example_inputs` (the trace's fake tensors), cached by the graph's code and inputs
+    within one capture (its fake mode's shape environment): every repeated block compiles
+    to the same wrapper, and a later capture lowers afresh, so that the guards inductor's
+    lowering adds land in its own shape environment. The cache goes with the capture."""
+    from torch._guards import detect_fake_mode
+
+    fake = detect_fake_mode(example_inputs)
+    owner = (fake.shape_env or fake) if fake is not None else _NO_FAKE_MODE
+    cache = _CACHE.setdefault(owner, {})
     key = (gm.code, backward, tuple(_meta(x) for x in example_inputs))
-    found = _CACHE.get(key)
+    found = cache.get(key)
     if found is None:
-        found = _CACHE[key] = WrapperCode(_generate(gm, example_inputs, backward))
+        if owner is _NO_FAKE_MODE and len(cache) >= _MAX_UNOWNED:
+            cache.pop(next(iter(cache)))  # real tensors (tests): the oldest goes
+        found = cache[key] = WrapperCode(_generate(gm, example_inputs, backward))
     return found
 
 
-_CACHE: dict[Any, WrapperCode] = {}
+class _NoFakeMode:
+    """The cache owner of graphs lowered on real example inputs."""
+
+
+_NO_FAKE_MODE = _NoFakeMode()
+_MAX_UNOWNED = 64
+# shape environment (or fake mode) -> {(graph code, backward, input metadata): wrapper}
+_CACHE: weakref.WeakKeyDictionary[Any, dict[Any, WrapperCode]] = weakref.WeakKeyDictionary()
 
 
 def _meta(x: Any) -> Any:

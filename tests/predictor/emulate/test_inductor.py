@@ -3,7 +3,10 @@ scheduled and planned by inductor, then run on the capture's fake tensors."""
 
 from __future__ import annotations
 
+import gc
+
 import torch
+from memgnn.predictor.emulate import inductor
 from memgnn.predictor.emulate.inductor import lower
 from memgnn.predictor.ir.recorder import StepRecorder
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -51,3 +54,20 @@ def test_repeated_blocks_share_one_wrapper():
     with mode:
         other = torch.empty(16, 8)
     assert lower(_graph(), [other, w], backward=False) is not first
+
+
+def test_the_cache_is_one_captures_and_goes_with_it():
+    """Another capture (its own fake mode and shape environment) lowers the same graph
+    afresh, so inductor's lowering guards land in its environment; once a capture's
+    fake mode is gone, so are its wrappers."""
+    first_mode, second_mode = FakeTensorMode(), FakeTensorMode()
+    with first_mode:
+        a, w = torch.empty(8, 8), torch.empty(8, 8)
+    first = lower(_graph(), [a, w], backward=False)
+    with second_mode:
+        b, v = torch.empty(8, 8), torch.empty(8, 8)
+    assert lower(_graph(), [b, v], backward=False) is not first
+    owners = len(inductor._CACHE)
+    del first_mode, a, w, first
+    gc.collect()
+    assert len(inductor._CACHE) == owners - 1
