@@ -3,8 +3,8 @@
 For each tiny zoo model, three numbers per compile mode (none | blocks | full), all bytes on
 the CPU, steady-state step (`--steps steady`: the warm-up step compiles):
 - predicted: the captured step's tensor-level peak (fake tensors; a compiled region runs
-  AOTAutograd's min-cut partition with inductor's buffers approximated,
-  `predictor.emulate.compile`);
+  inductor's partition function and its generated wrapper, `predictor.emulate.compile`
+  and `predictor.emulate.inductor`);
 - real: a real step (`torch.compile`, inductor's CPU backend, for compiled modes) measured
   by torch.profiler's CPU allocator events (every c10 allocation, inductor's buffers
   included) plus the state alive before the step;
@@ -21,7 +21,7 @@ import sys
 import time
 
 import torch
-from memgnn.dataset.cpu_backend import profiler_peak
+from memgnn.dataset.cpu_backend import compiled_afresh, profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.capture.step import TrainingStep, step_plan
 from memgnn.predictor.errors import UserError
@@ -56,16 +56,17 @@ def real_peak(bundle, train: TrainSpec, sizes: dict[str, int]) -> int:
     torch.manual_seed(0)
     step = TrainingStep(bundle, train, device=torch.device("cpu"), target="cpu")
     warmup, measured = step_plan(train)
-    step.run(sizes, steps=warmup)
-    seen, before = set(), 0
-    for tensors in step.state_tensors().values():
-        for t in tensors:
-            s = t.untyped_storage()
-            if s.data_ptr() not in seen:
-                seen.add(s.data_ptr())
-                before += s.nbytes()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step.run(sizes, steps=measured)
+    with compiled_afresh():
+        step.run(sizes, steps=warmup)
+        seen, before = set(), 0
+        for tensors in step.state_tensors().values():
+            for t in tensors:
+                s = t.untyped_storage()
+                if s.data_ptr() not in seen:
+                    seen.add(s.data_ptr())
+                    before += s.nbytes()
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step.run(sizes, steps=measured)
     return before + profiler_peak(prof)
 
 

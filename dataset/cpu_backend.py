@@ -11,8 +11,9 @@ Two numbers, both bytes on the CPU:
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -31,6 +32,19 @@ from memgnn.predictor.spec.bundle import ModelBundle
 from memgnn.predictor.spec.train import TrainSpec
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def compiled_afresh() -> Iterator[None]:
+    """torch.compile inside compiles anew, not from inductor's or AOTAutograd's on-disk
+    caches: an artifact an earlier process compiled under other conditions (around other
+    saved-tensor hooks) can allocate otherwise (one read 16,384 B apart). For real
+    compiled steps measured against the capture."""
+    with (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        yield
 
 
 def profiler_peak(prof: Any, region: str | None = None, settled: tuple[str, ...] = ()) -> int:

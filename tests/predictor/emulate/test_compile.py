@@ -270,7 +270,7 @@ def test_compiled_blocks_step_equals_a_real_compiled_cpu_step(options, build, ba
     1,070,912 B both, the CPU `_scaled_mm`'s own temporaries (fp32 copies of its operands,
     which the CUDA kernel does not make) settled out of the real figure; with dynamic
     shapes inductor schedules the backward otherwise (1,210,188 B), refused."""
-    from memgnn.dataset.cpu_backend import profiler_peak
+    from memgnn.dataset.cpu_backend import compiled_afresh, profiler_peak
     from memgnn.predictor.capture.step import TrainingStep
     from torch.profiler import ProfilerActivity, profile
 
@@ -279,10 +279,13 @@ def test_compiled_blocks_step_equals_a_real_compiled_cpu_step(options, build, ba
     torch._dynamo.reset()
     torch.manual_seed(0)
     step = TrainingStep(bundle, train, device=torch.device("cpu"), target="cpu")
-    step.run({"B": batch}, steps=(0,))
-    before = sum(t.untyped_storage().nbytes() for ts in step.state_tensors().values() for t in ts)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        step.run({"B": batch}, steps=(1,))
+    with compiled_afresh():
+        step.run({"B": batch}, steps=(0,))
+        before = sum(
+            t.untyped_storage().nbytes() for ts in step.state_tensors().values() for t in ts
+        )
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step.run({"B": batch}, steps=(1,))
     real = before + profiler_peak(prof, settled=("aten::_scaled_mm",))
     config = CaptureConfig(target="cpu", mode="full", sizes={"B": batch})
     predicted = sweep(capture(bundle, train, config), {"B": batch}).peak_bytes
@@ -305,7 +308,7 @@ def test_compiled_blocks_with_torchtunes_offloading_equal_a_real_compiled_cpu_st
     capture makes unrecorded), 1,179,744 B both with full checkpointing. save_on_cpu stays
     refused: torch packs each saved tensor contiguous and the compiled backward asserts its
     saved strides (a real compiled step fails)."""
-    from memgnn.dataset.cpu_backend import profiler_peak
+    from memgnn.dataset.cpu_backend import compiled_afresh, profiler_peak
     from memgnn.dataset.profile import ProfileConfig, profile
     from memgnn.predictor.capture.step import TrainingStep
     from memgnn.predictor.emulate import offload
@@ -328,11 +331,7 @@ def test_compiled_blocks_with_torchtunes_offloading_equal_a_real_compiled_cpu_st
     torch._dynamo.reset()
     torch.manual_seed(0)
     step = TrainingStep(bundle, train, device=torch.device("cpu"), target="cpu")
-    fresh = (
-        torch._inductor.config.patch(fx_graph_cache=False),
-        torch._functorch.config.patch(enable_autograd_cache=False),
-    )
-    with fresh[0], fresh[1]:
+    with compiled_afresh():
         step.run(sizes, steps=(0,))
         before = sum(
             t.untyped_storage().nbytes() for ts in step.state_tensors().values() for t in ts

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from gloo_ranks import spawn_ranks
-from memgnn.dataset.cpu_backend import profiler_peak
+from memgnn.dataset.cpu_backend import compiled_afresh, profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.memory.analytic import AnalyticModel
 from memgnn.predictor.memory.base import Query
@@ -124,7 +124,7 @@ def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
     train = TrainSpec.of(steps="steady", **options)
     world = World(size=2, rank=rank, mesh=init_device_mesh("cpu", (2,), mesh_dim_names=("dp",)))
     torch.manual_seed(0)
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with compiled_afresh(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step = TrainingStep(_llama(), train, device=torch.device("cpu"), target="cpu", world=world)
         step.run(SIZES, steps=(0,))  # compiles
         with record_function("steady"):

@@ -95,7 +95,7 @@ def test_compiled_loss_step_equals_a_real_compiled_cpu_step(options):
     (`--compile-loss`): 7,491,948 B both with dynamic shapes, 5,394,796 B both static (a
     static compile saves the bf16 logits where the dynamic one saves their fp32 upcast);
     the same step with the loss eager holds more than either."""
-    from memgnn.dataset.cpu_backend import profiler_peak
+    from memgnn.dataset.cpu_backend import compiled_afresh, profiler_peak
     from memgnn.predictor.capture.step import TrainingStep
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -106,7 +106,8 @@ def test_compiled_loss_step_equals_a_real_compiled_cpu_step(options):
     torch._dynamo.reset()
     torch.manual_seed(0)
     step = TrainingStep(_llama(), train, device=torch.device("cpu"), target="cpu")
-    step.run(SIZES, steps=(0,))
+    with compiled_afresh():
+        step.run(SIZES, steps=(0,))
     before = sum(t.untyped_storage().nbytes() for ts in step.state_tensors().values() for t in ts)
     # oneDNN's bf16 GEMMs (CPUs with AVX512-BF16 or AMX) allocate packing scratchpads inside
     # the kernel, which a CPU-target capture does not model (a weight-sized one per lm_head
