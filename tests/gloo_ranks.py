@@ -14,7 +14,7 @@ from typing import Any
 
 from memgnn.serving.client import free_port
 
-__all__ = ["set_aside_staged", "spawn_ranks"]
+__all__ = ["recorded_graph", "set_aside_staged", "spawn_ranks"]
 
 
 def spawn_ranks(
@@ -55,3 +55,18 @@ def set_aside_staged(rec: Any, registered: int) -> list[int]:
             staged.append(s.nbytes)
             s.nbytes = 0
     return staged
+
+
+def recorded_graph(rec: Any, bundle: Any, train: Any, sizes: dict[str, int]) -> Any:
+    """The StepGraph of what a real rank's StepRecorder `rec` recorded of `bundle`'s step
+    under `train` at `sizes` (one path, sizes as its symbols), for the analytic sweep."""
+    from memgnn.predictor.ir.graph import StepGraph
+    from memgnn.predictor.ir.pathgraph import ExprInterner, path_from_recorder
+
+    interner = ExprInterner()
+    path = path_from_recorder(rec, [], interner, {}, None)
+    return StepGraph(
+        model={"name": bundle.name, "family": bundle.family, "hparams": bundle.hparams},
+        train=train.flat(), symbols=dict(sizes), data_symbols={}, guards=[],
+        exprs=interner.sources, paths=[path],
+    )  # fmt: skip

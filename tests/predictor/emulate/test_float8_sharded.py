@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_ranks import set_aside_staged, spawn_ranks
+from gloo_ranks import recorded_graph, set_aside_staged, spawn_ranks
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.ir.graph import StepGraph
 from memgnn.predictor.ir.vocab import CATEGORIES
@@ -47,7 +47,6 @@ def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
     from memgnn.predictor.capture.step import TrainingStep, step_plan
     from memgnn.predictor.emulate.parallel import ShardedObserver, World, comm_hooks
     from memgnn.predictor.emulate.tensor_parallel import unrecorded_propagation
-    from memgnn.predictor.ir.pathgraph import ExprInterner, path_from_recorder
     from memgnn.predictor.ir.recorder import ModuleTracker, StepRecorder, register_state
     from torch.distributed.device_mesh import init_device_mesh
     from torchao.float8.float8_linear import Float8Linear
@@ -69,13 +68,7 @@ def _rank(rank: int, port: int, out: str, options: dict[str, Any]) -> None:
             step.run(SIZES, ShardedObserver(rec, step.model), steps=step_plan(train)[1])
         rec.close()
     staged = set_aside_staged(rec, registered)
-    interner = ExprInterner()
-    path = path_from_recorder(rec, [], interner, {}, None)
-    graph = StepGraph(
-        model={"name": bundle.name, "family": bundle.family, "hparams": bundle.hparams},
-        train=train.flat(), symbols=dict(SIZES), data_symbols={}, guards=[],
-        exprs=interner.sources, paths=[path],
-    )  # fmt: skip
+    graph = recorded_graph(rec, bundle, train, SIZES)
     weights = sorted({type(m.weight.to_local()).__name__ for m in step.model.modules()
                       if isinstance(m, Float8Linear)})  # fmt: skip
     Path(out, f"rank{rank}.json").write_text(

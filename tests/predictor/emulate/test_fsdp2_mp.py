@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_ranks import set_aside_staged, spawn_ranks
+from gloo_ranks import recorded_graph, set_aside_staged, spawn_ranks
 from memgnn.dataset.cpu_backend import profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.ir.vocab import CATEGORIES
@@ -117,8 +117,6 @@ def _rank(rank: int, port: int, out: str, options: dict[str, str]) -> None:
     from memgnn.predictor.capture.step import TrainingStep, step_plan
     from memgnn.predictor.emulate.parallel import ShardedObserver, World, comm_hooks
     from memgnn.predictor.emulate.tensor_parallel import unrecorded_propagation
-    from memgnn.predictor.ir.graph import StepGraph
-    from memgnn.predictor.ir.pathgraph import ExprInterner, path_from_recorder
     from memgnn.predictor.ir.recorder import ModuleTracker, StepRecorder, register_state
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
@@ -149,13 +147,7 @@ def _rank(rank: int, port: int, out: str, options: dict[str, str]) -> None:
         rec.close()
     staged = set_aside_staged(rec, registered)  # gloo's staging clones
     params = {str(p.dtype) for p in step.model.parameters()}
-    interner = ExprInterner()
-    path = path_from_recorder(rec, [], interner, {}, None)
-    graph = StepGraph(
-        model={"name": bundle.name, "family": bundle.family, "hparams": bundle.hparams},
-        train=train.flat(), symbols=dict(SIZES), data_symbols={}, guards=[],
-        exprs=interner.sources, paths=[path],
-    )  # fmt: skip
+    graph = recorded_graph(rec, bundle, train, SIZES)
     delta = profiler_peak(prof)
     Path(out, f"rank{rank}.json").write_text(json.dumps({
         "recorded": _predict(graph).predicted_peak_bytes,

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from gloo_ranks import recorded_graph
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.emulate.parallel import annotate
 from memgnn.predictor.emulate.pipeline import (
@@ -178,8 +179,6 @@ def _rank(rank: int, port: int, out: str, schedule: str, checkpointing: str) -> 
     from memgnn.predictor.capture.pipeline_step import PipelineStep
     from memgnn.predictor.capture.step import step_plan
     from memgnn.predictor.emulate.parallel import ShardedObserver, World, comm_hooks
-    from memgnn.predictor.ir.graph import StepGraph
-    from memgnn.predictor.ir.pathgraph import ExprInterner, path_from_recorder
     from memgnn.predictor.ir.recorder import ModuleTracker, StepRecorder, register_state
     from torch.distributed.device_mesh import init_device_mesh
     from torch.profiler import ProfilerActivity, profile
@@ -201,13 +200,7 @@ def _rank(rank: int, port: int, out: str, schedule: str, checkpointing: str) -> 
             with rec:
                 step.run(SIZES, ShardedObserver(rec, step.model), steps=step_plan(train)[1])
         rec.close()
-    interner = ExprInterner()
-    path = path_from_recorder(rec, [], interner, {}, None)
-    graph = StepGraph(
-        model={"name": bundle.name, "family": bundle.family, "hparams": bundle.hparams},
-        train=train.flat(), symbols=dict(SIZES), data_symbols={}, guards=[],
-        exprs=interner.sources, paths=[path],
-    )  # fmt: skip
+    graph = recorded_graph(rec, bundle, train, SIZES)
     live = delta = 0
     for _, nbytes in sorted(
         (e.start_ns(), e.nbytes())

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from gloo_ranks import spawn_ranks
+from gloo_ranks import recorded_graph, spawn_ranks
 from memgnn.dataset.cpu_backend import profiler_peak
 from memgnn.predictor.capture.capture import CaptureConfig, capture
 from memgnn.predictor.emulate.tensor_parallel import tp_plan
@@ -232,8 +232,6 @@ def _rank(rank: int, port: int, out: str) -> None:
     from memgnn.predictor.capture.step import TrainingStep, step_plan
     from memgnn.predictor.emulate.parallel import ShardedObserver, World, comm_hooks
     from memgnn.predictor.emulate.tensor_parallel import unrecorded_propagation
-    from memgnn.predictor.ir.graph import StepGraph
-    from memgnn.predictor.ir.pathgraph import ExprInterner, path_from_recorder
     from memgnn.predictor.ir.recorder import ModuleTracker, StepRecorder, register_state
     from torch.distributed.device_mesh import init_device_mesh
     from torch.profiler import ProfilerActivity, profile
@@ -254,13 +252,7 @@ def _rank(rank: int, port: int, out: str) -> None:
             with rec, unrecorded_propagation():  # DTensor's fake shape runs, as capture
                 step.run(SIZES, ShardedObserver(rec, step.model), steps=step_plan(train)[1])
         rec.close()
-    interner = ExprInterner()
-    path = path_from_recorder(rec, [], interner, {}, None)
-    graph = StepGraph(
-        model={"name": bundle.name, "family": bundle.family, "hparams": bundle.hparams},
-        train=train.flat(), symbols=dict(SIZES), data_symbols={}, guards=[],
-        exprs=interner.sources, paths=[path],
-    )  # fmt: skip
+    graph = recorded_graph(rec, bundle, train, SIZES)
     delta = profiler_peak(prof)
     answer = _predict(graph)
     Path(out, f"rank{rank}.json").write_text(json.dumps({
