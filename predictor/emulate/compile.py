@@ -146,6 +146,10 @@ def _permuted(fn: Callable[..., Any], order: list[int]) -> Callable[..., Any]:
     return permuted
 
 
+def _same(x: Any) -> Any:
+    return x
+
+
 def _always_prefer_recompute(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
     from torch.utils.checkpoint import CheckpointPolicy
 
@@ -244,12 +248,19 @@ class Region:
         self, compiled: Any, order: list[int], state: list[torch.Tensor], tensors: list[Any]
     ) -> None:
         """The first call traces; its inputs are fresh tensors like the real ones, so that
-        what AOTAutograd keeps of its trace holds none of the step's tensors."""
+        what AOTAutograd keeps of its trace holds none of the step's tensors. Its saves for
+        backward bypass the step's saved-tensor hooks (activation offloading would keep the
+        tracing call's tensors, sized by the trace's own symbols, in its stash)."""
         from memgnn.predictor.ir.recorder import unrecorded
+        from torch.autograd.graph import saved_tensors_hooks
 
         self.tracing = True
         try:
-            with unrecorded(), _dynamo_view(True):
+            with (
+                unrecorded(),
+                _dynamo_view(True),
+                saved_tensors_hooks(_same, _same),
+            ):
                 fresh = [*state, *(_like(t) for t in tensors)]
                 compiled(*(fresh[i] for i in order))
         finally:

@@ -159,6 +159,7 @@ def _torchao_optimizer(params: list[torch.nn.Parameter], name: str, lr: float):
     except ImportError:
         raise ValueError(f"--optimizer {name} needs torchao: pip install torchao") from None
     base = getattr(torchao.optim, name.removeprefix("torchao."))
+    _torchao_qmaps()
 
     class Captured(base):  # type: ignore[misc, valid-type]
         """torchao's step with its compiled update run as one in-place op."""
@@ -170,6 +171,25 @@ def _torchao_optimizer(params: list[torch.nn.Parameter], name: str, lr: float):
     Captured.__name__ = base.__name__
     Captured.__qualname__ = base.__qualname__
     return Captured(params, lr=lr)
+
+
+def _torchao_qmaps() -> None:
+    """torchao's low-bit states read their quantisation maps from `get_qmap_signed()` /
+    `get_qmap_unsigned()`, Python floats computed once (`lru_cache`) from tensors with
+    `.tolist()`: computed here on the host, before any state is made under capture (a
+    first call on fake tensors reads no values: an error inside backward, where
+    `--optimizer-in-bwd` steps, and maps of made-up values cached for the process)."""
+    import importlib
+
+    with _host_tensors():
+        for module in ("torchao.optim.subclass_8bit", "torchao.optim.subclass_4bit"):
+            try:
+                qmaps = importlib.import_module(module)
+            except ImportError:  # another torchao layout: its own step reads them
+                continue
+            for getter in ("get_qmap_signed", "get_qmap_unsigned"):
+                if callable(get := getattr(qmaps, getter, None)):
+                    get()
 
 
 def _compiled_update(fn: Any, **_: Any) -> Any:

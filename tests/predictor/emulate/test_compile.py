@@ -343,6 +343,21 @@ def test_compiled_blocks_with_torchtunes_offloading_equal_a_real_compiled_cpu_st
         TrainSpec.of(compile="blocks", offload_activations="save_on_cpu")
 
 
+def test_a_regions_tracing_call_keeps_out_of_the_offloading_stash():
+    """The tracing call of a region (fresh inputs sized by the trace's own symbols) saves
+    for backward past the step's saved-tensor hooks: torchtune's offloading kept its
+    tensors in the stash, and a static checkpointed capture for a CUDA target failed
+    ("a pre-step tensor ... uses unknown symbol") on the zoo llama as on Llama-3.2-3B."""
+    from memgnn.predictor.zoo.resolve import resolve
+
+    train = TrainSpec.of(
+        compile="blocks", checkpointing="full", compile_dynamic=False,
+        offload_activations="torchtune",
+    )  # fmt: skip
+    graph = capture(resolve("llama"), train, CaptureConfig(target="cuda"))
+    assert graph.paths
+
+
 class Failing(nn.Module):
     def __init__(self):
         super().__init__()

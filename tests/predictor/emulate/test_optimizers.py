@@ -150,6 +150,7 @@ def test_paged_states_live_in_unified_memory_on_cuda():
 )
 def test_torchao_low_bit_states_by_hand(name, code_bytes, block, qmap_entries):
     pytest.importorskip("torchao")
+    from torchao.optim import subclass_4bit, subclass_8bit
     graph = capture(_wide_mlp(), TrainSpec.of(optimizer=name), CaptureConfig(target="cuda"))
     qmap = 4 * qmap_entries  # each state keeps its own fp32 map (fp8 codes need none)
     per_state = int(WIDE * code_bytes) + 4 * (WIDE // block) + qmap
@@ -157,6 +158,15 @@ def test_torchao_low_bit_states_by_hand(name, code_bytes, block, qmap_entries):
     # the step counter is a host tensor on CUDA (`torch.tensor(0.0)`, no device)
     assert _state_bytes(graph, {"B": 4}) == 2 * per_state + 2 * 4 * small
     _same_as_a_real_cpu_step(_wide_mlp(), TrainSpec.of(optimizer=name), {"B": 4})
+    # stepped in backward (torchtune's optimizer_in_bwd): the states are made inside the
+    # backward hooks, from torchao's quantisation maps computed on the host beforehand
+    # (on fake tensors inside backward their `.tolist()` was an error)
+    in_bwd = TrainSpec.of(optimizer=name, optimizer_in_bwd=True)
+    for module in (subclass_8bit, subclass_4bit):  # as a fresh process has them
+        module.get_qmap_signed.cache_clear()
+        module.get_qmap_unsigned.cache_clear()
+    capture(_wide_mlp(), in_bwd, CaptureConfig(target="cuda"))
+    _same_as_a_real_cpu_step(_wide_mlp(), in_bwd, {"B": 4})
 
 
 def test_lion_pytorch_keeps_one_state_like_the_parameter():
