@@ -151,6 +151,7 @@ def test_paged_states_live_in_unified_memory_on_cuda():
 def test_torchao_low_bit_states_by_hand(name, code_bytes, block, qmap_entries):
     pytest.importorskip("torchao")
     from torchao.optim import subclass_4bit, subclass_8bit
+
     graph = capture(_wide_mlp(), TrainSpec.of(optimizer=name), CaptureConfig(target="cuda"))
     qmap = 4 * qmap_entries  # each state keeps its own fp32 map (fp8 codes need none)
     per_state = int(WIDE * code_bytes) + 4 * (WIDE // block) + qmap
