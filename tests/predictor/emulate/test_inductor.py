@@ -4,6 +4,7 @@ scheduled and planned by inductor, then run on the capture's fake tensors."""
 from __future__ import annotations
 
 import gc
+import weakref
 
 import torch
 from memgnn.predictor.emulate import inductor
@@ -67,7 +68,9 @@ def test_the_cache_is_one_captures_and_goes_with_it():
     with second_mode:
         b, v = torch.empty(8, 8), torch.empty(8, 8)
     assert lower(_graph(), [b, v], backward=False) is not first
-    owners = len(inductor._CACHE)
+    assert first_mode in inductor._CACHE
+    gone = weakref.ref(first_mode)
     del first_mode, a, w, first
     gc.collect()
-    assert len(inductor._CACHE) == owners - 1
+    assert gone() is None  # and with it its entry (other tests' captures may go too)
+    assert second_mode in inductor._CACHE
