@@ -246,15 +246,25 @@ class Builder:
         self.reading.sources[dest] = source
         return flag_text(dest, value)
 
-    def compile_switch(self, key: str, mode: str, what: str) -> None:
+    def compile_switch(self, key: str, mode: str, what: str, *, static: str = "") -> None:
         """The file's torch.compile switch `key`, which compiles the model or each block
         (`mode`, `what`: how the framework does it): off, or `--compile MODE` where memgnn models
         it with the other options read (`TrainSpec`'s `_check_compile`), else a
-        warning that the answer is the eager step's."""
+        warning that the answer is the eager step's. `static`: why every batch has one
+        shape (dynamo's first, static-shape compile is the only one): `--compile-dynamic
+        false` with the switch, dropped again where compile is not read."""
         value = self.flat[key]
         if is_off(value):
             self.read(key, "off")
             return
+        if static:
+            self.option("compile_dynamic", False, static)
+        self._compile_switch(key, value, mode, what)
+        if static and self.reading.options.get("compile") != mode:  # refused: eager
+            self.reading.options.pop("compile_dynamic", None)
+            self.reading.sources.pop("compile_dynamic", None)
+
+    def _compile_switch(self, key: str, value: Any, mode: str, what: str) -> None:
         # what --compile is modelled with is said in one place: TrainSpec's _check_compile
         options = {k: v for k, v in self.reading.options.items() if k in BY_NAME}
         if "gpus" not in options:  # the query's: as many as the parallelism read needs

@@ -165,14 +165,11 @@ def read_torchtitan(
     _optimizer(b)
     _converters(b)
     for key in ("compile.enable", "training.compile"):  # apply_compile: each block
-        if b.has(key) and not is_off(b.flat[key]):
-            # fixed-length batches: torch.compile's first, static-shape compile holds
-            b.option("compile_dynamic", False, f"{key}: {b.flat[key]} (seq_len fixed)")
-        if b.has(key):
-            b.compile_switch(key, "blocks", "each TransformerBlock, as torchtitan's apply_compile")
-    if b.reading.options.get("compile") != "blocks":
-        b.reading.options.pop("compile_dynamic", None)
-        b.reading.sources.pop("compile_dynamic", None)
+        if b.has(key):  # fixed-length batches: torch.compile's first, static compile holds
+            b.compile_switch(
+                key, "blocks", "each TransformerBlock, as torchtitan's apply_compile",
+                static=f"{key}: {b.flat[key]} (seq_len fixed)",
+            )  # fmt: skip
     _compile_loss(b)
     for key in [k for k in b.unhandled() if k.startswith(("parallelism.", "fault_tolerance."))]:
         if key not in _FEATURES:

@@ -249,14 +249,12 @@ def read_torchtune(
             b.read(key, "off")
     _fp8(b)
     if b.has("compile"):  # training.compile_model: torch.compile on each decoder layer
-        if _packed(data) and not is_off(b.flat["compile"]):
-            # every batch max_seq_len long (drop_last): dynamo's first, static-shape compile
-            # is the only one; unpacked lengths vary and recompile with dynamic shapes
-            b.option("compile_dynamic", False, "dataset.packed: true (every batch one shape)")
-        b.compile_switch("compile", "blocks", "each transformer layer, as training.compile_model")
-        if b.reading.options.get("compile") != "blocks":
-            b.reading.options.pop("compile_dynamic", None)
-            b.reading.sources.pop("compile_dynamic", None)
+        # packed: every batch max_seq_len long (drop_last), one static-shape compile;
+        # unpacked lengths vary and dynamo recompiles with dynamic shapes
+        b.compile_switch(
+            "compile", "blocks", "each transformer layer, as training.compile_model",
+            static="dataset.packed: true (every batch one shape)" if _packed(data) else "",
+        )  # fmt: skip
         # training.compile_loss compiles the chunked loss per chunk (modelled under --compile
         # blocks); an unchunked loss it compiles whole, but torchtune's model upcasts its
         # logits to fp32 in forward, outside that loss, where transformers' loss_function
